@@ -1,0 +1,135 @@
+//! Wire types shared by the eBPF probes and the userspace agent.
+//!
+//! Every struct is `#[repr(C)]` with explicit padding and no `bool`, so both sides agree on
+//! the layout byte for byte. The probes write them into ring buffers; userspace reads them
+//! back through `aya::Pod` (feature `user`). Never copy one of these by hand on the user side.
+#![no_std]
+
+/// Deepest kernel or user stack a sample carries (the kernel's `PERF_MAX_STACK_DEPTH`).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Length of `task_struct::comm` (`TASK_COMM_LEN`).
+pub const COMM_LEN: usize = 16;
+
+/// One context switch on one CPU. `current` at `sched_switch` is the task *leaving*, so
+/// each event closes the run `(previous switch on this cpu, ts_ns]` of `prev_tid`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SwitchEvent {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at the switch: the end of prev's run.
+    pub ts_ns: u64,
+    /// cgroup v2 id of the leaving task, for per-container attribution.
+    pub cgroup_id: u64,
+    /// Thread id of the leaving task (0 is the CPU's idle task).
+    pub prev_tid: u32,
+    /// Process id (thread group) of the leaving task.
+    pub prev_tgid: u32,
+    /// CPU the switch happened on.
+    pub cpu: u32,
+    /// `prev_state` argument: 0 when the task was still runnable, else why it blocked.
+    pub prev_state: u32,
+    /// 1 when the switch was a preemption (the `preempt` argument), else 0.
+    pub preempt: u32,
+    /// Thread id of the task switched in (0 when the kernel's task layout is unknown and
+    /// for the idle task; see `next_known`).
+    pub next_tid: u32,
+    /// Process id of the task switched in.
+    pub next_tgid: u32,
+    /// 1 when `next_tid`/`next_tgid` were read (the task_struct offsets were known).
+    pub next_known: u32,
+    /// Command name of the leaving task, NUL-padded.
+    pub prev_comm: [u8; COMM_LEN],
+}
+
+/// One timer-driven stack sample.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SampleEvent {
+    /// `bpf_ktime_get_ns()` when the timer fired.
+    pub ts_ns: u64,
+    /// cgroup v2 id of the sampled task.
+    pub cgroup_id: u64,
+    /// Thread that was running when the timer fired.
+    pub tid: u32,
+    /// Its process.
+    pub tgid: u32,
+    /// CPU the sample was taken on.
+    pub cpu: u32,
+    /// Number of valid entries in `kernel_stack` (0 when in user mode or on error).
+    pub kernel_depth: u32,
+    /// Number of valid entries in `user_stack` (0 for kernel threads or on error).
+    pub user_depth: u32,
+    /// Explicit padding so the layout has no holes.
+    pub _pad: u32,
+    /// Command name of the sampled task.
+    pub comm: [u8; COMM_LEN],
+    /// Kernel return addresses, innermost first.
+    pub kernel_stack: [u64; MAX_STACK_DEPTH],
+    /// User return addresses, innermost first.
+    pub user_stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// Kinds of [`ProcEvent`].
+pub mod proc_kind {
+    /// A task called execve; `comm` is the new command name.
+    pub const EXEC: u32 = 1;
+    /// A task forked; `child_tid` is the new task.
+    pub const FORK: u32 = 2;
+    /// A task exited.
+    pub const EXIT: u32 = 3;
+}
+
+/// Process and thread lifecycle, so a reused PID never merges two processes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcEvent {
+    /// `bpf_ktime_get_ns()` at the event.
+    pub ts_ns: u64,
+    /// One of [`proc_kind`].
+    pub kind: u32,
+    /// The task the event is about (the exec'ing or exiting task, or the forking parent).
+    pub tid: u32,
+    /// Its process.
+    pub tgid: u32,
+    /// For FORK: the child's thread id (0 when the kernel's task layout is unknown).
+    pub child_tid: u32,
+    /// For FORK: the child's process id (equal to `tgid` for a new thread).
+    pub child_tgid: u32,
+    /// For EXIT: the exit code; otherwise 0.
+    pub exit_code: u32,
+    /// Command name of the task after the event.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Indices of the per-CPU counters the probes keep (map `COUNTERS`). Every output reports them.
+pub mod counter {
+    /// Switch events dropped because the switch ring buffer was full.
+    pub const SWITCH_DROPPED: u32 = 0;
+    /// Samples dropped because the sample ring buffer was full.
+    pub const SAMPLE_DROPPED: u32 = 1;
+    /// Lifecycle events dropped because the lifecycle ring buffer was full.
+    pub const PROC_DROPPED: u32 = 2;
+    /// Stack walks that failed (the sample was still recorded, with an empty stack).
+    pub const STACK_ERRORS: u32 = 3;
+    /// Samples taken while the CPU was idle (not recorded; idle time comes from switches).
+    pub const IDLE_SAMPLES: u32 = 4;
+    /// Number of counters.
+    pub const COUNT: u32 = 5;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all three are #[repr(C)] with only integer fields and explicit padding, so
+    // every bit pattern is a valid value and there are no uninitialised holes.
+    unsafe impl aya::Pod for super::SwitchEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::SampleEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcEvent {}
+}
+
+/// Turns a NUL-padded `comm` into a string slice (lossy on invalid UTF-8 is the caller's job).
+pub fn comm_bytes(comm: &[u8; COMM_LEN]) -> &[u8] {
+    let end = comm.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+    &comm[..end]
+}

@@ -1,0 +1,8 @@
+//! One module per subcommand: its clap `Args` and a `run` that returns the exit code.
+//! Each is a thin shell over the library modules.
+
+pub mod flamegraph;
+pub mod record;
+pub mod report;
+pub mod sources;
+pub mod top;

@@ -1,0 +1,53 @@
+//! `energy-bpf`: the command line. Parsing and dispatch only; the library does the work.
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use energy_bpf::commands;
+
+/// System-wide energy profiler: which code burned these joules?
+#[derive(Parser)]
+#[command(name = "energy-bpf", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Record scheduling, stacks and energy readings to a file.
+    Record(commands::record::Args),
+    /// Summarise a recording per process and thread.
+    Report(commands::report::Args),
+    /// List the energy sources on this machine and which one would be used.
+    Sources(commands::sources::Args),
+    /// Live per-process and per-thread power, like top.
+    Top(commands::top::Args),
+    /// Energy flamegraph (SVG, collapsed, pprof, speedscope) from a recording.
+    Flamegraph(commands::flamegraph::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ENERGY_BPF_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Record(args) => commands::record::run(args),
+        Command::Report(args) => commands::report::run(args),
+        Command::Sources(args) => commands::sources::run(args),
+        Command::Top(args) => commands::top::run(args),
+        Command::Flamegraph(args) => commands::flamegraph::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            // One clear line (plus causes), no panic, non-zero exit.
+            eprintln!("energy-bpf: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Who ran on each CPU in every nanosecond range, rebuilt from `sched_switch` events.
+//!
+//! Pure: a function of the switch events and the capture window. A switch event at `t` on
+//! CPU `c` closes the run of the task leaving (`prev`), which ran from the previous switch on
+//! `c` (or the window start) to `t`, and opens the run of `next` when the probe could read it.
+//! Busy and idle time come from here, never from sample counts: idle CPUs in a VM may take
+//! no timer samples at all (DESIGN.md §6).
+
+use std::collections::BTreeMap;
+
+use crate::pb::v1::SwitchEvent;
+
+/// Thread id of a CPU's idle task (swapper).
+pub const IDLE_TID: u32 = 0;
+
+/// Thread id used for a stretch of time whose task is not known (no switch seen on the CPU
+/// yet and the probe could not read `next`).
+pub const UNKNOWN_TID: u32 = u32::MAX;
+
+/// One uninterrupted stretch of one thread on one CPU, `[start_ns, end_ns)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Start, CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    /// End (exclusive), CLOCK_MONOTONIC ns.
+    pub end_ns: u64,
+    /// Thread; [`IDLE_TID`] for idle, [`UNKNOWN_TID`] when unknown.
+    pub tid: u32,
+    /// Process of `tid`.
+    pub tgid: u32,
+    /// cgroup v2 id of the thread (0 when unknown).
+    pub cgroup_id: u64,
+}
+
+impl Run {
+    /// Length in ns.
+    pub fn len_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+
+    /// Whether a real thread (not idle, not unknown) ran.
+    pub fn is_busy(&self) -> bool {
+        self.tid != IDLE_TID && self.tid != UNKNOWN_TID
+    }
+
+    /// Overlap of this run with `[a, b)`, in ns.
+    pub fn overlap_ns(&self, a: u64, b: u64) -> u64 {
+        self.end_ns.min(b).saturating_sub(self.start_ns.max(a))
+    }
+}
+
+/// The runs of one CPU, sorted, non-overlapping, covering the window without gaps.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuTimeline {
+    /// CPU number.
+    pub cpu: u32,
+    /// Runs in time order.
+    pub runs: Vec<Run>,
+}
+
+impl CpuTimeline {
+    /// Runs that overlap `[a, b)`, found by binary search.
+    pub fn runs_in(&self, a: u64, b: u64) -> impl Iterator<Item = &Run> {
+        let first = self.runs.partition_point(|r| r.end_ns <= a);
+        self.runs[first..].iter().take_while(move |r| r.start_ns < b)
+    }
+
+    /// Busy ns (real threads only) within `[a, b)`.
+    pub fn busy_ns(&self, a: u64, b: u64) -> u64 {
+        self.runs_in(a, b).filter(|r| r.is_busy()).map(|r| r.overlap_ns(a, b)).sum()
+    }
+}
+
+/// Every CPU's runs over one capture window.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// Window start (capture start), ns.
+    pub start_ns: u64,
+    /// Window end (capture end), ns.
+    pub end_ns: u64,
+    /// One entry per CPU, by CPU number.
+    pub cpus: Vec<CpuTimeline>,
+}
+
+impl Timeline {
+    /// Rebuilds the timeline of `cpus` over `[start_ns, end_ns)` from switch events in any
+    /// order. The first run on each CPU (the task already running at capture start) is the
+    /// `prev` of its first switch; the last is the `next` of its last switch, or unknown.
+    pub fn build(start_ns: u64, end_ns: u64, cpus: &[u32], switches: &[SwitchEvent]) -> Self {
+        let mut by_cpu: BTreeMap<u32, Vec<&SwitchEvent>> =
+            cpus.iter().map(|&c| (c, Vec::new())).collect();
+        for s in switches {
+            by_cpu.entry(s.cpu).or_default().push(s);
+        }
+        let cpus = by_cpu
+            .into_iter()
+            .map(|(cpu, mut events)| {
+                events.sort_by_key(|e| e.ts_ns);
+                CpuTimeline { cpu, runs: cpu_runs(start_ns, end_ns, &events) }
+            })
+            .collect();
+        Self { start_ns, end_ns, cpus }
+    }
+
+    /// The timeline of one CPU.
+    pub fn cpu(&self, cpu: u32) -> Option<&CpuTimeline> {
+        self.cpus.iter().find(|c| c.cpu == cpu)
+    }
+
+    /// On-CPU ns per thread `(tgid, tid)` summed over all CPUs within `[a, b)`.
+    pub fn thread_ns(&self, a: u64, b: u64) -> BTreeMap<(u32, u32), u64> {
+        let mut out = BTreeMap::new();
+        for cpu in &self.cpus {
+            for run in cpu.runs_in(a, b).filter(|r| r.is_busy()) {
+                *out.entry((run.tgid, run.tid)).or_insert(0) += run.overlap_ns(a, b);
+            }
+        }
+        out
+    }
+}
+
+fn cpu_runs(start_ns: u64, end_ns: u64, events: &[&SwitchEvent]) -> Vec<Run> {
+    let mut runs = Vec::with_capacity(events.len() + 1);
+    let mut push = |from: u64, to: u64, tid: u32, tgid: u32, cgroup_id: u64| {
+        let (from, to) = (from.max(start_ns), to.min(end_ns));
+        if from >= to {
+            return;
+        }
+        // Merge with the previous run when it is the same thread (e.g. a gap filled by an
+        // unknown-next run that the next event shows was the same task).
+        if let Some(last) = runs.last_mut()
+            && let Run { end_ns: last_end, tid: last_tid, .. } = *last
+            && last_end == from
+            && last_tid == tid
+        {
+            last.end_ns = to;
+            return;
+        }
+        runs.push(Run { start_ns: from, end_ns: to, tid, tgid, cgroup_id });
+    };
+    let mut cursor = start_ns;
+    for event in events {
+        push(cursor, event.ts_ns, event.tid, event.tgid, event.cgroup_id);
+        cursor = cursor.max(event.ts_ns);
+    }
+    match events.last() {
+        Some(last) if last.next_known => {
+            push(cursor, end_ns, last.next_tid, last.next_tgid, 0);
+        }
+        _ => push(cursor, end_ns, UNKNOWN_TID, 0, 0),
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> SwitchEvent {
+        SwitchEvent {
+            ts_ns,
+            cpu,
+            tid,
+            tgid: tid,
+            next_known: next.is_some(),
+            next_tid: next.unwrap_or(0),
+            next_tgid: next.unwrap_or(0),
+            ..Default::default()
+        }
+    }
+
+    fn spans(t: &Timeline, cpu: u32) -> Vec<(u64, u64, u32)> {
+        t.cpu(cpu)
+            .expect("cpu present")
+            .runs
+            .iter()
+            .map(|r| (r.start_ns, r.end_ns, r.tid))
+            .collect()
+    }
+
+    #[test]
+    fn first_and_last_partial_runs() {
+        // Task 7 was running before capture began at 100; it leaves at 150 for 9, which
+        // leaves at 300 for idle; capture ends at 400 with idle still running.
+        let ev = [sw(150, 0, 7, Some(9)), sw(300, 0, 9, Some(0))];
+        let t = Timeline::build(100, 400, &[0], &ev);
+        assert_eq!(spans(&t, 0), vec![(100, 150, 7), (150, 300, 9), (300, 400, 0)]);
+    }
+
+    #[test]
+    fn unknown_next_leaves_tail_unknown() {
+        let ev = [sw(150, 0, 7, None)];
+        let t = Timeline::build(100, 400, &[0], &ev);
+        assert_eq!(spans(&t, 0), vec![(100, 150, 7), (150, 400, UNKNOWN_TID)]);
+        assert_eq!(t.cpu(0).map(|c| c.busy_ns(0, 1000)), Some(50));
+    }
+
+    #[test]
+    fn cpu_without_events_is_unknown_for_the_whole_window() {
+        let t = Timeline::build(0, 1000, &[0, 1], &[sw(500, 0, 3, Some(0))]);
+        assert_eq!(spans(&t, 1), vec![(0, 1000, UNKNOWN_TID)]);
+        assert_eq!(spans(&t, 0), vec![(0, 500, 3), (500, 1000, 0)]);
+    }
+
+    #[test]
+    fn events_out_of_order_and_across_cpus() {
+        let ev = [
+            sw(300, 1, 5, Some(0)),
+            sw(200, 0, 4, Some(6)),
+            sw(100, 1, 0, Some(5)),
+            sw(250, 0, 6, Some(4)),
+        ];
+        let t = Timeline::build(0, 400, &[0, 1], &ev);
+        assert_eq!(spans(&t, 0), vec![(0, 200, 4), (200, 250, 6), (250, 400, 4)]);
+        assert_eq!(spans(&t, 1), vec![(0, 100, 0), (100, 300, 5), (300, 400, 0)]);
+        let per_thread = t.thread_ns(0, 400);
+        assert_eq!(per_thread.get(&(4, 4)), Some(&350));
+        assert_eq!(per_thread.get(&(5, 5)), Some(&200));
+        assert_eq!(per_thread.get(&(6, 6)), Some(&50));
+        assert_eq!(per_thread.get(&(0, 0)), None, "idle is not a thread");
+    }
+
+    #[test]
+    fn events_outside_the_window_are_clipped() {
+        let ev = [sw(50, 0, 2, Some(3)), sw(150, 0, 3, Some(2)), sw(450, 0, 2, Some(0))];
+        let t = Timeline::build(100, 400, &[0], &ev);
+        assert_eq!(spans(&t, 0), vec![(100, 150, 3), (150, 400, 2)]);
+    }
+
+    #[test]
+    fn consecutive_runs_of_one_thread_merge() {
+        // A thread that yields and is immediately picked again shows as one run.
+        let ev = [sw(100, 0, 8, Some(8)), sw(200, 0, 8, Some(0))];
+        let t = Timeline::build(0, 300, &[0], &ev);
+        assert_eq!(spans(&t, 0), vec![(0, 200, 8), (200, 300, 0)]);
+    }
+
+    #[test]
+    fn runs_in_and_busy_ns_clip_to_the_query() {
+        let ev = [sw(100, 0, 0, Some(5)), sw(300, 0, 5, Some(0))];
+        let t = Timeline::build(0, 400, &[0], &ev);
+        let cpu = t.cpu(0).expect("cpu 0");
+        assert_eq!(cpu.busy_ns(150, 250), 100);
+        assert_eq!(cpu.busy_ns(0, 400), 200);
+        assert_eq!(cpu.runs_in(350, 400).count(), 1);
+        // Runs cover the whole window with no gaps.
+        let total: u64 = cpu.runs.iter().map(Run::len_ns).sum();
+        assert_eq!(total, 400);
+    }
+}
