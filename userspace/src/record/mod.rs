@@ -1,1 +1,77 @@
-//! Record.
+//! The recording stream: a versioned, length-delimited protobuf file (`proto/energy_bpf.proto`).
+//!
+//! [`Writer`] appends self-contained chunks and flushes each one, so a recorder killed at
+//! any point leaves a file that [`read_file`] reads back up to its last whole record and
+//! marks as truncated. [`Recording`] is the in-memory form every report starts from.
+
+mod reader;
+mod writer;
+
+pub use reader::{ReadError, read_file, read_from};
+pub use writer::Writer;
+
+use std::collections::HashMap;
+
+use crate::pb::v1::{
+    EnergyReading, EnergySource, Header, LossCounters, Mapping, ProcessEvent, Sample, SwitchEvent,
+    ThreadInfo,
+};
+
+/// First bytes of every recording.
+pub const MAGIC: &[u8; 8] = b"EBPFREC\n";
+
+/// Version written in every header; readers refuse other versions with a clear error.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// A whole recording, merged from all its chunks.
+#[derive(Clone, Debug, Default)]
+pub struct Recording {
+    /// The header (host, kernel, topology, sample rate, clock).
+    pub header: Header,
+    /// All switch events, in file order (sort per CPU before use; `Timeline::build` does).
+    pub switches: Vec<SwitchEvent>,
+    /// All stack samples, in file order.
+    pub samples: Vec<Sample>,
+    /// Lifecycle events.
+    pub process_events: Vec<ProcessEvent>,
+    /// Latest known info per thread id.
+    pub threads: HashMap<u32, ThreadInfo>,
+    /// Executable mappings per process id, in the order they were recorded.
+    pub mappings: HashMap<u32, Vec<Mapping>>,
+    /// Energy sources in use.
+    pub sources: Vec<EnergySource>,
+    /// Energy readings of every source, in file order.
+    pub readings: Vec<EnergyReading>,
+    /// Loss counters (the last, cumulative, values recorded).
+    pub losses: LossCounters,
+    /// End of capture (from the trailer, or the latest timestamp seen when truncated).
+    pub end_ns: u64,
+    /// Why recording stopped, from the trailer.
+    pub stop_reason: Option<String>,
+    /// True when the file had no trailer: the recorder was killed or the disk filled.
+    pub truncated: bool,
+    /// Bytes at the end of a truncated file that did not form a whole record.
+    pub trailing_garbage_bytes: u64,
+}
+
+impl Recording {
+    /// Capture start, ns (CLOCK_MONOTONIC).
+    pub fn start_ns(&self) -> u64 {
+        self.header.start_ns
+    }
+
+    /// Capture length, ns.
+    pub fn duration_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.header.start_ns)
+    }
+
+    /// CPU ids in the header's topology.
+    pub fn cpu_ids(&self) -> Vec<u32> {
+        self.header.cpus.iter().map(|c| c.id).collect()
+    }
+
+    /// The timeline of every CPU over the capture window.
+    pub fn timeline(&self) -> crate::timeline::Timeline {
+        crate::timeline::Timeline::build(self.start_ns(), self.end_ns, &self.cpu_ids(), &self.switches)
+    }
+}

@@ -1,0 +1,4 @@
+//! Writing a recording (being written by the lead).
+
+/// Appends records to a recording file.
+pub struct Writer;
