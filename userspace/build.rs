@@ -14,7 +14,11 @@ fn pinned_toolchain(root_dir: &Path) -> anyhow::Result<String> {
     let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .find_map(|line| {
-            let rest = line.trim().strip_prefix("channel")?.trim().strip_prefix('=')?;
+            let rest = line
+                .trim()
+                .strip_prefix("channel")?
+                .trim()
+                .strip_prefix('=')?;
             Some(rest.trim().trim_matches('"').to_owned())
         })
         .ok_or_else(|| anyhow!("no `channel = ...` in {}", path.display()))

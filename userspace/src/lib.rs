@@ -9,6 +9,7 @@
 pub mod capture;
 pub mod commands;
 pub mod record;
+pub mod summary;
 pub mod timeline;
 
 /// Generated protobuf types.

@@ -62,12 +62,17 @@ impl CpuTimeline {
     /// Runs that overlap `[a, b)`, found by binary search.
     pub fn runs_in(&self, a: u64, b: u64) -> impl Iterator<Item = &Run> {
         let first = self.runs.partition_point(|r| r.end_ns <= a);
-        self.runs[first..].iter().take_while(move |r| r.start_ns < b)
+        self.runs[first..]
+            .iter()
+            .take_while(move |r| r.start_ns < b)
     }
 
     /// Busy ns (real threads only) within `[a, b)`.
     pub fn busy_ns(&self, a: u64, b: u64) -> u64 {
-        self.runs_in(a, b).filter(|r| r.is_busy()).map(|r| r.overlap_ns(a, b)).sum()
+        self.runs_in(a, b)
+            .filter(|r| r.is_busy())
+            .map(|r| r.overlap_ns(a, b))
+            .sum()
     }
 }
 
@@ -96,10 +101,17 @@ impl Timeline {
             .into_iter()
             .map(|(cpu, mut events)| {
                 events.sort_by_key(|e| e.ts_ns);
-                CpuTimeline { cpu, runs: cpu_runs(start_ns, end_ns, &events) }
+                CpuTimeline {
+                    cpu,
+                    runs: cpu_runs(start_ns, end_ns, &events),
+                }
             })
             .collect();
-        Self { start_ns, end_ns, cpus }
+        Self {
+            start_ns,
+            end_ns,
+            cpus,
+        }
     }
 
     /// The timeline of one CPU.
@@ -129,14 +141,24 @@ fn cpu_runs(start_ns: u64, end_ns: u64, events: &[&SwitchEvent]) -> Vec<Run> {
         // Merge with the previous run when it is the same thread (e.g. a gap filled by an
         // unknown-next run that the next event shows was the same task).
         if let Some(last) = runs.last_mut()
-            && let Run { end_ns: last_end, tid: last_tid, .. } = *last
+            && let Run {
+                end_ns: last_end,
+                tid: last_tid,
+                ..
+            } = *last
             && last_end == from
             && last_tid == tid
         {
             last.end_ns = to;
             return;
         }
-        runs.push(Run { start_ns: from, end_ns: to, tid, tgid, cgroup_id });
+        runs.push(Run {
+            start_ns: from,
+            end_ns: to,
+            tid,
+            tgid,
+            cgroup_id,
+        });
     };
     let mut cursor = start_ns;
     for event in events {
@@ -184,7 +206,10 @@ mod tests {
         // leaves at 300 for idle; capture ends at 400 with idle still running.
         let ev = [sw(150, 0, 7, Some(9)), sw(300, 0, 9, Some(0))];
         let t = Timeline::build(100, 400, &[0], &ev);
-        assert_eq!(spans(&t, 0), vec![(100, 150, 7), (150, 300, 9), (300, 400, 0)]);
+        assert_eq!(
+            spans(&t, 0),
+            vec![(100, 150, 7), (150, 300, 9), (300, 400, 0)]
+        );
     }
 
     #[test]
@@ -211,8 +236,14 @@ mod tests {
             sw(250, 0, 6, Some(4)),
         ];
         let t = Timeline::build(0, 400, &[0, 1], &ev);
-        assert_eq!(spans(&t, 0), vec![(0, 200, 4), (200, 250, 6), (250, 400, 4)]);
-        assert_eq!(spans(&t, 1), vec![(0, 100, 0), (100, 300, 5), (300, 400, 0)]);
+        assert_eq!(
+            spans(&t, 0),
+            vec![(0, 200, 4), (200, 250, 6), (250, 400, 4)]
+        );
+        assert_eq!(
+            spans(&t, 1),
+            vec![(0, 100, 0), (100, 300, 5), (300, 400, 0)]
+        );
         let per_thread = t.thread_ns(0, 400);
         assert_eq!(per_thread.get(&(4, 4)), Some(&350));
         assert_eq!(per_thread.get(&(5, 5)), Some(&200));
@@ -222,7 +253,11 @@ mod tests {
 
     #[test]
     fn events_outside_the_window_are_clipped() {
-        let ev = [sw(50, 0, 2, Some(3)), sw(150, 0, 3, Some(2)), sw(450, 0, 2, Some(0))];
+        let ev = [
+            sw(50, 0, 2, Some(3)),
+            sw(150, 0, 3, Some(2)),
+            sw(450, 0, 2, Some(0)),
+        ];
         let t = Timeline::build(100, 400, &[0], &ev);
         assert_eq!(spans(&t, 0), vec![(100, 150, 3), (150, 400, 2)]);
     }

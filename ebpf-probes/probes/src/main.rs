@@ -14,7 +14,8 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_stack,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::bpf_get_stack,
     },
     macros::{btf_tracepoint, map, perf_event},
     maps::{PerCpuArray, RingBuf},
@@ -141,7 +142,12 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
         (*event).cpu = bpf_get_smp_processor_id();
         (*event)._pad = 0;
         (*event).comm = current_comm();
-        let k = bpf_get_stack(ctx.as_ptr(), (*event).kernel_stack.as_mut_ptr().cast(), STACK_BYTES, 0);
+        let k = bpf_get_stack(
+            ctx.as_ptr(),
+            (*event).kernel_stack.as_mut_ptr().cast(),
+            STACK_BYTES,
+            0,
+        );
         let u = bpf_get_stack(
             ctx.as_ptr(),
             (*event).user_stack.as_mut_ptr().cast(),

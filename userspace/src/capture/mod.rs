@@ -1,1 +1,18 @@
-//! Capture.
+//! Loading and attaching the eBPF probes, draining their ring buffers, decoding events.
+//!
+//! [`Probes::start`] checks privileges and the kernel, loads the object built from
+//! `ebpf-probes/probes`, attaches `sched_switch`, the lifecycle tracepoints and a cpu-clock
+//! sampler on every online CPU. [`Probes::drain`] empties the ring buffers; the caller calls
+//! it on a timer (the probes never wake us, see DESIGN.md §3). [`session`] builds recording
+//! chunks on top of it.
+
+pub mod btf;
+pub mod host;
+mod probes;
+pub mod session;
+
+pub use probes::{CaptureError, Event, Probes};
+
+/// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
+pub(crate) static PROBES_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/energy-bpf-probes"));

@@ -1,11 +1,183 @@
-//! `energy-bpf record` (being built; see the issue for this command).
-use std::process::ExitCode;
+//! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
+//! Ctrl-C/SIGTERM. Every drain becomes one flushed chunk, so nothing recorded is lost if
+//! the recorder is killed; a clean stop adds a trailer.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, ExitCode},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    capture::{
+        Probes, host,
+        session::{Session, Targets},
+    },
+    pb::v1::{Header, Trailer},
+    record::{FORMAT_VERSION, Writer},
+};
 
 /// Arguments of `energy-bpf record`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Stack sampling frequency per CPU, Hz.
+    #[arg(short = 'F', long = "freq", default_value_t = 99)]
+    pub freq: u64,
+    /// Stop after this many seconds.
+    #[arg(short = 'd', long = "duration")]
+    pub duration: Option<f64>,
+    /// Keep stacks of these processes (and their children) only; scheduling is always
+    /// recorded system-wide because the energy split needs every thread's time.
+    #[arg(short = 'p', long = "pid")]
+    pub pids: Vec<u32>,
+    /// Output file.
+    #[arg(short = 'o', long = "output", default_value = "energy-bpf.ebpr")]
+    pub output: PathBuf,
+    /// How often the ring buffers are drained into the file, ms.
+    #[arg(long = "drain-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(5..=5000))]
+    pub drain_ms: u64,
+    /// Command to run; recording stops when it exits.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
 
 /// Runs the command.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`record` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let probes = Probes::start(args.freq).context("cannot start capture")?;
+    let cpus = host::topology(std::path::Path::new("/sys"), probes.cpus());
+    let (kernel_release, hostname) = host::uname();
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        hostname,
+        kernel_release,
+        cpus,
+        sample_hz: args.freq as u32,
+        clock: "CLOCK_MONOTONIC".into(),
+        start_ns: host::monotonic_ns(),
+        start_unix_ns: host::realtime_ns(),
+        recorder_version: env!("CARGO_PKG_VERSION").into(),
+        command_line: std::env::args().collect(),
+        target_pids: args.pids.clone(),
+    };
+    let mut writer = Writer::create(&args.output, &header)
+        .with_context(|| "choose a writable path with -o FILE".to_string())?;
+    let mut session = Session::new(
+        probes,
+        Targets::new(args.pids.iter().copied()),
+        read_mappings,
+    );
+    let mut child = match args.command.as_slice() {
+        [] => None,
+        [program, rest @ ..] => {
+            let child = Command::new(program)
+                .args(rest)
+                .spawn()
+                .with_context(|| format!("cannot run {program}"))?;
+            session.targets_mut().add(child.id());
+            Some(child)
+        }
+    };
+    let started = Instant::now();
+    let deadline = args
+        .duration
+        .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
+    let tick = Duration::from_millis(args.drain_ms);
+    let mut child_status = None;
+    let stop_reason = loop {
+        thread::sleep(tick);
+        if let Err(err) = writer.chunk(session.poll()) {
+            // Keep what is on disk; say what happened.
+            kill(&mut child);
+            return Err(anyhow::Error::new(err)
+                .context("recording stopped early; the file keeps everything before this point"));
+        }
+        if stop.load(Ordering::Relaxed) {
+            break "signal".to_string();
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break "duration".to_string();
+        }
+        if let Some(c) = child.as_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            child_status = Some(status);
+            break format!("command exited ({status})");
+        }
+    };
+    kill(&mut child);
+    // A last sweep pins down who is on each CPU at the end of the window.
+    session.probes().sweep_cpus();
+    let last = session.poll();
+    let losses = last.losses;
+    writer.chunk(last).context("writing the last chunk")?;
+    let end_ns = host::monotonic_ns();
+    let bytes = writer
+        .finish(Trailer {
+            end_ns,
+            stop_reason: stop_reason.clone(),
+            losses,
+        })
+        .context("finishing the recording")?;
+    let lost = losses
+        .map(|l| l.switch_dropped + l.sample_dropped + l.process_dropped)
+        .unwrap_or(0);
+    eprintln!(
+        "energy-bpf: recorded {:.1} s to {} ({} KiB, stopped by {stop_reason}, {lost} events lost)",
+        (end_ns - header.start_ns) as f64 / 1e9,
+        args.output.display(),
+        bytes / 1024,
+    );
+    Ok(match child_status {
+        Some(status) if !status.success() => {
+            ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8)
+        }
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+fn kill(child: &mut Option<Child>) {
+    if let Some(c) = child.as_mut()
+        && matches!(c.try_wait(), Ok(None))
+    {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Executable file-backed mappings of a process, from `/proc/PID/maps`.
+fn read_mappings(tgid: u32, ts_ns: u64) -> std::io::Result<Vec<crate::pb::v1::Mapping>> {
+    let maps = std::fs::read_to_string(format!("/proc/{tgid}/maps"))?;
+    Ok(maps
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
+            let path = f.nth(2)?;
+            if !perms.contains('x') || !path.starts_with('/') {
+                return None;
+            }
+            let (start, end) = range.split_once('-')?;
+            Some(crate::pb::v1::Mapping {
+                tgid,
+                start: u64::from_str_radix(start, 16).ok()?,
+                end: u64::from_str_radix(end, 16).ok()?,
+                file_offset: u64::from_str_radix(offset, 16).ok()?,
+                path: path.to_owned(),
+                build_id: Vec::new(),
+                ts_ns,
+            })
+        })
+        .collect())
 }

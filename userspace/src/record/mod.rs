@@ -8,7 +8,7 @@ mod reader;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
-pub use writer::Writer;
+pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
 
@@ -72,6 +72,11 @@ impl Recording {
 
     /// The timeline of every CPU over the capture window.
     pub fn timeline(&self) -> crate::timeline::Timeline {
-        crate::timeline::Timeline::build(self.start_ns(), self.end_ns, &self.cpu_ids(), &self.switches)
+        crate::timeline::Timeline::build(
+            self.start_ns(),
+            self.end_ns,
+            &self.cpu_ids(),
+            &self.switches,
+        )
     }
 }

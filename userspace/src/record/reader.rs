@@ -1,7 +1,15 @@
-//! Reading a recording back (being written by the lead).
-use std::path::{Path, PathBuf};
+//! Reading a recording back. A file cut short (killed recorder, full disk) reads up to its
+//! last whole record and is marked truncated; garbage and unknown versions are clear errors.
 
-use super::Recording;
+use std::{
+    io::Read,
+    path::{Path, PathBuf},
+};
+
+use prost::Message as _;
+
+use super::{FORMAT_VERSION, MAGIC, Recording};
+use crate::pb::v1::{Chunk, Record, Trailer, record::Kind};
 
 /// Why a recording could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -14,15 +22,284 @@ pub enum ReadError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The file does not start with the recording magic.
+    #[error(
+        "{path} is not an energy-bpf recording (bad magic); record one with `energy-bpf record -o FILE`"
+    )]
+    NotARecording {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The header is missing or unreadable.
+    #[error("{path} is damaged: {what}; nothing in it can be read")]
+    BadHeader {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The file was written by an incompatible version.
+    #[error(
+        "{path} uses recording format version {found}, but this energy-bpf reads version {FORMAT_VERSION}; use a matching energy-bpf release"
+    )]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+    },
 }
 
 /// Reads a whole recording.
 pub fn read_file(path: &Path) -> Result<Recording, ReadError> {
-    let file = std::fs::File::open(path).map_err(|source| ReadError::Io { path: path.into(), source })?;
+    let file = std::fs::File::open(path).map_err(|source| ReadError::Io {
+        path: path.into(),
+        source,
+    })?;
     read_from(file, path)
 }
 
-/// Reads a whole recording from any reader; `path` is for messages.
-pub fn read_from(_input: impl std::io::Read, _path: &Path) -> Result<Recording, ReadError> {
-    Ok(Recording::default())
+/// Reads a whole recording from any reader; `path` is only used in messages.
+pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadError> {
+    let mut bytes = Vec::new();
+    input
+        .read_to_end(&mut bytes)
+        .map_err(|source| ReadError::Io {
+            path: path.into(),
+            source,
+        })?;
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(ReadError::NotARecording { path: path.into() });
+    }
+    let mut rest = &bytes[MAGIC.len()..];
+    let bad_header = |what: &str| ReadError::BadHeader {
+        path: path.into(),
+        what: what.into(),
+    };
+    let header = match next_record(&mut rest) {
+        Next::Record(Record {
+            kind: Some(Kind::Header(h)),
+        }) => h,
+        Next::Record(_) => return Err(bad_header("first record is not a header")),
+        Next::End | Next::Cut => return Err(bad_header("file ends inside the header")),
+        Next::Corrupt => return Err(bad_header("header does not decode")),
+    };
+    if header.format_version != FORMAT_VERSION {
+        return Err(ReadError::Version {
+            path: path.into(),
+            found: header.format_version,
+        });
+    }
+    let mut rec = Recording {
+        end_ns: header.start_ns,
+        header,
+        ..Default::default()
+    };
+    loop {
+        let before = rest.len();
+        match next_record(&mut rest) {
+            Next::Record(Record {
+                kind: Some(Kind::Chunk(chunk)),
+            }) => merge_chunk(&mut rec, chunk),
+            Next::Record(Record {
+                kind: Some(Kind::Trailer(t)),
+            }) => {
+                apply_trailer(&mut rec, t);
+                return Ok(rec);
+            }
+            Next::Record(_) => {}
+            Next::End => break,
+            Next::Cut | Next::Corrupt => {
+                rec.trailing_garbage_bytes = before as u64;
+                break;
+            }
+        }
+    }
+    // No trailer: the recorder did not finish. Keep everything read so far.
+    rec.truncated = true;
+    Ok(rec)
+}
+
+enum Next {
+    Record(Record),
+    End,
+    Cut,
+    Corrupt,
+}
+
+fn next_record(rest: &mut &[u8]) -> Next {
+    if rest.is_empty() {
+        return Next::End;
+    }
+    let mut cursor = *rest;
+    let Ok(len) = prost::decode_length_delimiter(&mut cursor) else {
+        return Next::Cut;
+    };
+    if len > cursor.len() {
+        return Next::Cut;
+    }
+    match Record::decode(&cursor[..len]) {
+        Ok(record) => {
+            *rest = &cursor[len..];
+            Next::Record(record)
+        }
+        Err(_) => Next::Corrupt,
+    }
+}
+
+fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
+    let latest = [
+        chunk.switches.last().map(|s| s.ts_ns),
+        chunk.samples.last().map(|s| s.ts_ns),
+        chunk.readings.last().map(|r| r.ts_ns),
+        chunk.process_events.last().map(|p| p.ts_ns),
+    ];
+    rec.end_ns = latest.into_iter().flatten().fold(rec.end_ns, u64::max);
+    rec.switches.extend(chunk.switches);
+    rec.samples.extend(chunk.samples);
+    rec.process_events.extend(chunk.process_events);
+    for t in chunk.threads {
+        let keep_start = rec
+            .threads
+            .get(&t.tid)
+            .map(|old| (old.process_start_ns, old.cmdline.clone()));
+        let entry = rec.threads.entry(t.tid).or_default();
+        *entry = t;
+        if let Some((start, cmdline)) = keep_start {
+            if entry.process_start_ns == 0 {
+                entry.process_start_ns = start;
+            }
+            if entry.cmdline.is_empty() {
+                entry.cmdline = cmdline;
+            }
+        }
+    }
+    for m in chunk.mappings {
+        rec.mappings.entry(m.tgid).or_default().push(m);
+    }
+    rec.sources.extend(chunk.sources);
+    rec.readings.extend(chunk.readings);
+    if let Some(losses) = chunk.losses {
+        rec.losses = losses;
+    }
+}
+
+fn apply_trailer(rec: &mut Recording, t: Trailer) {
+    rec.end_ns = rec.end_ns.max(t.end_ns);
+    rec.stop_reason = Some(t.stop_reason);
+    if let Some(losses) = t.losses {
+        rec.losses = losses;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::v1::{Header, SwitchEvent};
+    use crate::record::Writer;
+
+    fn write_sample_file(dir: &Path, chunks: usize, finish: bool) -> PathBuf {
+        let path = dir.join("x.ebpr");
+        let header = Header {
+            format_version: FORMAT_VERSION,
+            start_ns: 1_000,
+            ..Default::default()
+        };
+        let mut w = Writer::create(&path, &header).expect("create");
+        for i in 0..chunks {
+            let switches = vec![SwitchEvent {
+                ts_ns: 2_000 + i as u64,
+                tid: i as u32 + 1,
+                ..Default::default()
+            }];
+            w.chunk(Chunk {
+                switches,
+                ..Default::default()
+            })
+            .expect("chunk");
+        }
+        if finish {
+            w.finish(Trailer {
+                end_ns: 9_000,
+                stop_reason: "duration".into(),
+                losses: None,
+            })
+            .expect("finish");
+        }
+        path
+    }
+
+    #[test]
+    fn round_trip_with_trailer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rec = read_file(&write_sample_file(dir.path(), 3, true)).expect("read");
+        assert!(!rec.truncated);
+        assert_eq!(rec.switches.len(), 3);
+        assert_eq!(rec.duration_ns(), 8_000);
+        assert_eq!(rec.stop_reason.as_deref(), Some("duration"));
+    }
+
+    #[test]
+    fn every_cut_point_reads_back_what_was_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_sample_file(dir.path(), 5, true);
+        let full = std::fs::read(&path).expect("read");
+        let mut last = 0;
+        for cut in (MAGIC.len() + 20)..full.len() {
+            match read_from(&full[..cut], &path) {
+                Ok(rec) => {
+                    assert!(rec.truncated, "cut at {cut} must be marked truncated");
+                    assert!(
+                        rec.switches.len() >= last,
+                        "never fewer events for a longer prefix"
+                    );
+                    last = rec.switches.len();
+                }
+                Err(ReadError::BadHeader { .. }) => {
+                    assert_eq!(last, 0, "header cut only at the start")
+                }
+                Err(e) => panic!("cut at {cut}: unexpected {e}"),
+            }
+        }
+        assert_eq!(
+            last, 5,
+            "a file cut just before the trailer keeps all chunks"
+        );
+    }
+
+    #[test]
+    fn garbage_and_versions_are_clear_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let garbage = dir.path().join("garbage");
+        std::fs::write(&garbage, b"\x7fELF this is not a recording").expect("write");
+        let err = read_file(&garbage).expect_err("garbage");
+        assert!(
+            err.to_string().contains("not an energy-bpf recording"),
+            "{err}"
+        );
+
+        let path = dir.path().join("v9.ebpr");
+        let header = Header {
+            format_version: 9,
+            ..Default::default()
+        };
+        drop(Writer::create(&path, &header).expect("create"));
+        let err = read_file(&path).expect_err("version");
+        assert!(err.to_string().contains("format version 9"), "{err}");
+
+        let missing = read_file(&dir.path().join("missing")).expect_err("missing");
+        assert!(missing.to_string().contains("cannot read"), "{missing}");
+    }
+
+    #[test]
+    fn corrupt_tail_keeps_the_whole_chunks_before_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_sample_file(dir.path(), 2, false);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes.extend_from_slice(&[0x05, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        let rec = read_from(bytes.as_slice(), &path).expect("read");
+        assert!(rec.truncated);
+        assert_eq!(rec.switches.len(), 2);
+        assert_eq!(rec.trailing_garbage_bytes, 6);
+    }
 }

@@ -1,0 +1,194 @@
+//! Facts about the host a recording needs: clocks, kernel release, host name, CPU topology,
+//! and the privilege and kernel checks that run before any probe is loaded.
+
+use std::{fs, path::Path};
+
+use crate::pb::v1::Cpu;
+
+/// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns`, so userspace stamps
+/// (energy readings, capture window) line up with probe timestamps.
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_REALTIME now, in ns since the Unix epoch.
+pub fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// CLOCK_BOOTTIME now, in ns (what /proc/PID/stat start times count from).
+pub fn boottime_ns() -> u64 {
+    clock_ns(libc::CLOCK_BOOTTIME)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; these clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `uname -r` and `uname -n`.
+pub fn uname() -> (String, String) {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return (String::new(), String::new());
+    }
+    let field = |f: &[libc::c_char]| {
+        let bytes: Vec<u8> = f
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    (field(&u.release), field(&u.nodename))
+}
+
+/// Package and core of each CPU in `cpus`, from sysfs topology (0 when unreadable).
+pub fn topology(sysfs: &Path, cpus: &[u32]) -> Vec<Cpu> {
+    let read = |cpu: u32, file: &str| {
+        fs::read_to_string(sysfs.join(format!("devices/system/cpu/cpu{cpu}/topology/{file}")))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    cpus.iter()
+        .map(|&id| Cpu {
+            id,
+            package: read(id, "physical_package_id"),
+            core: read(id, "core_id"),
+        })
+        .collect()
+}
+
+/// Online CPUs, from `/sys/devices/system/cpu/online`.
+pub fn online_cpus() -> std::io::Result<Vec<u32>> {
+    aya::util::online_cpus().map_err(|(_, err)| err)
+}
+
+/// What stops capture before it starts; each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    /// Neither root nor the capabilities needed to load and attach probes.
+    #[error(
+        "permission denied: loading eBPF probes needs root or CAP_BPF+CAP_PERFMON (or CAP_SYS_ADMIN); run with sudo"
+    )]
+    NotPrivileged,
+    /// The kernel exposes no BTF.
+    #[error(
+        "this kernel has no BTF ({0} is missing): energy-bpf needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
+    )]
+    NoBtf(String),
+    /// The kernel predates ring buffers and BTF tracepoints.
+    #[error("kernel {0} is too old: energy-bpf needs Linux 5.8 or newer (BPF ring buffer, tp_btf)")]
+    KernelTooOld(String),
+}
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Effective capability bits of this process.
+fn effective_caps() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Checks privileges, BTF and kernel version before anything is loaded.
+pub fn preflight(btf_path: &Path) -> Result<(), PreflightError> {
+    let caps = effective_caps();
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
+        return Err(PreflightError::NotPrivileged);
+    }
+    let (release, _) = uname();
+    if !kernel_at_least(&release, (5, 8)) {
+        return Err(PreflightError::KernelTooOld(release));
+    }
+    if !btf_path.exists() {
+        return Err(PreflightError::NoBtf(btf_path.display().to_string()));
+    }
+    Ok(())
+}
+
+/// Whether a release string like `6.18.44-foo` is at least `major.minor`.
+pub fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => (major, minor) >= want,
+        _ => false,
+    }
+}
+
+/// Start of a process in CLOCK_MONOTONIC ns, from `/proc/PID/stat` (None if it vanished).
+pub fn process_start_ns(tgid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    // Field 22 (starttime, clock ticks since boot) counts after the ")" closing comm,
+    // which may itself contain spaces.
+    let after = &stat[stat.rfind(')')? + 2..];
+    let ticks: u64 = after.split(' ').nth(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let boot_ns = ticks * (1_000_000_000 / hz);
+    // /proc start times count from boot including suspend; shift to the monotonic clock.
+    let suspend_ns = boottime_ns().saturating_sub(monotonic_ns());
+    Some(boot_ns.saturating_sub(suspend_ns))
+}
+
+/// A process's command line with NULs as spaces (empty for kernel threads or if it vanished).
+pub fn cmdline(tgid: u32) -> String {
+    fs::read(format!("/proc/{tgid}/cmdline"))
+        .map(|b| {
+            let s: Vec<u8> = b
+                .into_iter()
+                .map(|c| if c == 0 { b' ' } else { c })
+                .collect();
+            String::from_utf8_lossy(&s).trim_end().to_owned()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_versions_compare() {
+        assert!(kernel_at_least("6.18.44-fc-v595", (5, 8)));
+        assert!(kernel_at_least("5.8.0", (5, 8)));
+        assert!(!kernel_at_least("5.4.0-100-generic", (5, 8)));
+        assert!(!kernel_at_least("4.19.0", (5, 8)));
+        assert!(!kernel_at_least("garbage", (5, 8)));
+    }
+
+    #[test]
+    fn own_process_start_is_in_the_past() {
+        let start = process_start_ns(std::process::id()).expect("own /proc entry");
+        assert!(start <= monotonic_ns());
+        assert!(
+            monotonic_ns() - start < 3_600_000_000_000,
+            "test started within the hour"
+        );
+    }
+
+    #[test]
+    fn topology_reads_sysfs() {
+        let cpus = topology(Path::new("/sys"), &[0]);
+        assert_eq!(cpus.len(), 1);
+        assert_eq!(cpus[0].id, 0);
+    }
+}

@@ -1,0 +1,178 @@
+//! A capture session: drains the probes on the caller's timer and turns events into
+//! self-contained recording chunks, adding what userspace learns on the side (thread
+//! names, command lines, process start times, executable mappings) the first time a thread
+//! or process shows up, so reports work after the process is gone.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{Event, Probes, host};
+use crate::pb::v1::{self as pb, process_event::Kind};
+
+/// Reads the executable mappings of a process (build-ids included where available).
+pub type MappingReader = fn(tgid: u32, ts_ns: u64) -> std::io::Result<Vec<pb::Mapping>>;
+
+/// Which processes' stacks to keep. Switch events are always kept for every thread: the
+/// energy split needs everyone's on-CPU time, not just the targets'.
+#[derive(Clone, Debug, Default)]
+pub struct Targets {
+    pids: HashSet<u32>,
+}
+
+impl Targets {
+    /// Restricts samples to these processes and their descendants (empty = everything).
+    pub fn new(pids: impl IntoIterator<Item = u32>) -> Self {
+        Self {
+            pids: pids.into_iter().collect(),
+        }
+    }
+
+    /// Whether samples of `tgid` are kept.
+    pub fn contains(&self, tgid: u32) -> bool {
+        self.pids.is_empty() || self.pids.contains(&tgid)
+    }
+
+    fn follow_fork(&mut self, parent_tgid: u32, child_tgid: u32) {
+        if !self.pids.is_empty() && child_tgid != 0 && self.pids.contains(&parent_tgid) {
+            self.pids.insert(child_tgid);
+        }
+    }
+
+    /// Adds a process (e.g. the command `record` started).
+    pub fn add(&mut self, tgid: u32) {
+        self.pids.insert(tgid);
+    }
+
+    /// The explicit target list.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.pids.iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Per-run state on top of [`Probes`].
+pub struct Session {
+    probes: Probes,
+    targets: Targets,
+    comms: HashMap<u32, String>,
+    processes: HashSet<u32>,
+    vanished: u64,
+    read_mappings: MappingReader,
+}
+
+impl Session {
+    /// Wraps started probes.
+    pub fn new(probes: Probes, targets: Targets, read_mappings: MappingReader) -> Self {
+        Self {
+            probes,
+            targets,
+            comms: HashMap::new(),
+            processes: HashSet::new(),
+            vanished: 0,
+            read_mappings,
+        }
+    }
+
+    /// The probes (for CPU list and sweeps).
+    pub fn probes(&self) -> &Probes {
+        &self.probes
+    }
+
+    /// Mutable access to the sample filter (e.g. to add a spawned command).
+    pub fn targets_mut(&mut self) -> &mut Targets {
+        &mut self.targets
+    }
+
+    /// Drains the probes into one chunk (readings are the caller's to add).
+    pub fn poll(&mut self) -> pb::Chunk {
+        let mut chunk = pb::Chunk::default();
+        let mut events = Vec::new();
+        self.probes.drain(|e| events.push(e));
+        for event in events {
+            match event {
+                Event::Switch(s, comm) => {
+                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, &comm);
+                    chunk.switches.push(s);
+                }
+                Event::Sample(s, comm) => {
+                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, &comm);
+                    if self.targets.contains(s.tgid) {
+                        chunk.samples.push(s);
+                    }
+                }
+                Event::Process(p) => {
+                    self.on_lifecycle(&mut chunk, &p);
+                    chunk.process_events.push(p);
+                }
+            }
+        }
+        let mut losses = self.probes.losses();
+        losses.vanished_processes = self.vanished;
+        chunk.losses = Some(losses);
+        chunk
+    }
+
+    fn on_lifecycle(&mut self, chunk: &mut pb::Chunk, p: &pb::ProcessEvent) {
+        match p.kind() {
+            Kind::Exec => {
+                // New program image: new name, new mappings, same pid.
+                self.processes.remove(&p.tgid);
+                self.comms.remove(&p.tid);
+                self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, &p.comm);
+            }
+            Kind::Fork => self.targets.follow_fork(p.tgid, p.child_tgid),
+            Kind::Exit => {
+                // The pid may be reused: the next sighting is a new thread/process.
+                self.comms.remove(&p.tid);
+                if p.tid == p.tgid {
+                    self.processes.remove(&p.tgid);
+                }
+            }
+            Kind::Unspecified => {}
+        }
+    }
+
+    /// Emits ThreadInfo (and, for a new process, its mappings) the first time a thread is
+    /// seen or when its name changes.
+    fn observe(
+        &mut self,
+        chunk: &mut pb::Chunk,
+        tid: u32,
+        tgid: u32,
+        cgroup_id: u64,
+        ts_ns: u64,
+        comm: &str,
+    ) {
+        if tid == crate::timeline::IDLE_TID || self.comms.get(&tid).is_some_and(|c| c == comm) {
+            return;
+        }
+        self.comms.insert(tid, comm.to_owned());
+        let new_process = self.processes.insert(tgid);
+        let (process_start_ns, cmdline) = if new_process {
+            match host::process_start_ns(tgid) {
+                Some(start) => (start, host::cmdline(tgid)),
+                None => {
+                    self.vanished += 1;
+                    (0, String::new())
+                }
+            }
+        } else {
+            (0, String::new())
+        };
+        if new_process && self.targets.contains(tgid) {
+            match (self.read_mappings)(tgid, ts_ns) {
+                Ok(maps) => chunk.mappings.extend(maps),
+                Err(err) => tracing::debug!("mappings of {tgid}: {err}"),
+            }
+        }
+        chunk.threads.push(pb::ThreadInfo {
+            tid,
+            tgid,
+            comm: comm.to_owned(),
+            process_start_ns,
+            cmdline,
+            cgroup_id,
+            ts_ns,
+        });
+    }
+}
