@@ -1,1 +1,11 @@
+//! Integration tests: one binary, modules by capability. They run the real `energy-bpf`
+//! binary and the real eBPF probes on the running kernel, so they need root (CI is root).
+//! A test that cannot run prints why instead of passing silently.
 
+// Shared helpers: the binary, temp dirs, workloads.
+mod util;
+
+// Capture: real probes on this kernel, rebuilt timeline vs known workloads.
+mod capture;
+// Bad input and missing privileges: clear errors, nothing lost.
+mod errors;

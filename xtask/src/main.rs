@@ -1,1 +1,65 @@
-fn main() {}
+//! Project tasks, run as `cargo xtask <task>`:
+//!
+//! - `setup`: install what a fresh machine lacks (apt packages, the pinned eBPF nightly
+//!   with rust-src, bpf-linker built against LLVM 22). Idempotent; does nothing when all
+//!   is present.
+//! - `test`: setup, then format check, clippy, and the whole test suite (the eBPF
+//!   integration tests run for real: they need root, which CI has).
+//! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
+//! - `bench overhead|accuracy|outputs`: benchmarks (see README).
+use std::process::ExitCode;
+
+mod bench;
+mod setup;
+mod util;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::run(),
+        Some("test") => setup::run().and_then(|()| test(&args[1..])),
+        Some("run") => setup::run().and_then(|()| run(&args[1..])),
+        Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
+        _ => Err(
+            "usage: cargo xtask setup | test | run ARGS... | bench overhead|accuracy|outputs"
+                .into(),
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn test(extra: &[String]) -> util::Result {
+    util::cargo(&["fmt", "--all", "--check"])?;
+    util::cargo(&[
+        "clippy",
+        "--locked",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    let mut args = vec!["test", "--locked", "--workspace", "--no-fail-fast"];
+    args.extend(extra.iter().map(String::as_str));
+    util::cargo(&args)
+}
+
+fn run(args: &[String]) -> util::Result {
+    util::cargo(&["build", "--locked", "--release", "-p", "energy-bpf"])?;
+    let bin = util::root().join("target/release/energy-bpf");
+    let status = std::process::Command::new(&bin)
+        .args(args)
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("energy-bpf exited with {status}"))
+    }
+}

@@ -89,6 +89,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Some(child)
         }
     };
+    eprintln!(
+        "energy-bpf: recording {} CPUs at {} Hz to {} (Ctrl-C to stop)",
+        header.cpus.len(),
+        args.freq,
+        args.output.display()
+    );
     let started = Instant::now();
     let deadline = args
         .duration

@@ -1,0 +1,112 @@
+//! Real probes on the running kernel: a pinned busy loop and a sleeper, recorded for a
+//! few seconds, and the rebuilt timeline checked against what they must have done.
+
+use crate::util::{Workload, process, report_json, require_root, run, text};
+
+const HZ: u64 = 99;
+
+#[test]
+fn busy_loop_owns_its_cpu_and_sleeper_barely_runs() {
+    if !require_root("busy_loop_owns_its_cpu_and_sleeper_barely_runs") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("busy.ebpr");
+    let busy = Workload::spawn("while :; do :; done", Some(0));
+    let sleeper = Workload::spawn("while :; do sleep 0.2; done", Some(1));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = run(&[
+        "record",
+        "-F",
+        &HZ.to_string(),
+        "-d",
+        "4",
+        "-o",
+        file.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    let report = report_json(&file);
+    let duration_ns = report["duration_ns"].as_u64().expect("duration_ns");
+    assert!(
+        duration_ns >= 3_900_000_000,
+        "recorded {duration_ns} ns, asked for 4 s"
+    );
+
+    let b = process(&report, busy.pid())
+        .unwrap_or_else(|| panic!("busy loop {} missing: {report:#}", busy.pid()));
+    let busy_ns = b["cpu_ns"].as_u64().expect("cpu_ns");
+    let share = busy_ns as f64 / duration_ns as f64;
+    assert!(
+        share >= 0.95,
+        "busy loop pinned to CPU 0 got {:.1}% of it",
+        share * 100.0
+    );
+    assert!(
+        share <= 1.001,
+        "busy loop cannot exceed one CPU: {:.2}%",
+        share * 100.0
+    );
+
+    let samples = b["samples"].as_u64().expect("samples") as f64;
+    let expected = HZ as f64 * duration_ns as f64 / 1e9;
+    assert!(
+        (samples - expected).abs() <= 0.05 * expected,
+        "busy loop has {samples} samples, expected {expected:.0} ± 5% at {HZ} Hz"
+    );
+
+    // The sleeper's shell wakes 5 times a second for a fork+exec of sleep: well under 1%.
+    let sleeper_ns = process(&report, sleeper.pid())
+        .and_then(|p| p["cpu_ns"].as_u64())
+        .unwrap_or(0);
+    let sleeper_share = sleeper_ns as f64 / duration_ns as f64;
+    assert!(
+        sleeper_share < 0.01,
+        "sleeper used {:.2}% of its CPU",
+        sleeper_share * 100.0
+    );
+    assert_eq!(
+        report["lost_events"], 0,
+        "no events should be lost at this load"
+    );
+    assert!(
+        report["unknown_ns"].as_u64().expect("unknown_ns") < duration_ns / 100,
+        "timeline has unknown stretches: {report:#}"
+    );
+}
+
+#[test]
+fn command_mode_stops_when_the_command_exits() {
+    if !require_root("command_mode_stops_when_the_command_exits") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cmd.ebpr");
+    let started = std::time::Instant::now();
+    let out = run(&[
+        "record",
+        "-o",
+        file.to_str().expect("path"),
+        "--",
+        "sh",
+        "-c",
+        "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done",
+    ]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    assert!(
+        started.elapsed().as_secs() < 30,
+        "record did not stop with its command"
+    );
+    assert!(text(&out).contains("command exited"), "{}", text(&out));
+    let report = report_json(&file);
+    let sh = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["comm"] == "sh" && p["samples"].as_u64().unwrap_or(0) > 0);
+    assert!(
+        sh.is_some(),
+        "the command's samples are recorded: {report:#}"
+    );
+}

@@ -1,0 +1,145 @@
+//! Bad input and missing privileges: one clear line, non-zero exit, nothing lost.
+
+use std::process::Command;
+
+use crate::util::{bin, report_json, require_root, run, text};
+
+fn recording(dir: &std::path::Path) -> std::path::PathBuf {
+    let file = dir.join("ok.ebpr");
+    let out = run(&["record", "-d", "1.5", "-o", file.to_str().expect("path")]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    file
+}
+
+#[test]
+fn truncated_recording_still_reports() {
+    if !require_root("truncated_recording_still_reports") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = recording(dir.path());
+    let bytes = std::fs::read(&file).expect("read");
+    let half = dir.path().join("half.ebpr");
+    std::fs::write(&half, &bytes[..bytes.len() / 2]).expect("write");
+    let out = run(&["report", half.to_str().expect("path")]);
+    assert!(
+        out.status.success(),
+        "a cut file still reports: {}",
+        text(&out)
+    );
+    assert!(
+        text(&out).contains("cut short"),
+        "and says it was truncated: {}",
+        text(&out)
+    );
+    let full = report_json(&file);
+    let cut = report_json(&half);
+    assert_eq!(cut["truncated"], true);
+    assert!(
+        cut["duration_ns"].as_u64() > Some(0),
+        "half the file holds part of the capture"
+    );
+    assert!(cut["duration_ns"].as_u64() <= full["duration_ns"].as_u64());
+}
+
+#[test]
+fn garbage_empty_and_missing_files_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let garbage = dir.path().join("garbage.ebpr");
+    std::fs::write(&garbage, b"GIF89a not a recording at all").expect("write");
+    let empty = dir.path().join("empty.ebpr");
+    std::fs::write(&empty, b"").expect("write");
+    for (file, want) in [
+        (garbage, "not an energy-bpf recording"),
+        (empty, "not an energy-bpf recording"),
+        (dir.path().join("missing.ebpr"), "No such file"),
+    ] {
+        let out = run(&["report", file.to_str().expect("path")]);
+        assert!(!out.status.success(), "{} must fail", file.display());
+        let msg = text(&out);
+        assert!(msg.contains(want), "{}: {msg}", file.display());
+        assert!(!msg.contains("panicked"), "no panic: {msg}");
+        assert_eq!(msg.lines().count(), 1, "one clear line: {msg}");
+    }
+}
+
+#[test]
+fn unknown_format_version_is_a_clear_error() {
+    if !require_root("unknown_format_version_is_a_clear_error") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = recording(dir.path());
+    // The header is the first record after the 8-byte magic: length varint, then
+    // Record{header(1)} -> Header{format_version(1) = 1}. Patch the version byte.
+    let mut bytes = std::fs::read(&file).expect("read");
+    let at = bytes[8..40]
+        .windows(2)
+        .position(|w| w == [0x08, 0x01])
+        .map(|p| p + 8 + 1)
+        .expect("format_version field near the start");
+    bytes[at] = 0x07;
+    let patched = dir.path().join("v7.ebpr");
+    std::fs::write(&patched, &bytes).expect("write");
+    let out = run(&["report", patched.to_str().expect("path")]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("format version 7"), "{}", text(&out));
+}
+
+#[test]
+fn unprivileged_user_is_told_what_to_do() {
+    if !require_root("unprivileged_user_is_told_what_to_do") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(bin())
+        .args(["record", "-d", "1", "-o"])
+        .arg(dir.path().join("x.ebpr"))
+        .output()
+        .expect("setpriv");
+    assert!(!out.status.success(), "unprivileged record must fail");
+    let msg = text(&out);
+    assert!(
+        msg.contains("permission denied") && msg.contains("sudo"),
+        "{msg}"
+    );
+    assert!(!msg.contains("panicked"), "{msg}");
+}
+
+#[test]
+fn unwritable_output_is_a_clear_error() {
+    if !require_root("unwritable_output_is_a_clear_error") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let out = run(&["record", "-d", "1", "-o", "/nonexistent-dir/x.ebpr"]);
+    assert!(!out.status.success());
+    let msg = text(&out);
+    assert!(
+        msg.contains("/nonexistent-dir/x.ebpr") && msg.contains("-o"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn recordings_are_not_world_readable() {
+    if !require_root("recordings_are_not_world_readable") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = recording(dir.path());
+    let mode = std::fs::metadata(&file).expect("stat").permissions().mode();
+    assert_eq!(mode & 0o077, 0, "mode {mode:o} leaks to group/others");
+}

@@ -1,0 +1,108 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, reason = "not every module uses every helper")]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+};
+
+/// The `energy-bpf` binary under test.
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_energy-bpf"))
+}
+
+/// Whether we can load eBPF (root). Tests that need it fail loudly when not root, since
+/// the suite is meant to run as root; set ENERGY_BPF_SKIP_PRIVILEGED=1 to skip them with a
+/// printed reason instead (e.g. on a laptop without sudo).
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("ENERGY_BPF_SKIP_PRIVILEGED").is_some() {
+        eprintln!("SKIPPED {test}: needs root to load eBPF (ENERGY_BPF_SKIP_PRIVILEGED set)");
+        return false;
+    }
+    panic!(
+        "{test} needs root to load eBPF probes; run the suite as root (CI does) or set ENERGY_BPF_SKIP_PRIVILEGED=1"
+    );
+}
+
+/// Serialises tests that load probes or burn CPU, so one test's load never skews another's
+/// timeline on our 2-CPU machines. Hold the guard for the whole test.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs `energy-bpf ARGS` to completion.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .output()
+        .expect("run energy-bpf")
+}
+
+/// stdout+stderr of an output, for messages.
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A background shell workload, killed on drop.
+pub struct Workload(pub Child);
+
+impl Workload {
+    /// `sh -c SCRIPT`, optionally pinned to a CPU with taskset.
+    pub fn spawn(script: &str, cpu: Option<u32>) -> Self {
+        let mut cmd = match cpu {
+            Some(c) => {
+                let mut cmd = Command::new("taskset");
+                cmd.args(["-c", &c.to_string(), "sh", "-c", script]);
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new("sh");
+                cmd.args(["-c", script]);
+                cmd
+            }
+        };
+        Self(cmd.stdout(Stdio::null()).spawn().expect("spawn workload"))
+    }
+
+    /// Process id (taskset execs sh, so this is the shell).
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Parses `report --format json`.
+pub fn report_json(file: &Path) -> serde_json::Value {
+    let out = run(&[
+        "report",
+        "--format",
+        "json",
+        file.to_str().expect("utf-8 path"),
+    ]);
+    assert!(out.status.success(), "report failed: {}", text(&out));
+    serde_json::from_slice(&out.stdout).expect("report JSON parses")
+}
+
+/// The process entry with this pid in a report.
+pub fn process(report: &serde_json::Value, pid: u32) -> Option<&serde_json::Value> {
+    report["processes"]
+        .as_array()?
+        .iter()
+        .find(|p| p["pid"] == pid)
+}

@@ -1,0 +1,240 @@
+//! `cargo xtask bench ...`:
+//! - `overhead`: a CPU-bound and a context-switch-heavy workload, each alone, under
+//!   `energy-bpf record -F 99` and under `perf record -a -g -F 99`, alternating runs;
+//!   medians, ratios, and the recorder's own CPU time and peak memory.
+//! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
+//! - `outputs`: report/flamegraph speed on a synthetic 60 s, 999 Hz, 2-CPU recording.
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::util::{self, Result};
+
+/// Dispatches a benchmark by name.
+pub fn run(args: &[String]) -> Result {
+    match args.first().map(String::as_str) {
+        Some("overhead") => overhead(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5)),
+        Some("accuracy") => util::cargo(&[
+            "bench",
+            "--locked",
+            "-p",
+            "energy-bpf",
+            "--bench",
+            "accuracy",
+        ]),
+        Some("outputs") => util::cargo(&[
+            "bench",
+            "--locked",
+            "-p",
+            "energy-bpf",
+            "--bench",
+            "outputs",
+        ]),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | accuracy | outputs".into()),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Alone,
+    EnergyBpf,
+    Perf,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Alone => "alone",
+            Mode::EnergyBpf => "energy-bpf record -F 99",
+            Mode::Perf => "perf record -a -g -F 99",
+        }
+    }
+}
+
+/// Usage of one recorder run.
+#[derive(Default, Clone, Copy)]
+struct RecorderCost {
+    cpu_s: f64,
+    peak_rss_kib: u64,
+}
+
+fn overhead(rounds: usize) -> Result {
+    util::cargo(&[
+        "build",
+        "--locked",
+        "--release",
+        "-p",
+        "energy-bpf",
+        "-p",
+        "xtask",
+        "--bin",
+        "energy-bpf",
+        "--bin",
+        "bench-workload",
+    ])?;
+    let root = util::root();
+    let workload = root.join("target/release/bench-workload");
+    let recorder = root.join("target/release/energy-bpf");
+    let out = root.join("bench-out");
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    // Sizes chosen to take about 2-3 s alone on our 2-CPU machines.
+    let workloads = [
+        ("cpu-bound", vec!["cpu", "100"]),
+        (
+            "context-switch (pipe ping-pong)",
+            vec!["pingpong", "150000"],
+        ),
+    ];
+    println!("# bench overhead: {rounds} rounds, modes alternate within each round");
+    for (name, wargs) in &workloads {
+        let mut times: [Vec<f64>; 3] = Default::default();
+        let mut costs: [Vec<RecorderCost>; 3] = Default::default();
+        for round in 0..rounds {
+            for (i, mode) in [Mode::Alone, Mode::EnergyBpf, Mode::Perf]
+                .into_iter()
+                .enumerate()
+            {
+                let (secs, cost) = one_run(
+                    mode,
+                    &workload,
+                    wargs,
+                    &recorder,
+                    &out.join(format!("r{round}")),
+                )?;
+                times[i].push(secs);
+                costs[i].push(cost);
+            }
+        }
+        let base = median(&times[0]);
+        println!("\n## {name}");
+        println!(
+            "{:<28} {:>10} {:>10} {:>14} {:>14}",
+            "mode", "median s", "slowdown", "recorder CPU s", "recorder RSS"
+        );
+        for (i, mode) in [Mode::Alone, Mode::EnergyBpf, Mode::Perf]
+            .into_iter()
+            .enumerate()
+        {
+            let m = median(&times[i]);
+            let (cpu, rss) = if mode == Mode::Alone {
+                ("-".to_string(), "-".to_string())
+            } else {
+                let cpu = median(&costs[i].iter().map(|c| c.cpu_s).collect::<Vec<_>>());
+                let rss = costs[i].iter().map(|c| c.peak_rss_kib).max().unwrap_or(0);
+                (format!("{cpu:.3}"), format!("{} MiB", rss / 1024))
+            };
+            println!(
+                "{:<28} {:>10.3} {:>9.2}% {:>14} {:>14}",
+                mode.name(),
+                m,
+                100.0 * (m / base - 1.0),
+                cpu,
+                rss
+            );
+        }
+        let ours = median(&times[1]) / base;
+        let perf = median(&times[2]) / base;
+        println!(
+            "ratio energy-bpf/perf slowdown: {:.3} (time ratios {:.4} vs {:.4})",
+            (ours - 1.0) / (perf - 1.0).max(1e-9),
+            ours,
+            perf
+        );
+    }
+    Ok(())
+}
+
+fn one_run(
+    mode: Mode,
+    workload: &Path,
+    wargs: &[&str],
+    recorder: &Path,
+    out: &Path,
+) -> Result<(f64, RecorderCost)> {
+    let mut rec = match mode {
+        Mode::Alone => None,
+        Mode::EnergyBpf => Some(start_recorder(
+            Command::new(recorder)
+                .args(["record", "-F", "99", "-o"])
+                .arg(out.with_extension("ebpr")),
+            Some("recording"),
+        )?),
+        Mode::Perf => Some(start_recorder(
+            Command::new("perf")
+                .args(["record", "-a", "-g", "-F", "99", "-q", "-o"])
+                .arg(out.with_extension("perf.data")),
+            None,
+        )?),
+    };
+    let started = Instant::now();
+    let status = Command::new(workload)
+        .args(wargs)
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("workload: {e}"))?;
+    let secs = started.elapsed().as_secs_f64();
+    if !status.success() {
+        return Err(format!("workload failed: {status}"));
+    }
+    let cost = match rec.as_mut() {
+        Some(child) => stop_recorder(child)?,
+        None => RecorderCost::default(),
+    };
+    Ok((secs, cost))
+}
+
+fn start_recorder(cmd: &mut Command, ready_line: Option<&str>) -> Result<Child> {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    if let Some(ready) = ready_line {
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains(ready) => break,
+                Some(Ok(_)) => {}
+                _ => return Err(format!("{cmd:?} exited before it was ready")),
+            }
+        }
+    }
+    // Drain the rest so the recorder never blocks on a full pipe.
+    thread::spawn(move || lines.for_each(drop));
+    // perf prints nothing when ready; give both the same settling time.
+    thread::sleep(Duration::from_millis(1000));
+    Ok(child)
+}
+
+fn stop_recorder(child: &mut Child) -> Result<RecorderCost> {
+    // SAFETY: kill with a valid pid of our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 on our own child fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointers; the child has not been reaped yet.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    if pid < 0 {
+        return Err(format!("wait4: {}", std::io::Error::last_os_error()));
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(RecorderCost {
+        cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
+        peak_rss_kib: usage.ru_maxrss as u64,
+    })
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}

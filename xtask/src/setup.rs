@@ -1,0 +1,134 @@
+//! `cargo xtask setup`: makes a fresh machine of our kind (Debian 12, root) able to build,
+//! run and test everything. Each step checks first and does nothing when already done.
+use std::process::Command;
+
+use crate::util::{self, Result, output, status};
+
+/// Debian packages: (package, command or file proving it is installed, why).
+const APT: &[(&str, &str, &str)] = &[
+    (
+        "llvm-22-dev",
+        "/usr/lib/llvm-22/bin/llvm-config",
+        "bpf-linker links against LLVM 22",
+    ),
+    (
+        "linux-perf",
+        "/usr/bin/perf",
+        "`bench overhead` compares against perf record",
+    ),
+    ("tmux", "/usr/bin/tmux", "the `top` test drives it in tmux"),
+    (
+        "golang-go",
+        "/usr/bin/go",
+        "`go tool pprof` reads our pprof in tests",
+    ),
+    (
+        "chromium",
+        "/usr/bin/chromium",
+        "flamegraph SVGs are opened in headless Chromium in tests",
+    ),
+];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Runs every setup step.
+pub fn run() -> Result {
+    apt()?;
+    nightly()?;
+    bpf_linker()
+}
+
+fn apt() -> Result {
+    let missing: Vec<&str> = APT
+        .iter()
+        .filter(|(_, proof, _)| !std::path::Path::new(proof).exists())
+        .map(|(pkg, _, why)| {
+            eprintln!("xtask: installing {pkg}: {why}");
+            *pkg
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        return Err(format!(
+            "packages missing ({}); run `sudo cargo xtask setup`",
+            missing.join(" ")
+        ));
+    }
+    status(Command::new("apt-get").arg("update").arg("-qq"))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// The eBPF nightly pinned in `ebpf-probes/probes/rust-toolchain.toml`.
+pub fn pinned_nightly() -> Result<String> {
+    let path = util::root().join("ebpf-probes/probes/rust-toolchain.toml");
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    text.lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("channel")?
+                .trim()
+                .strip_prefix('=')
+                .map(|v| v.trim().trim_matches('"').to_owned())
+        })
+        .ok_or_else(|| format!("no channel in {}", path.display()))
+}
+
+fn nightly() -> Result {
+    let toolchain = pinned_nightly()?;
+    let installed = output("rustup", &["toolchain", "list"]).unwrap_or_default();
+    let has_src = output(
+        "rustup",
+        &[
+            "component",
+            "list",
+            "--installed",
+            "--toolchain",
+            &toolchain,
+        ],
+    )
+    .is_some_and(|c| c.lines().any(|l| l.starts_with("rust-src")));
+    if installed.lines().any(|l| l.starts_with(&toolchain)) && has_src {
+        return Ok(());
+    }
+    status(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        &toolchain,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+    ]))
+}
+
+fn bpf_linker() -> Result {
+    let current = output("bpf-linker", &["--version"]).unwrap_or_default();
+    if current.contains(BPF_LINKER_VERSION) {
+        return Ok(());
+    }
+    status(
+        Command::new("cargo")
+            .args([
+                "install",
+                "--locked",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            ])
+            .args(["--no-default-features", "--features", "llvm-22", "--force"])
+            // bpf-linker's build finds LLVM through LLVM_PREFIX only; without it, it picks
+            // the system LLVM 14 and fails with "unable to find library -lLLVM".
+            .env("LLVM_PREFIX", "/usr/lib/llvm-22"),
+    )
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
