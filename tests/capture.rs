@@ -110,3 +110,56 @@ fn command_mode_stops_when_the_command_exits() {
         "the command's samples are recorded: {report:#}"
     );
 }
+
+#[test]
+fn lifecycle_events_name_forks_execs_and_exits() {
+    use energy_bpf::pb::v1::process_event::Kind;
+    if !require_root("lifecycle_events_name_forks_execs_and_exits") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("life.ebpr");
+    let out = run(&[
+        "record",
+        "-o",
+        file.to_str().expect("path"),
+        "--",
+        "sh",
+        "-c",
+        "sleep 0.3 & wait",
+    ]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    let rec = energy_bpf::record::read_file(&file).expect("read recording");
+    let sh = rec
+        .process_events
+        .iter()
+        .find(|e| e.kind() == Kind::Exec && e.comm == "sleep")
+        .expect("exec of sleep recorded");
+    let fork = rec
+        .process_events
+        .iter()
+        .find(|e| e.kind() == Kind::Fork && e.child_tgid == sh.tgid)
+        .expect("fork that created the sleep process, with the child's pid read from task_struct");
+    assert_ne!(fork.tgid, fork.child_tgid, "a new process, not a thread");
+    assert!(fork.ts_ns < sh.ts_ns, "fork precedes exec");
+    let exit = rec
+        .process_events
+        .iter()
+        .find(|e| e.kind() == Kind::Exit && e.tgid == sh.tgid)
+        .expect("exit of the sleep process");
+    let lived = exit.ts_ns - sh.ts_ns;
+    assert!(
+        (250_000_000..2_000_000_000).contains(&lived),
+        "sleep 0.3 lived {lived} ns"
+    );
+    let info = rec
+        .threads
+        .get(&sh.tgid)
+        .expect("thread info for the sleep process");
+    assert_eq!(info.comm, "sleep");
+    assert!(
+        !rec.mappings.get(&fork.tgid).map_or(true, Vec::is_empty),
+        "mappings of the shell recorded"
+    );
+}

@@ -55,6 +55,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
+    if let Some(pid) = args
+        .pids
+        .iter()
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+    {
+        anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
+    }
     let probes = Probes::start(args.freq).context("cannot start capture")?;
     let cpus = host::topology(std::path::Path::new("/sys"), probes.cpus());
     let (kernel_release, hostname) = host::uname();
