@@ -143,3 +143,27 @@ fn recordings_are_not_world_readable() {
     let mode = std::fs::metadata(&file).expect("stat").permissions().mode();
     assert_eq!(mode & 0o077, 0, "mode {mode:o} leaks to group/others");
 }
+
+#[test]
+fn recorder_killed_with_sigkill_keeps_what_it_recorded() {
+    if !require_root("recorder_killed_with_sigkill_keeps_what_it_recorded") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("killed.ebpr");
+    let mut child = Command::new(bin())
+        .args(["record", "-o"])
+        .arg(&file)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn record");
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    let report = report_json(&file);
+    assert_eq!(report["truncated"], true, "{report:#}");
+    let secs = report["duration_ns"].as_u64().expect("duration") as f64 / 1e9;
+    assert!(secs > 0.5, "the chunks written before the kill are kept ({secs:.2} s)");
+    assert!(report["processes"].as_array().is_some_and(|p| !p.is_empty()), "{report:#}");
+}
