@@ -39,8 +39,12 @@ impl SourceKind {
     }
 
     /// Hardware kinds in order of preference for CPU domains (DESIGN.md §4 "Counters").
-    pub const CPU_PREFERENCE: [SourceKind; 4] =
-        [SourceKind::Perf, SourceKind::Powercap, SourceKind::Msr, SourceKind::Hwmon];
+    pub const CPU_PREFERENCE: [SourceKind; 4] = [
+        SourceKind::Perf,
+        SourceKind::Powercap,
+        SourceKind::Msr,
+        SourceKind::Hwmon,
+    ];
 }
 
 impl fmt::Display for SourceKind {

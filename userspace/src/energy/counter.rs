@@ -49,7 +49,14 @@ pub struct Unwrapper {
 impl Unwrapper {
     /// Starts at a first read `count` taken at `ts_ns`; cumulative energy is 0 there.
     pub fn new(count: u64, ts_ns: u64, unit_uj: f64, wrap: Option<u64>, max_w: f64) -> Self {
-        Self { unit_uj, wrap, max_w, last_count: count, last_ns: ts_ns, total_counts: 0 }
+        Self {
+            unit_uj,
+            wrap,
+            max_w,
+            last_count: count,
+            last_ns: ts_ns,
+            total_counts: 0,
+        }
     }
 
     /// Cumulative µJ since open.
@@ -91,7 +98,11 @@ impl Unwrapper {
         // µJ per ns × 1e3 = W.
         let watts = delta as f64 * self.unit_uj / dt_ns as f64 * 1e3;
         if watts > self.max_w {
-            let what = if count < prev.0 { "counter went backwards; as a wrap" } else { "delta" };
+            let what = if count < prev.0 {
+                "counter went backwards; as a wrap"
+            } else {
+                "delta"
+            };
             return Step::Flagged {
                 energy_uj: self.energy_uj(),
                 flag: format!(
@@ -101,7 +112,9 @@ impl Unwrapper {
             };
         }
         self.total_counts += delta;
-        Step::Advanced { energy_uj: self.energy_uj() }
+        Step::Advanced {
+            energy_uj: self.energy_uj(),
+        }
     }
 }
 
@@ -126,19 +139,32 @@ mod tests {
         let unit = 1e6 / 65536.0;
         let wrap = 1u64 << 32;
         let mut u = Unwrapper::new(wrap - 10, 0, unit, Some(wrap), MAX_PLAUSIBLE_W);
-        assert_eq!(u.update(5, 10 * MS), Step::Advanced { energy_uj: 15.0 * unit });
-        assert_eq!(u.update(wrap - 1, 20 * MS), Step::Flagged {
-            energy_uj: 15.0 * unit,
-            flag: "delta it implies 6553600 W over 10000000 ns, above the 2000 W bound".into(),
-        });
+        assert_eq!(
+            u.update(5, 10 * MS),
+            Step::Advanced {
+                energy_uj: 15.0 * unit
+            }
+        );
+        assert_eq!(
+            u.update(wrap - 1, 20 * MS),
+            Step::Flagged {
+                energy_uj: 15.0 * unit,
+                flag: "delta it implies 6553600 W over 10000000 ns, above the 2000 W bound".into(),
+            }
+        );
     }
 
     #[test]
     fn backwards_without_wrap_is_flagged_and_never_negative() {
         let mut u = Unwrapper::new(1000, 0, 1.0, None, MAX_PLAUSIBLE_W);
-        assert_eq!(u.update(2000, 10 * MS), Step::Advanced { energy_uj: 1000.0 });
+        assert_eq!(
+            u.update(2000, 10 * MS),
+            Step::Advanced { energy_uj: 1000.0 }
+        );
         let step = u.update(500, 20 * MS);
-        let Step::Flagged { energy_uj, flag } = step else { panic!("not flagged: {step:?}") };
+        let Step::Flagged { energy_uj, flag } = step else {
+            panic!("not flagged: {step:?}")
+        };
         assert_eq!(energy_uj, 1000.0);
         assert!(flag.contains("backwards"), "{flag}");
         // Counting resumes from the new value.
@@ -151,8 +177,13 @@ mod tests {
         let wrap = 1u64 << 40;
         let mut u = Unwrapper::new(1_000_000, 0, 1.0, Some(wrap), MAX_PLAUSIBLE_W);
         let step = u.update(500_000, 10 * MS);
-        let Step::Flagged { energy_uj, flag } = step else { panic!("not flagged: {step:?}") };
+        let Step::Flagged { energy_uj, flag } = step else {
+            panic!("not flagged: {step:?}")
+        };
         assert_eq!(energy_uj, 0.0);
-        assert!(flag.starts_with("counter went backwards; as a wrap"), "{flag}");
+        assert!(
+            flag.starts_with("counter went backwards; as a wrap"),
+            "{flag}"
+        );
     }
 }

@@ -10,7 +10,8 @@
 use std::collections::BTreeSet;
 
 use super::{
-    EnergyArgs, EnergyError, EnergySource, SourceKind, hwmon, model, msr, nvml, perf, powercap,
+    EnergyArgs, EnergyError, EnergySource, SourceKind, host, hwmon, model, msr, nvml, perf,
+    powercap,
 };
 use crate::pb::v1 as pb;
 
@@ -28,10 +29,18 @@ pub struct KindProbe {
 
 impl KindProbe {
     fn absent(kind: SourceKind, reason: String) -> Self {
-        Self { kind, present: false, reason: Some(reason), counters: Vec::new() }
+        Self {
+            kind,
+            present: false,
+            reason: Some(reason),
+            counters: Vec::new(),
+        }
     }
 
-    fn from_opens(kind: SourceKind, opens: Vec<Result<Box<dyn EnergySource>, EnergyError>>) -> Self {
+    fn from_opens(
+        kind: SourceKind,
+        opens: Vec<Result<Box<dyn EnergySource>, EnergyError>>,
+    ) -> Self {
         let mut counters = Vec::new();
         let mut errors: Vec<String> = Vec::new();
         for open in opens {
@@ -46,7 +55,12 @@ impl KindProbe {
             }
         }
         let reason = (!errors.is_empty()).then(|| errors.join("; "));
-        Self { kind, present: true, reason, counters }
+        Self {
+            kind,
+            present: true,
+            reason,
+            counters,
+        }
     }
 
     /// Whether at least one counter of this kind can be read.
@@ -77,16 +91,28 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                 reason: Some("the power PMU lists no energy-* events".into()),
                 counters: Vec::new(),
             },
-            Ok(Some(pmu)) => KindProbe::from_opens(kind, match perf::open(&pmu, cpus) {
-                Ok(events) => events.into_iter().map(|e| Ok(boxed(e))).collect(),
-                Err(e) => vec![Err(e)],
-            }),
-            Err(e) => KindProbe { kind, present: true, reason: Some(e.to_string()), counters: Vec::new() },
+            Ok(Some(pmu)) => KindProbe::from_opens(
+                kind,
+                match perf::open(&pmu, cpus) {
+                    Ok(events) => events.into_iter().map(|e| Ok(boxed(e))).collect(),
+                    Err(e) => vec![Err(e)],
+                },
+            ),
+            Err(e) => KindProbe {
+                kind,
+                present: true,
+                reason: Some(e.to_string()),
+                counters: Vec::new(),
+            },
         },
         SourceKind::Powercap => match powercap::zones(sysfs) {
             Ok(zones) if zones.is_empty() => {
                 let root = powercap::root(sysfs);
-                let what = if root.exists() { "has no intel-rapl zones" } else { "does not exist" };
+                let what = if root.exists() {
+                    "has no intel-rapl zones"
+                } else {
+                    "does not exist"
+                };
                 KindProbe::absent(
                     kind,
                     format!(
@@ -97,9 +123,17 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
             }
             Ok(zones) => KindProbe::from_opens(
                 kind,
-                zones.iter().map(|z| powercap::Zone::open(z).map(boxed)).collect(),
+                zones
+                    .iter()
+                    .map(|z| powercap::Zone::open(z).map(boxed))
+                    .collect(),
             ),
-            Err(e) => KindProbe { kind, present: true, reason: Some(e.to_string()), counters: Vec::new() },
+            Err(e) => KindProbe {
+                kind,
+                present: true,
+                reason: Some(e.to_string()),
+                counters: Vec::new(),
+            },
         },
         SourceKind::Msr => {
             let first = cpus.first().map_or(0, |c| c.id);
@@ -110,10 +144,13 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                     format!("{} does not exist: {}", file.display(), msr::DRIVER_HINT),
                 );
             }
-            KindProbe::from_opens(kind, match msr::open(&args.dev_cpu_root, cpus) {
-                Ok((_, regs)) => regs.into_iter().map(|r| Ok(boxed(r))).collect(),
-                Err(e) => vec![Err(e)],
-            })
+            KindProbe::from_opens(
+                kind,
+                match msr::open(&args.dev_cpu_root, cpus) {
+                    Ok((_, regs)) => regs.into_iter().map(|r| Ok(boxed(r))).collect(),
+                    Err(e) => vec![Err(e)],
+                },
+            )
         }
         SourceKind::Hwmon => match hwmon::inputs(sysfs, cpus) {
             Ok(inputs) if inputs.is_empty() => KindProbe::absent(
@@ -125,16 +162,31 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
             ),
             Ok(inputs) => KindProbe::from_opens(
                 kind,
-                inputs.iter().map(|i| hwmon::Input::open(i).map(boxed)).collect(),
+                inputs
+                    .iter()
+                    .map(|i| hwmon::Input::open(i).map(boxed))
+                    .collect(),
             ),
-            Err(e) => KindProbe { kind, present: true, reason: Some(e.to_string()), counters: Vec::new() },
+            Err(e) => KindProbe {
+                kind,
+                present: true,
+                reason: Some(e.to_string()),
+                counters: Vec::new(),
+            },
         },
         SourceKind::Nvml => match nvml::open() {
-            Ok(gpus) => KindProbe::from_opens(kind, gpus.into_iter().map(|g| Ok(boxed(g))).collect()),
+            Ok(gpus) => {
+                KindProbe::from_opens(kind, gpus.into_iter().map(|g| Ok(boxed(g))).collect())
+            }
             Err(e) => {
                 let text = e.to_string();
                 let present = !text.contains("not loadable");
-                KindProbe { kind, present, reason: Some(text), counters: Vec::new() }
+                KindProbe {
+                    kind,
+                    present,
+                    reason: Some(text),
+                    counters: Vec::new(),
+                }
             }
         },
         SourceKind::Auto | SourceKind::Model => KindProbe {
@@ -162,9 +214,18 @@ impl Plan {
         let mut slots: Vec<Vec<Option<Box<dyn EnergySource>>>> = self
             .probes
             .iter_mut()
-            .map(|p| std::mem::take(&mut p.counters).into_iter().map(Some).collect())
+            .map(|p| {
+                std::mem::take(&mut p.counters)
+                    .into_iter()
+                    .map(Some)
+                    .collect()
+            })
             .collect();
-        let out = self.used.iter().filter_map(|&(p, c)| slots[p][c].take()).collect();
+        let out = self
+            .used
+            .iter()
+            .filter_map(|&(p, c)| slots[p][c].take())
+            .collect();
         for (probe, slot) in self.probes.iter_mut().zip(slots) {
             probe.counters = slot.into_iter().flatten().collect();
         }
@@ -172,16 +233,48 @@ impl Plan {
     }
 }
 
+/// Adds what the host says (kernel config, hypervisor) to the reasons of absent kinds, for
+/// the real roots only: a fake tree says nothing about the host.
+fn explain_absent(probes: &mut [KindProbe], args: &EnergyArgs) {
+    let real = |kind| match kind {
+        SourceKind::Msr => host::is_real_root(&args.dev_cpu_root, "/dev/cpu"),
+        SourceKind::Perf | SourceKind::Powercap => host::is_real_root(&args.sysfs_root, "/sys"),
+        _ => false,
+    };
+    if !probes.iter().any(|p| !p.present && real(p.kind)) {
+        return;
+    }
+    let facts = host::HostFacts::read();
+    for p in probes.iter_mut().filter(|p| !p.present && real(p.kind)) {
+        let Some(extra) = facts.explain(p.kind) else {
+            continue;
+        };
+        let mut base = p.reason.take().unwrap_or_default();
+        if p.kind == SourceKind::Msr && facts.has("CONFIG_X86_MSR") == Some(false) {
+            // `modprobe msr` cannot help when the kernel has no such module.
+            base = base.replace(&format!(": {}", msr::DRIVER_HINT), "");
+        }
+        p.reason = Some(format!("{base}; {extra}"));
+    }
+}
+
 /// Probes the machine and chooses (see the module docs).
 pub fn plan(args: &EnergyArgs, cpus: &[pb::Cpu], all_kinds: bool) -> Result<Plan, EnergyError> {
     let forced = args.energy_source;
     let kinds: Vec<SourceKind> = match forced {
-        _ if all_kinds => SourceKind::CPU_PREFERENCE.into_iter().chain([SourceKind::Nvml]).collect(),
-        SourceKind::Auto => SourceKind::CPU_PREFERENCE.into_iter().chain([SourceKind::Nvml]).collect(),
+        _ if all_kinds => SourceKind::CPU_PREFERENCE
+            .into_iter()
+            .chain([SourceKind::Nvml])
+            .collect(),
+        SourceKind::Auto => SourceKind::CPU_PREFERENCE
+            .into_iter()
+            .chain([SourceKind::Nvml])
+            .collect(),
         SourceKind::Model => Vec::new(),
         k => vec![k],
     };
-    let probes: Vec<KindProbe> = kinds.into_iter().map(|k| probe(k, args, cpus)).collect();
+    let mut probes: Vec<KindProbe> = kinds.into_iter().map(|k| probe(k, args, cpus)).collect();
+    explain_absent(&mut probes, args);
     let mut used = Vec::new();
     match forced {
         SourceKind::Auto => {
@@ -191,7 +284,9 @@ pub fn plan(args: &EnergyArgs, cpus: &[pb::Cpu], all_kinds: bool) -> Result<Plan
                 for (ci, c) in p.counters.iter().enumerate() {
                     let d = c.describe();
                     let key = (d.domain, d.package);
-                    if d.domain == pb::EnergyDomain::DomainUnspecified as i32 || claimed.contains(&key) {
+                    if d.domain == pb::EnergyDomain::DomainUnspecified as i32
+                        || claimed.contains(&key)
+                    {
                         continue;
                     }
                     mine.insert(key);
@@ -203,7 +298,10 @@ pub fn plan(args: &EnergyArgs, cpus: &[pb::Cpu], all_kinds: bool) -> Result<Plan
         SourceKind::Model => {}
         k => {
             let Some((pi, p)) = probes.iter().enumerate().find(|(_, p)| p.kind == k) else {
-                return Err(EnergyError::Unavailable { kind: k, reason: "not probed".into() });
+                return Err(EnergyError::Unavailable {
+                    kind: k,
+                    reason: "not probed".into(),
+                });
             };
             if p.counters.is_empty() {
                 let reason = p.reason.clone().unwrap_or_else(|| "no counters".into());
@@ -221,7 +319,11 @@ pub fn plan(args: &EnergyArgs, cpus: &[pb::Cpu], all_kinds: bool) -> Result<Plan
     } else {
         Vec::new()
     };
-    Ok(Plan { probes, used, model })
+    Ok(Plan {
+        probes,
+        used,
+        model,
+    })
 }
 
 #[cfg(test)]
@@ -231,7 +333,13 @@ mod tests {
 
     /// Two packages of one core with two threads.
     fn cpus() -> Vec<pb::Cpu> {
-        (0..4).map(|id| pb::Cpu { id, package: id / 2, core: 0 }).collect()
+        (0..4)
+            .map(|id| pb::Cpu {
+                id,
+                package: id / 2,
+                core: 0,
+            })
+            .collect()
     }
 
     fn names(plan: &Plan) -> Vec<String> {
@@ -255,8 +363,11 @@ mod tests {
         let plan = plan(&args, &cpus(), true).expect("plan");
         assert!(plan.used.is_empty());
         assert_eq!(plan.model.len(), 2);
-        let reasons: Vec<String> =
-            plan.probes.iter().map(|p| p.reason.clone().unwrap_or_default()).collect();
+        let reasons: Vec<String> = plan
+            .probes
+            .iter()
+            .map(|p| p.reason.clone().unwrap_or_default())
+            .collect();
         assert!(reasons[0].starts_with("no power PMU"), "{reasons:?}");
         assert!(reasons[1].starts_with("no powercap tree"), "{reasons:?}");
         assert!(reasons[2].contains("modprobe msr"), "{reasons:?}");
@@ -267,10 +378,13 @@ mod tests {
     fn powercap_beats_msr_per_domain_and_msr_fills_the_rest() {
         let tmp = tempfile::tempdir().expect("tempdir");
         // powercap: packages only (as on AMD); MSR: AMD with per-core registers.
-        fake::FakePowercap::create(tmp.path(), &[
-            fake::ZoneSpec::new("intel-rapl:0", "package-0", 1 << 30),
-            fake::ZoneSpec::new("intel-rapl:1", "package-1", 1 << 30),
-        ])
+        fake::FakePowercap::create(
+            tmp.path(),
+            &[
+                fake::ZoneSpec::new("intel-rapl:0", "package-0", 1 << 30),
+                fake::ZoneSpec::new("intel-rapl:1", "package-1", 1 << 30),
+            ],
+        )
         .expect("powercap");
         fake::FakeMsr::amd(&tmp.path().join("dev/cpu"), &cpus()).expect("msr");
         let args = EnergyArgs {
@@ -279,19 +393,40 @@ mod tests {
             ..Default::default()
         };
         let plan = plan(&args, &cpus(), false).expect("plan");
-        assert_eq!(names(&plan), vec![
-            "powercap:intel-rapl:0 (package-0)",
-            "powercap:intel-rapl:1 (package-1)",
-            "msr:cpu1 msr 0xc001029a (core 0 of package 0)",
-            "msr:cpu3 msr 0xc001029a (core 0 of package 1)",
-        ]);
+        assert_eq!(
+            names(&plan),
+            vec![
+                "powercap:intel-rapl:0 (package-0)",
+                "powercap:intel-rapl:1 (package-1)",
+                "msr:cpu1 msr 0xc001029a (core 0 of package 0)",
+                "msr:cpu3 msr 0xc001029a (core 0 of package 1)",
+            ]
+        );
         assert!(plan.model.is_empty());
         // Forcing MSR uses all of its registers.
-        let forced = EnergyArgs { energy_source: SourceKind::Msr, ..args.clone() };
-        assert_eq!(super::plan(&forced, &cpus(), false).expect("plan").used.len(), 4);
+        let forced = EnergyArgs {
+            energy_source: SourceKind::Msr,
+            ..args.clone()
+        };
+        assert_eq!(
+            super::plan(&forced, &cpus(), false)
+                .expect("plan")
+                .used
+                .len(),
+            4
+        );
         // Forcing an absent kind is a clear error.
-        let forced = EnergyArgs { energy_source: SourceKind::Hwmon, ..args };
-        let err = super::plan(&forced, &cpus(), false).err().expect("hwmon is absent").to_string();
-        assert!(err.starts_with("--energy-source hwmon: not usable"), "{err}");
+        let forced = EnergyArgs {
+            energy_source: SourceKind::Hwmon,
+            ..args
+        };
+        let err = super::plan(&forced, &cpus(), false)
+            .err()
+            .expect("hwmon is absent")
+            .to_string();
+        assert!(
+            err.starts_with("--energy-source hwmon: not usable"),
+            "{err}"
+        );
     }
 }

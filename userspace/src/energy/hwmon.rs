@@ -46,9 +46,12 @@ pub fn inputs(sysfs: &Path, cpus: &[pb::Cpu]) -> Result<Vec<InputInfo>, EnergyEr
     dirs.sort();
     let mut out = Vec::new();
     for dir in dirs {
-        let Ok(files) = std::fs::read_dir(&dir) else { continue };
-        let mut names: Vec<String> =
-            files.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+        let Ok(files) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut names: Vec<String> = files
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
         names.sort();
         let inputs: Vec<&String> = names
             .iter()
@@ -63,7 +66,13 @@ pub fn inputs(sysfs: &Path, cpus: &[pb::Cpu]) -> Result<Vec<InputInfo>, EnergyEr
             let label = read_text(&dir.join(format!("{stem}_label")), "")
                 .unwrap_or_else(|_| stem.to_owned());
             let (domain, package) = classify(&label, cpus);
-            out.push(InputInfo { path: dir.join(input), chip: chip.clone(), label, domain, package });
+            out.push(InputInfo {
+                path: dir.join(input),
+                chip: chip.clone(),
+                label,
+                domain,
+                package,
+            });
         }
     }
     Ok(out)
@@ -74,8 +83,14 @@ fn classify(label: &str, cpus: &[pb::Cpu]) -> (pb::EnergyDomain, u32) {
     if let Some(p) = label.strip_prefix("Esocket").and_then(|p| p.parse().ok()) {
         return (pb::EnergyDomain::Package, p);
     }
-    if let Some(core) = label.strip_prefix("Ecore").and_then(|c| c.parse::<u32>().ok()) {
-        let package = cpus.iter().find(|c| c.core == core).map_or(0, |c| c.package);
+    if let Some(core) = label
+        .strip_prefix("Ecore")
+        .and_then(|c| c.parse::<u32>().ok())
+    {
+        let package = cpus
+            .iter()
+            .find(|c| c.core == core)
+            .map_or(0, |c| c.package);
         return (pb::EnergyDomain::Cores, package);
     }
     (pb::EnergyDomain::DomainUnspecified, 0)
@@ -91,7 +106,10 @@ impl Input {
             info.package,
             format!("{} {}", info.chip, info.label),
         );
-        Ok(Self { path: info.path.clone(), desc })
+        Ok(Self {
+            path: info.path.clone(),
+            desc,
+        })
     }
 }
 
@@ -109,7 +127,10 @@ impl EnergySource for Input {
     }
 
     fn read(&mut self) -> Result<RawSample, EnergyError> {
-        Ok(RawSample { count: read_u64(&self.path, HINT)?, gpu_processes: Vec::new() })
+        Ok(RawSample {
+            count: read_u64(&self.path, HINT)?,
+            gpu_processes: Vec::new(),
+        })
     }
 }
 
@@ -124,16 +145,31 @@ mod tests {
         let files = fake::hwmon_amd_energy(tmp.path(), 1, 2).expect("fake hwmon");
         assert_eq!(files.len(), 3);
         let cpus = [
-            pb::Cpu { id: 0, package: 0, core: 0 },
-            pb::Cpu { id: 1, package: 0, core: 1 },
+            pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 1,
+                package: 0,
+                core: 1,
+            },
         ];
         let found = inputs(tmp.path(), &cpus).expect("inputs");
-        let summary: Vec<(&str, pb::EnergyDomain, u32)> =
-            found.iter().map(|i| (i.label.as_str(), i.domain, i.package)).collect();
+        let summary: Vec<(&str, pb::EnergyDomain, u32)> = found
+            .iter()
+            .map(|i| (i.label.as_str(), i.domain, i.package))
+            .collect();
         use pb::EnergyDomain::*;
-        assert_eq!(summary, vec![("Ecore000", Cores, 0), ("Ecore001", Cores, 0), (
-            "Esocket0", Package, 0
-        )]);
+        assert_eq!(
+            summary,
+            vec![
+                ("Ecore000", Cores, 0),
+                ("Ecore001", Cores, 0),
+                ("Esocket0", Package, 0)
+            ]
+        );
         let mut input = Input::open(&found[2]).expect("open");
         assert_eq!(input.describe().name, "amd_energy Esocket0");
         std::fs::write(&found[2].path, "123456\n").expect("write");

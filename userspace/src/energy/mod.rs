@@ -19,6 +19,7 @@ pub mod args;
 pub mod counter;
 pub mod detect;
 pub mod fake;
+pub mod host;
 pub mod hwmon;
 pub mod model;
 pub mod msr;
@@ -139,9 +140,10 @@ impl EnergyError {
     pub fn from_io(path: impl Into<PathBuf>, source: std::io::Error, hint: &str) -> Self {
         let path = path.into();
         match source.kind() {
-            std::io::ErrorKind::PermissionDenied => {
-                EnergyError::PermissionDenied { path, hint: hint.to_owned() }
-            }
+            std::io::ErrorKind::PermissionDenied => EnergyError::PermissionDenied {
+                path,
+                hint: hint.to_owned(),
+            },
             std::io::ErrorKind::NotFound => EnergyError::Vanished { path, source },
             _ => EnergyError::Io { path, source },
         }
@@ -151,13 +153,18 @@ impl EnergyError {
 /// CLOCK_MONOTONIC now, in ns: the clock `bpf_ktime_get_ns` returns, so readings line up
 /// with the eBPF timeline.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     if rc != 0 {
         return 0;
     }
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// Reads a small sysfs text file, trimmed.

@@ -49,8 +49,13 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig, EnergyError>
         let bad = |why: &str| {
             EnergyError::Model(format!("{}:{}: {why}: {line:?}", path.display(), n + 1))
         };
-        let (key, value) = line.split_once('=').ok_or_else(|| bad("expected `key = value`"))?;
-        let value: f64 = value.trim().parse().map_err(|_| bad("expected a number of watts"))?;
+        let (key, value) = line
+            .split_once('=')
+            .ok_or_else(|| bad("expected `key = value`"))?;
+        let value: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| bad("expected a number of watts"))?;
         match key.trim() {
             "idle_w" => config.idle_w = Some(value),
             "max_w" => config.max_w = Some(value),
@@ -90,11 +95,19 @@ pub fn sources(
             } else if let (Some(w), Some((_, path))) = (file, &config) {
                 (w, format!("{key} from {}", path.display()))
             } else {
-                (per_cpu * n as f64, format!("{key} default {per_cpu} W x {n} CPUs"))
+                (
+                    per_cpu * n as f64,
+                    format!("{key} default {per_cpu} W x {n} CPUs"),
+                )
             }
         };
         let file = config.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
-        let (idle, idle_origin) = pick(args.model_idle_w, file.idle_w, DEFAULT_IDLE_W_PER_CPU, "idle_w");
+        let (idle, idle_origin) = pick(
+            args.model_idle_w,
+            file.idle_w,
+            DEFAULT_IDLE_W_PER_CPU,
+            "idle_w",
+        );
         let (max, max_origin) = pick(args.model_max_w, file.max_w, DEFAULT_MAX_W_PER_CPU, "max_w");
         if !(idle.is_finite() && max.is_finite() && idle >= 0.0 && max >= idle) {
             return Err(EnergyError::Model(format!(
@@ -137,7 +150,11 @@ pub fn readings(
     if end <= start {
         return Vec::new();
     }
-    let interval = if interval_ns == 0 { DEFAULT_INTERVAL_NS } else { interval_ns };
+    let interval = if interval_ns == 0 {
+        DEFAULT_INTERVAL_NS
+    } else {
+        interval_ns
+    };
     let models: Vec<(&pb::EnergySource, Vec<u32>)> = sources
         .iter()
         .filter(|s| is_model(s))
@@ -145,7 +162,10 @@ pub fn readings(
             let ids = if cpus.is_empty() {
                 timeline.cpus.iter().map(|c| c.cpu).collect()
             } else {
-                cpus.iter().filter(|c| c.package == s.package).map(|c| c.id).collect()
+                cpus.iter()
+                    .filter(|c| c.package == s.package)
+                    .map(|c| c.id)
+                    .collect()
             };
             (s, ids)
         })
@@ -153,18 +173,26 @@ pub fn readings(
     let mut energy = vec![0.0f64; models.len()];
     let mut out: Vec<pb::EnergyReading> = models
         .iter()
-        .map(|(s, _)| pb::EnergyReading { source_id: s.id, ts_ns: start, ..Default::default() })
+        .map(|(s, _)| pb::EnergyReading {
+            source_id: s.id,
+            ts_ns: start,
+            ..Default::default()
+        })
         .collect();
     let mut a = start;
     while a < end {
         let b = a.saturating_add(interval).min(end);
         for (i, (source, ids)) in models.iter().enumerate() {
-            let busy: u64 =
-                ids.iter().filter_map(|&c| timeline.cpu(c)).map(|c| c.busy_ns(a, b)).sum();
+            let busy: u64 = ids
+                .iter()
+                .filter_map(|&c| timeline.cpu(c))
+                .map(|c| c.busy_ns(a, b))
+                .sum();
             let n = ids.len().max(1) as f64;
             // W × ns = 1e-3 µJ.
             let dynamic_w = source.model_max_w - source.model_idle_w;
-            energy[i] += (source.model_idle_w * (b - a) as f64 + dynamic_w * busy as f64 / n) * 1e-3;
+            energy[i] +=
+                (source.model_idle_w * (b - a) as f64 + dynamic_w * busy as f64 / n) * 1e-3;
             out.push(pb::EnergyReading {
                 source_id: source.id,
                 ts_ns: b,
@@ -212,13 +240,28 @@ mod tests {
     /// Two CPUs over 100 ms; `busy` of them run a thread for the whole window, and for
     /// "half" each CPU is busy 50 ms.
     fn power_at(utilisation: f64) -> f64 {
-        let cpus = [pb::Cpu { id: 0, package: 0, core: 0 }, pb::Cpu { id: 1, package: 0, core: 1 }];
+        let cpus = [
+            pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 1,
+                package: 0,
+                core: 1,
+            },
+        ];
         let switches: Vec<SwitchEvent> = if utilisation == 0.0 {
             vec![switch(0, 0, 0, 0), switch(0, 1, 0, 0)]
         } else if utilisation == 1.0 {
             vec![switch(0, 0, 0, 42), switch(0, 1, 0, 43)]
         } else {
-            vec![switch(0, 0, 0, 42), switch(50 * MS, 0, 42, 0), switch(50 * MS, 1, 0, 43)]
+            vec![
+                switch(0, 0, 0, 42),
+                switch(50 * MS, 0, 42, 0),
+                switch(50 * MS, 1, 0, 43),
+            ]
         };
         let timeline = Timeline::build(0, 100 * MS, &[0, 1], &switches);
         let got = readings(&timeline, &cpus, &[model_source(10.0, 30.0)], 10 * MS);
@@ -238,24 +281,60 @@ mod tests {
 
     #[test]
     fn parameters_from_flags_file_or_default() {
-        let cpus = [pb::Cpu { id: 0, package: 0, core: 0 }, pb::Cpu { id: 1, package: 1, core: 0 }];
+        let cpus = [
+            pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 1,
+                package: 1,
+                core: 0,
+            },
+        ];
         let def = sources(&EnergyArgs::default(), &cpus, 1).expect("default");
         assert_eq!(def.len(), 2);
-        assert_eq!((def[1].id, def[1].package, def[1].model_idle_w, def[1].model_max_w), (2, 1, 1.0, 4.0));
-        assert!(def[0].estimated && def[0].model_origin.contains("default"), "{:?}", def[0]);
+        assert_eq!(
+            (
+                def[1].id,
+                def[1].package,
+                def[1].model_idle_w,
+                def[1].model_max_w
+            ),
+            (2, 1, 1.0, 4.0)
+        );
+        assert!(
+            def[0].estimated && def[0].model_origin.contains("default"),
+            "{:?}",
+            def[0]
+        );
 
         let tmp = tempfile::tempdir().expect("tempdir");
         let path = tmp.path().join("model.toml");
         std::fs::write(&path, "[model]\nidle_w = 12.5 # measured\nmax_w = 90\n").expect("write");
-        let args = EnergyArgs { model_config: Some(path.clone()), model_max_w: Some(80.0), ..Default::default() };
+        let args = EnergyArgs {
+            model_config: Some(path.clone()),
+            model_max_w: Some(80.0),
+            ..Default::default()
+        };
         let got = sources(&args, &cpus[..1], 1).expect("config");
         assert_eq!((got[0].model_idle_w, got[0].model_max_w), (12.5, 80.0));
-        assert!(got[0].model_origin.contains("model.toml") && got[0].model_origin.contains("--model-max-w"));
+        assert!(
+            got[0].model_origin.contains("model.toml")
+                && got[0].model_origin.contains("--model-max-w")
+        );
 
         std::fs::write(&path, "idle = 3\n").expect("write");
-        let err = sources(&args, &cpus, 1).expect_err("bad key accepted").to_string();
+        let err = sources(&args, &cpus, 1)
+            .expect_err("bad key accepted")
+            .to_string();
         assert!(err.contains("model.toml:1: unknown key"), "{err}");
-        let args = EnergyArgs { model_idle_w: Some(50.0), model_max_w: Some(10.0), ..Default::default() };
+        let args = EnergyArgs {
+            model_idle_w: Some(50.0),
+            model_max_w: Some(10.0),
+            ..Default::default()
+        };
         assert!(sources(&args, &cpus, 1).is_err());
     }
 }

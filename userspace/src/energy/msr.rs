@@ -95,8 +95,15 @@ fn open_cpu(root: &Path, cpu: u32) -> Result<(Arc<File>, PathBuf), EnergyError> 
 /// which lie one byte apart (a fake MSR file, being a plain file, cannot hold overlapping
 /// 8-byte registers; the real driver does not care).
 pub fn open(root: &Path, cpus: &[pb::Cpu]) -> Result<(Vendor, Vec<Register>), EnergyError> {
-    let cpus: Vec<pb::Cpu> =
-        if cpus.is_empty() { vec![pb::Cpu { id: 0, package: 0, core: 0 }] } else { cpus.to_vec() };
+    let cpus: Vec<pb::Cpu> = if cpus.is_empty() {
+        vec![pb::Cpu {
+            id: 0,
+            package: 0,
+            core: 0,
+        }]
+    } else {
+        cpus.to_vec()
+    };
     let (packages, cores) = reading_cpus(&cpus);
     let first_cpu = packages.values().next().copied().unwrap_or(0);
     let (file, path) = open_cpu(root, first_cpu)?;
@@ -113,13 +120,19 @@ pub fn open(root: &Path, cpus: &[pb::Cpu]) -> Result<(Vendor, Vec<Register>), En
         });
     };
     let (units_reg, per_package): (u64, &[(u64, pb::EnergyDomain, &str)]) = match vendor {
-        Vendor::Intel => (INTEL_UNITS, &[
-            (INTEL_PKG, pb::EnergyDomain::Package, "package"),
-            (INTEL_PP0, pb::EnergyDomain::Cores, "pp0"),
-            (INTEL_PP1, pb::EnergyDomain::Uncore, "pp1"),
-            (INTEL_DRAM, pb::EnergyDomain::Dram, "dram"),
-        ]),
-        Vendor::Amd => (AMD_UNITS, &[(AMD_PKG, pb::EnergyDomain::Package, "package")]),
+        Vendor::Intel => (
+            INTEL_UNITS,
+            &[
+                (INTEL_PKG, pb::EnergyDomain::Package, "package"),
+                (INTEL_PP0, pb::EnergyDomain::Cores, "pp0"),
+                (INTEL_PP1, pb::EnergyDomain::Uncore, "pp1"),
+                (INTEL_DRAM, pb::EnergyDomain::Dram, "dram"),
+            ],
+        ),
+        Vendor::Amd => (
+            AMD_UNITS,
+            &[(AMD_PKG, pb::EnergyDomain::Package, "package")],
+        ),
     };
     let mut out = Vec::new();
     let mut units: BTreeMap<u32, f64> = BTreeMap::new();
@@ -137,7 +150,15 @@ pub fn open(root: &Path, cpus: &[pb::Cpu]) -> Result<(Vendor, Vec<Register>), En
             let (file, path) = open_cpu(root, cpu)?;
             let unit = units.get(&package).copied().unwrap_or(unit_uj(0));
             let name = format!("cpu{cpu} msr {AMD_CORE:#x} (core {core} of package {package})");
-            out.extend(register(&file, &path, AMD_CORE, unit, pb::EnergyDomain::Cores, package, name));
+            out.extend(register(
+                &file,
+                &path,
+                AMD_CORE,
+                unit,
+                pb::EnergyDomain::Cores,
+                package,
+                name,
+            ));
         }
     }
     Ok((vendor, out))
@@ -166,9 +187,17 @@ fn register(
     package: u32,
     name: String,
 ) -> Option<Register> {
-    read_msr(file, path, offset).ok().filter(|v| v & 0xffff_ffff != 0)?;
+    read_msr(file, path, offset)
+        .ok()
+        .filter(|v| v & 0xffff_ffff != 0)?;
     let desc = source_desc(SourceKind::Msr, domain, package, name);
-    Some(Register { file: file.clone(), path: path.to_owned(), offset, unit_uj, desc })
+    Some(Register {
+        file: file.clone(),
+        path: path.to_owned(),
+        offset,
+        unit_uj,
+        desc,
+    })
 }
 
 impl EnergySource for Register {
@@ -186,7 +215,10 @@ impl EnergySource for Register {
 
     fn read(&mut self) -> Result<RawSample, EnergyError> {
         let value = read_msr(&self.file, &self.path, self.offset)?;
-        Ok(RawSample { count: value & 0xffff_ffff, gpu_processes: Vec::new() })
+        Ok(RawSample {
+            count: value & 0xffff_ffff,
+            gpu_processes: Vec::new(),
+        })
     }
 }
 
@@ -197,10 +229,26 @@ mod tests {
 
     fn two_package_cpus() -> Vec<pb::Cpu> {
         vec![
-            pb::Cpu { id: 0, package: 0, core: 0 },
-            pb::Cpu { id: 1, package: 0, core: 1 },
-            pb::Cpu { id: 2, package: 1, core: 0 },
-            pb::Cpu { id: 3, package: 1, core: 1 },
+            pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 1,
+                package: 0,
+                core: 1,
+            },
+            pb::Cpu {
+                id: 2,
+                package: 1,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 3,
+                package: 1,
+                core: 1,
+            },
         ]
     }
 
@@ -217,14 +265,17 @@ mod tests {
         let (vendor, regs) = open(tmp.path(), &two_package_cpus()).expect("open");
         assert_eq!(vendor, Vendor::Intel);
         let names: Vec<String> = regs.iter().map(|r| r.describe().name).collect();
-        assert_eq!(names, vec![
-            "cpu0 msr 0x611 (package-0)",
-            "cpu0 msr 0x639 (pp0-0)",
-            "cpu0 msr 0x619 (dram-0)",
-            "cpu2 msr 0x611 (package-1)",
-            "cpu2 msr 0x639 (pp0-1)",
-            "cpu2 msr 0x619 (dram-1)",
-        ]);
+        assert_eq!(
+            names,
+            vec![
+                "cpu0 msr 0x611 (package-0)",
+                "cpu0 msr 0x639 (pp0-0)",
+                "cpu0 msr 0x619 (dram-0)",
+                "cpu2 msr 0x611 (package-1)",
+                "cpu2 msr 0x639 (pp0-1)",
+                "cpu2 msr 0x619 (dram-1)",
+            ]
+        );
         assert_eq!(regs[0].unit_uj(), 15.2587890625);
         assert_eq!(fake.counters().len(), 6);
     }
@@ -234,19 +285,36 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         // Two threads per core, as AMD servers have (see `open` on why).
         let cpus: Vec<pb::Cpu> = (0..8)
-            .map(|id| pb::Cpu { id, package: id / 4, core: (id / 2) % 2 })
+            .map(|id| pb::Cpu {
+                id,
+                package: id / 4,
+                core: (id / 2) % 2,
+            })
             .collect();
         FakeMsr::amd(tmp.path(), &cpus).expect("fake msr");
         let (vendor, regs) = open(tmp.path(), &cpus).expect("open");
         assert_eq!(vendor, Vendor::Amd);
-        let domains: Vec<(pb::EnergyDomain, u32)> =
-            regs.iter().map(|r| (r.describe().domain(), r.describe().package)).collect();
+        let domains: Vec<(pb::EnergyDomain, u32)> = regs
+            .iter()
+            .map(|r| (r.describe().domain(), r.describe().package))
+            .collect();
         use pb::EnergyDomain::*;
-        assert_eq!(domains, vec![(Package, 0), (Package, 1), (Cores, 0), (Cores, 0), (Cores, 1), (
-            Cores, 1
-        )]);
+        assert_eq!(
+            domains,
+            vec![
+                (Package, 0),
+                (Package, 1),
+                (Cores, 0),
+                (Cores, 0),
+                (Cores, 1),
+                (Cores, 1)
+            ]
+        );
         assert_eq!(regs[0].describe().name, "cpu0 msr 0xc001029b (package-0)");
-        assert_eq!(regs[3].describe().name, "cpu3 msr 0xc001029a (core 1 of package 0)");
+        assert_eq!(
+            regs[3].describe().name,
+            "cpu3 msr 0xc001029a (core 1 of package 0)"
+        );
         assert_eq!(regs[3].unit_uj(), 15.2587890625);
     }
 

@@ -53,7 +53,8 @@ struct Api {
     handle: unsafe extern "C" fn(c_uint, *mut Device) -> Ret,
     name: unsafe extern "C" fn(Device, *mut c_char, c_uint) -> Ret,
     energy: unsafe extern "C" fn(Device, *mut c_ulonglong) -> Ret,
-    utilization: Option<unsafe extern "C" fn(Device, *mut UtilSample, *mut c_uint, c_ulonglong) -> Ret>,
+    utilization:
+        Option<unsafe extern "C" fn(Device, *mut UtilSample, *mut c_uint, c_ulonglong) -> Ret>,
     processes: Option<unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> Ret>,
     _lib: libloading::Library,
 }
@@ -79,12 +80,17 @@ fn load() -> Result<Api, EnergyError> {
     // preconditions; the symbols below are looked up with their documented signatures.
     unsafe {
         let lib = libloading::Library::new(LIBRARY).map_err(|e| {
-            EnergyError::Nvml(format!("no NVIDIA GPU/driver ({LIBRARY} not loadable: {e})"))
+            EnergyError::Nvml(format!(
+                "no NVIDIA GPU/driver ({LIBRARY} not loadable: {e})"
+            ))
         })?;
         macro_rules! sym {
             ($name:literal) => {
                 *lib.get($name).map_err(|e| {
-                    EnergyError::Nvml(format!("{LIBRARY} lacks {}: {e}", String::from_utf8_lossy($name)))
+                    EnergyError::Nvml(format!(
+                        "{LIBRARY} lacks {}: {e}",
+                        String::from_utf8_lossy($name)
+                    ))
                 })?
             };
         }
@@ -97,7 +103,10 @@ fn load() -> Result<Api, EnergyError> {
             name: sym!(b"nvmlDeviceGetName"),
             energy: sym!(b"nvmlDeviceGetTotalEnergyConsumption"),
             utilization: lib.get(b"nvmlDeviceGetProcessUtilization").ok().map(|s| *s),
-            processes: lib.get(b"nvmlDeviceGetComputeRunningProcesses_v3").ok().map(|s| *s),
+            processes: lib
+                .get(b"nvmlDeviceGetComputeRunningProcesses_v3")
+                .ok()
+                .map(|s| *s),
             _lib: lib,
         };
         let ret = init();
@@ -125,7 +134,9 @@ unsafe impl Send for Gpu {}
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gpu").field("desc", &self.desc).finish_non_exhaustive()
+        f.debug_struct("Gpu")
+            .field("desc", &self.desc)
+            .finish_non_exhaustive()
     }
 }
 
@@ -140,7 +151,9 @@ pub fn open() -> Result<Vec<Gpu>, EnergyError> {
         return Err(api.error("nvmlDeviceGetCount_v2", ret));
     }
     if n == 0 {
-        return Err(EnergyError::Nvml("NVIDIA driver loaded but no GPU present".into()));
+        return Err(EnergyError::Nvml(
+            "NVIDIA driver loaded but no GPU present".into(),
+        ));
     }
     let mut gpus = Vec::new();
     let mut reasons = Vec::new();
@@ -154,9 +167,13 @@ pub fn open() -> Result<Vec<Gpu>, EnergyError> {
         }
         let mut buf = [0 as c_char; 96];
         // SAFETY: `buf` holds 96 chars, the size passed; NVML NUL-terminates within it.
-        let name = if unsafe { (api.name)(device, buf.as_mut_ptr(), buf.len() as c_uint) } == NVML_SUCCESS {
+        let name = if unsafe { (api.name)(device, buf.as_mut_ptr(), buf.len() as c_uint) }
+            == NVML_SUCCESS
+        {
             // SAFETY: NUL-terminated by NVML on success.
-            unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(buf.as_ptr()) }
+                .to_string_lossy()
+                .into_owned()
         } else {
             "NVIDIA GPU".to_owned()
         };
@@ -167,12 +184,25 @@ pub fn open() -> Result<Vec<Gpu>, EnergyError> {
             reasons.push(api.error(&format!("GPU {index} ({name}): total energy"), ret));
             continue;
         }
-        let desc = source_desc(SourceKind::Nvml, pb::EnergyDomain::Gpu, index, format!("GPU {index} ({name})"));
-        gpus.push(Gpu { api: api.clone(), device, desc, last_seen_us: 0 });
+        let desc = source_desc(
+            SourceKind::Nvml,
+            pb::EnergyDomain::Gpu,
+            index,
+            format!("GPU {index} ({name})"),
+        );
+        gpus.push(Gpu {
+            api: api.clone(),
+            device,
+            desc,
+            last_seen_us: 0,
+        });
     }
     if gpus.is_empty() {
         let text: Vec<String> = reasons.iter().map(ToString::to_string).collect();
-        return Err(EnergyError::Nvml(format!("no GPU with an energy counter: {}", text.join("; "))));
+        return Err(EnergyError::Nvml(format!(
+            "no GPU with an energy counter: {}",
+            text.join("; ")
+        )));
     }
     Ok(gpus)
 }
@@ -188,11 +218,15 @@ impl Gpu {
             if (ret == NVML_ERROR_INSUFFICIENT_SIZE || ret == NVML_SUCCESS) && n > 0 {
                 let mut samples = vec![UtilSample::default(); n as usize];
                 // SAFETY: `samples` has room for `n` entries, the count passed.
-                let ret = unsafe { util(self.device, samples.as_mut_ptr(), &mut n, self.last_seen_us) };
+                let ret =
+                    unsafe { util(self.device, samples.as_mut_ptr(), &mut n, self.last_seen_us) };
                 if ret == NVML_SUCCESS {
                     for s in samples.iter().take(n as usize) {
                         self.last_seen_us = self.last_seen_us.max(s.time_stamp);
-                        let e = by_pid.entry(s.pid).or_insert(pb::GpuProcessUsage { pid: s.pid, ..Default::default() });
+                        let e = by_pid.entry(s.pid).or_insert(pb::GpuProcessUsage {
+                            pid: s.pid,
+                            ..Default::default()
+                        });
                         e.sm_util = e.sm_util.max(s.sm_util);
                     }
                 }
@@ -210,9 +244,16 @@ impl Gpu {
                 let ret = unsafe { procs(self.device, &mut n, infos.as_mut_ptr()) };
                 if ret == NVML_SUCCESS {
                     for p in infos.iter().take(n as usize) {
-                        let e = by_pid.entry(p.pid).or_insert(pb::GpuProcessUsage { pid: p.pid, ..Default::default() });
+                        let e = by_pid.entry(p.pid).or_insert(pb::GpuProcessUsage {
+                            pid: p.pid,
+                            ..Default::default()
+                        });
                         // NVML_VALUE_NOT_AVAILABLE is all ones.
-                        e.used_memory_bytes = if p.used_gpu_memory == u64::MAX { 0 } else { p.used_gpu_memory };
+                        e.used_memory_bytes = if p.used_gpu_memory == u64::MAX {
+                            0
+                        } else {
+                            p.used_gpu_memory
+                        };
                     }
                 }
             }
@@ -241,7 +282,10 @@ impl EnergySource for Gpu {
         if ret != NVML_SUCCESS {
             return Err(self.api.error(&self.desc.name, ret));
         }
-        Ok(RawSample { count: mj, gpu_processes: self.processes() })
+        Ok(RawSample {
+            count: mj,
+            gpu_processes: self.processes(),
+        })
     }
 }
 

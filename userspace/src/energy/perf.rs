@@ -86,7 +86,8 @@ pub fn describe(sysfs: &Path) -> Result<Option<PmuInfo>, EnergyError> {
         found: type_text,
     })?;
     let events_dir = dir.join("events");
-    let entries = std::fs::read_dir(&events_dir).map_err(|e| EnergyError::from_io(&events_dir, e, ""))?;
+    let entries =
+        std::fs::read_dir(&events_dir).map_err(|e| EnergyError::from_io(&events_dir, e, ""))?;
     let mut names: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| !n.contains('.'))
@@ -94,16 +95,30 @@ pub fn describe(sysfs: &Path) -> Result<Option<PmuInfo>, EnergyError> {
     names.sort();
     let mut events = Vec::new();
     for name in names {
-        let Some(domain) = domain_of(&name) else { continue };
+        let Some(domain) = domain_of(&name) else {
+            continue;
+        };
         let path = events_dir.join(&name);
         let config = parse_config(&path, &read_text(&path, "")?)?;
         let scale_path = events_dir.join(format!("{name}.scale"));
         let scale_text = read_text(&scale_path, "")?;
-        let scale = scale_text.parse::<f64>().ok().filter(|s| s.is_finite() && *s > 0.0).ok_or(
-            EnergyError::Parse { path: scale_path, expected: "a positive scale", found: scale_text },
-        )?;
+        let scale = scale_text
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .ok_or(EnergyError::Parse {
+                path: scale_path,
+                expected: "a positive scale",
+                found: scale_text,
+            })?;
         let unit = read_text(&events_dir.join(format!("{name}.unit")), "")?;
-        events.push(EventInfo { name, config, scale, unit, domain });
+        events.push(EventInfo {
+            name,
+            config,
+            scale,
+            unit,
+            domain,
+        });
     }
     Ok(Some(PmuInfo { pmu_type, events }))
 }
@@ -205,7 +220,12 @@ pub fn open(pmu: &PmuInfo, cpus: &[pb::Cpu]) -> Result<Vec<Event>, EnergyError> 
             } else {
                 event.scale
             };
-            out.push(Event { file, unit_uj, desc, event: event.name.clone() });
+            out.push(Event {
+                file,
+                unit_uj,
+                desc,
+                event: event.name.clone(),
+            });
         }
     }
     Ok(out)
@@ -226,10 +246,13 @@ impl EnergySource for Event {
 
     fn read(&mut self) -> Result<RawSample, EnergyError> {
         let mut buf = [0u8; 8];
-        self.file.read_exact(&mut buf).map_err(|e| {
-            EnergyError::from_io(format!("perf event power/{}", self.event), e, "")
-        })?;
-        Ok(RawSample { count: u64::from_le_bytes(buf), gpu_processes: Vec::new() })
+        self.file
+            .read_exact(&mut buf)
+            .map_err(|e| EnergyError::from_io(format!("perf event power/{}", self.event), e, ""))?;
+        Ok(RawSample {
+            count: u64::from_le_bytes(buf),
+            gpu_processes: Vec::new(),
+        })
     }
 }
 
@@ -241,18 +264,28 @@ mod tests {
     #[test]
     fn parses_fake_pmu_description() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        fake::power_pmu(tmp.path(), 4242, &["energy-pkg", "energy-ram", "energy-psys"])
-            .expect("fake pmu");
+        fake::power_pmu(
+            tmp.path(),
+            4242,
+            &["energy-pkg", "energy-ram", "energy-psys"],
+        )
+        .expect("fake pmu");
         let pmu = describe(tmp.path()).expect("describe").expect("present");
         assert_eq!(pmu.pmu_type, 4242);
-        let got: Vec<(&str, u64, pb::EnergyDomain)> =
-            pmu.events.iter().map(|e| (e.name.as_str(), e.config, e.domain)).collect();
-        assert_eq!(got, vec![
-            ("energy-pkg", 0x02, pb::EnergyDomain::Package),
-            ("energy-psys", 0x05, pb::EnergyDomain::Psys),
-            ("energy-ram", 0x03, pb::EnergyDomain::Dram),
-        ]);
-        assert_eq!(pmu.events[0].scale, 2.3283064365386962890625e-10);
+        let got: Vec<(&str, u64, pb::EnergyDomain)> = pmu
+            .events
+            .iter()
+            .map(|e| (e.name.as_str(), e.config, e.domain))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("energy-pkg", 0x02, pb::EnergyDomain::Package),
+                ("energy-psys", 0x05, pb::EnergyDomain::Psys),
+                ("energy-ram", 0x03, pb::EnergyDomain::Dram),
+            ]
+        );
+        assert_eq!(pmu.events[0].scale, 2f64.powi(-32));
         assert_eq!(pmu.events[0].unit, "Joules");
     }
 
@@ -268,7 +301,11 @@ mod tests {
         fake::power_pmu(tmp.path(), 7, &["energy-pkg"]).expect("fake pmu");
         std::fs::write(pmu_dir(tmp.path()).join("events/energy-pkg"), "umask=3").expect("write");
         let err = describe(tmp.path()).expect_err("bad event accepted");
-        assert!(err.to_string().contains("events/energy-pkg: expected `event=0xNN`"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("events/energy-pkg: expected `event=0xNN`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -278,9 +315,20 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         fake::power_pmu(tmp.path(), 0x7fff_0000, &["energy-pkg"]).expect("fake pmu");
         let pmu = describe(tmp.path()).expect("describe").expect("present");
-        let err = open(&pmu, &[pb::Cpu { id: 0, package: 0, core: 0 }]).expect_err("opened");
+        let err = open(
+            &pmu,
+            &[pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            }],
+        )
+        .expect_err("opened");
         let text = err.to_string();
-        assert!(text.starts_with("perf_event_open(power/energy-pkg, cpu 0) failed: "), "{text}");
+        assert!(
+            text.starts_with("perf_event_open(power/energy-pkg, cpu 0) failed: "),
+            "{text}"
+        );
         assert!(text.contains("; "), "no hint: {text}");
     }
 }

@@ -60,7 +60,10 @@ pub fn zones(sysfs: &Path) -> Result<Vec<ZoneInfo>, EnergyError> {
     };
     let mut ids: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|n| n.strip_prefix("intel-rapl:").is_some_and(|rest| !rest.is_empty()))
+        .filter(|n| {
+            n.strip_prefix("intel-rapl:")
+                .is_some_and(|rest| !rest.is_empty())
+        })
         .collect();
     ids.sort();
     let mut out = Vec::new();
@@ -75,13 +78,26 @@ pub fn zones(sysfs: &Path) -> Result<Vec<ZoneInfo>, EnergyError> {
                 _ => continue,
             }
         } else {
-            let Some(domain) = sub_domain(&name) else { continue };
-            let parent_name = read_text(&dir.join(format!("intel-rapl:{}", parts[0])).join("name"), "")?;
-            let package =
-                parent_name.strip_prefix("package-").and_then(|p| p.parse().ok()).unwrap_or(0);
+            let Some(domain) = sub_domain(&name) else {
+                continue;
+            };
+            let parent_name = read_text(
+                &dir.join(format!("intel-rapl:{}", parts[0])).join("name"),
+                "",
+            )?;
+            let package = parent_name
+                .strip_prefix("package-")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
             (domain, package)
         };
-        out.push(ZoneInfo { dir: zone_dir, id: id.clone(), name, domain, package });
+        out.push(ZoneInfo {
+            dir: zone_dir,
+            id: id.clone(),
+            name,
+            domain,
+            package,
+        });
     }
     Ok(out)
 }
@@ -108,7 +124,12 @@ impl Zone {
             info.package,
             format!("{} ({})", info.id, info.name),
         );
-        Ok(Self { dir: info.dir.clone(), energy_path, desc, range_uj })
+        Ok(Self {
+            dir: info.dir.clone(),
+            energy_path,
+            desc,
+            range_uj,
+        })
     }
 
     /// The zone directory.
@@ -134,7 +155,10 @@ impl EnergySource for Zone {
         // Re-opened on every read: sysfs regenerates the value on open, and a fake tree
         // replaces the file atomically by rename.
         let count = read_u64(&self.energy_path, PERMISSION_HINT)?;
-        Ok(RawSample { count, gpu_processes: Vec::new() })
+        Ok(RawSample {
+            count,
+            gpu_processes: Vec::new(),
+        })
     }
 }
 
@@ -153,18 +177,40 @@ mod tests {
             .map(|z| (z.id.clone(), z.name.as_str(), z.domain, z.package))
             .collect();
         use pb::EnergyDomain::*;
-        assert_eq!(summary, vec![
-            ("intel-rapl:0".into(), "package-0", Package, 0),
-            ("intel-rapl:0:0".into(), "core", Cores, 0),
-            ("intel-rapl:0:1".into(), "dram", Dram, 0),
-            ("intel-rapl:1".into(), "package-1", Package, 1),
-            ("intel-rapl:1:0".into(), "core", Cores, 1),
-            ("intel-rapl:1:1".into(), "dram", Dram, 1),
-        ]);
+        assert_eq!(
+            summary,
+            vec![
+                ("intel-rapl:0".into(), "package-0", Package, 0),
+                ("intel-rapl:0:0".into(), "core", Cores, 0),
+                ("intel-rapl:0:1".into(), "dram", Dram, 0),
+                ("intel-rapl:1".into(), "package-1", Package, 1),
+                ("intel-rapl:1:0".into(), "core", Cores, 1),
+                ("intel-rapl:1:1".into(), "dram", Dram, 1),
+            ]
+        );
         let mut zone = Zone::open(&found[2]).expect("open");
         assert_eq!(zone.wrap_counts(), Some(1_000_001));
         assert_eq!(zone.describe().name, "intel-rapl:0:1 (dram)");
         assert_eq!(zone.read().expect("read").count, 0);
+    }
+
+    #[test]
+    fn permission_denied_names_the_cve_and_the_fix() {
+        // Tests run as root here, so the EACCES a normal user gets is made by hand; the
+        // classification is the same code every read goes through.
+        let path = Path::new("/sys/class/powercap/intel-rapl:0/energy_uj");
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let text = EnergyError::from_io(path, denied, PERMISSION_HINT).to_string();
+        assert!(
+            text.starts_with(
+                "permission denied reading /sys/class/powercap/intel-rapl:0/energy_uj: "
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("CVE-2020-8694") && text.contains("run as root"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -181,6 +227,9 @@ mod tests {
         std::fs::write(found[0].dir.join("energy_uj"), "garbage\n").expect("write");
         let err = Zone::open(&found[0]).expect_err("garbage accepted");
         let text = err.to_string();
-        assert!(text.contains("intel-rapl:0/energy_uj") && text.contains("\"garbage\""), "{text}");
+        assert!(
+            text.contains("intel-rapl:0/energy_uj") && text.contains("\"garbage\""),
+            "{text}"
+        );
     }
 }

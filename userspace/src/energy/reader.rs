@@ -70,7 +70,8 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
         let mut active = false;
         for (counter, st) in counters.iter_mut().zip(states.iter_mut()) {
             let elapsed = monotonic_ns().saturating_sub(start);
-            if st.error.is_some() || st.changes.len() >= MEASURE_CHANGES || elapsed >= st.window_ns {
+            if st.error.is_some() || st.changes.len() >= MEASURE_CHANGES || elapsed >= st.window_ns
+            {
                 continue;
             }
             active = true;
@@ -105,9 +106,11 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
             gaps.sort_unstable();
             let read_cost_ns = st.cost_ns / st.reads.max(1);
             Ok(match gaps.get(gaps.len() / 2) {
-                Some(&median) => {
-                    Measurement { update_period_ns: median, period_is_lower_bound: false, read_cost_ns }
-                }
+                Some(&median) => Measurement {
+                    update_period_ns: median,
+                    period_is_lower_bound: false,
+                    read_cost_ns,
+                },
                 None => Measurement {
                     update_period_ns: st.window_ns,
                     period_is_lower_bound: true,
@@ -125,7 +128,9 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
 pub fn interval_ns(args: &EnergyArgs, update_period_ns: u64) -> u64 {
     match args.energy_interval_ms {
         Some(ms) => ms.max(1) * 1_000_000,
-        None => update_period_ns.saturating_mul(INTERVAL_PERIODS).max(MIN_INTERVAL_NS),
+        None => update_period_ns
+            .saturating_mul(INTERVAL_PERIODS)
+            .max(MIN_INTERVAL_NS),
     }
 }
 
@@ -147,7 +152,9 @@ struct Shared {
 
 fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
     // A panic elsewhere must not lose the readings already taken.
-    shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Timed read: the timestamp is the middle of the read.
@@ -163,10 +170,19 @@ impl Live {
     fn step(&mut self) -> Result<Option<pb::EnergyReading>, String> {
         let (ts_ns, result) = timed_read(self.counter.as_mut());
         let sample = result.map_err(|e| {
-            format!("{}: {e}; no longer read, the other sources continue", self.label)
+            format!(
+                "{}: {e}; no longer read, the other sources continue",
+                self.label
+            )
         })?;
         for p in sample.gpu_processes {
-            let e = self.pending_gpu.entry(p.pid).or_insert(pb::GpuProcessUsage { pid: p.pid, ..Default::default() });
+            let e = self
+                .pending_gpu
+                .entry(p.pid)
+                .or_insert(pb::GpuProcessUsage {
+                    pid: p.pid,
+                    ..Default::default()
+                });
             e.sm_util = e.sm_util.max(p.sm_util);
             e.used_memory_bytes = e.used_memory_bytes.max(p.used_memory_bytes);
         }
@@ -175,15 +191,27 @@ impl Live {
             Step::Advanced { energy_uj } => (energy_uj, String::new()),
             Step::Flagged { energy_uj, flag } => (energy_uj, flag),
         };
-        let gpu_processes = std::mem::take(&mut self.pending_gpu).into_values().collect();
-        Ok(Some(pb::EnergyReading { source_id: self.id, ts_ns, energy_uj, flag, gpu_processes }))
+        let gpu_processes = std::mem::take(&mut self.pending_gpu)
+            .into_values()
+            .collect();
+        Ok(Some(pb::EnergyReading {
+            source_id: self.id,
+            ts_ns,
+            energy_uj,
+            flag,
+            gpu_processes,
+        }))
     }
 }
 
 fn run(mut live: Vec<Live>, shared: Arc<Mutex<Shared>>, stop: mpsc::Receiver<()>) {
     loop {
         let now = monotonic_ns();
-        let next = live.iter().map(|l| l.next_ns).min().unwrap_or(now + MIN_INTERVAL_NS);
+        let next = live
+            .iter()
+            .map(|l| l.next_ns)
+            .min()
+            .unwrap_or(now + MIN_INTERVAL_NS);
         let stopping = !matches!(
             stop.recv_timeout(Duration::from_nanos(next.saturating_sub(now))),
             Err(mpsc::RecvTimeoutError::Timeout)
@@ -267,7 +295,11 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             MAX_PLAUSIBLE_W,
         );
         let interval_ns = interval_ns(args, m.update_period_ns);
-        shared.readings.push(pb::EnergyReading { source_id: desc.id, ts_ns, ..Default::default() });
+        shared.readings.push(pb::EnergyReading {
+            source_id: desc.id,
+            ts_ns,
+            ..Default::default()
+        });
         live.push(Live {
             counter,
             id: desc.id,
@@ -298,11 +330,20 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
                 .map_err(EnergyError::Thread)?,
         )
     };
-    Ok(EnergyReader { sources, shared, stop_tx: Some(stop_tx), thread })
+    Ok(EnergyReader {
+        sources,
+        shared,
+        stop_tx: Some(stop_tx),
+        thread,
+    })
 }
 
 fn lock_free_faults(shared: &Shared) -> String {
-    if shared.faults.is_empty() { "no counters".into() } else { shared.faults.join("; ") }
+    if shared.faults.is_empty() {
+        "no counters".into()
+    } else {
+        shared.faults.join("; ")
+    }
 }
 
 impl EnergyReader {
@@ -338,7 +379,9 @@ impl EnergyReader {
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
-            lock(&self.shared).faults.push("energy reader thread panicked".into());
+            lock(&self.shared)
+                .faults
+                .push("energy reader thread panicked".into());
         }
     }
 }
@@ -358,15 +401,23 @@ pub fn readings_for(
     timeline: &Timeline,
     cpus: &[pb::Cpu],
 ) -> Vec<pb::EnergyReading> {
-    let model_ids: Vec<u32> =
-        recording_sources.iter().filter(|s| model::is_model(s)).map(|s| s.id).collect();
+    let model_ids: Vec<u32> = recording_sources
+        .iter()
+        .filter(|s| model::is_model(s))
+        .map(|s| s.id)
+        .collect();
     let mut out: Vec<pb::EnergyReading> = recorded_readings
         .iter()
         .filter(|r| !model_ids.contains(&r.source_id))
         .cloned()
         .collect();
     if !model_ids.is_empty() {
-        out.extend(model::readings(timeline, cpus, recording_sources, model::DEFAULT_INTERVAL_NS));
+        out.extend(model::readings(
+            timeline,
+            cpus,
+            recording_sources,
+            model::DEFAULT_INTERVAL_NS,
+        ));
     }
     out.sort_by_key(|r| (r.ts_ns, r.source_id));
     out

@@ -37,7 +37,11 @@ pub fn cpus(sysfs: &Path) -> Vec<pb::Cpu> {
             .unwrap_or(0)
     };
     ids.into_iter()
-        .map(|id| pb::Cpu { id, package: read(id, "physical_package_id"), core: read(id, "core_id") })
+        .map(|id| pb::Cpu {
+            id,
+            package: read(id, "physical_package_id"),
+            core: read(id, "core_id"),
+        })
         .collect()
 }
 
@@ -47,7 +51,10 @@ mod tests {
 
     #[test]
     fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(
+            parse_cpu_list("0-3,8,10-11\n"),
+            Some(vec![0, 1, 2, 3, 8, 10, 11])
+        );
         assert_eq!(parse_cpu_list("0"), Some(vec![0]));
         assert_eq!(parse_cpu_list("x"), None);
     }
@@ -57,11 +64,30 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         crate::energy::fake::topology(tmp.path(), 2, 2).expect("fake topology");
         let got = cpus(tmp.path());
-        assert_eq!(got, vec![
-            pb::Cpu { id: 0, package: 0, core: 0 },
-            pb::Cpu { id: 1, package: 0, core: 1 },
-            pb::Cpu { id: 2, package: 1, core: 0 },
-            pb::Cpu { id: 3, package: 1, core: 1 },
-        ]);
+        assert_eq!(
+            got,
+            vec![
+                pb::Cpu {
+                    id: 0,
+                    package: 0,
+                    core: 0
+                },
+                pb::Cpu {
+                    id: 1,
+                    package: 0,
+                    core: 1
+                },
+                pb::Cpu {
+                    id: 2,
+                    package: 1,
+                    core: 0
+                },
+                pb::Cpu {
+                    id: 3,
+                    package: 1,
+                    core: 1
+                },
+            ]
+        );
     }
 }

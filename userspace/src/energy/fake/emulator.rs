@@ -104,51 +104,77 @@ impl Emulator {
             .into_iter()
             .map(|(counter, watts)| {
                 let raw = counter.read_raw()?;
-                Ok(State { counter, watts, raw, carry_uj: 0.0, added_counts: 0, alive: true })
+                Ok(State {
+                    counter,
+                    watts,
+                    raw,
+                    carry_uj: 0.0,
+                    added_counts: 0,
+                    alive: true,
+                })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
         let states = Arc::new(Mutex::new(states));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (states, stop) = (states.clone(), stop.clone());
-            std::thread::Builder::new().name("fake-energy".into()).spawn(move || {
-                let mut last = monotonic_ns();
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(TICK);
-                    let now = monotonic_ns();
-                    let dt_ns = now - last;
-                    last = now;
-                    let mut states = states.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    for s in states.iter_mut().filter(|s| s.alive) {
-                        // W × ns = 1e-3 µJ.
-                        s.carry_uj += s.watts * dt_ns as f64 * 1e-3;
-                        let counts = (s.carry_uj / s.counter.unit_uj).floor();
-                        if counts < 1.0 {
-                            continue;
+            std::thread::Builder::new()
+                .name("fake-energy".into())
+                .spawn(move || {
+                    let mut last = monotonic_ns();
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(TICK);
+                        let now = monotonic_ns();
+                        let dt_ns = now - last;
+                        last = now;
+                        let mut states = states
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        for s in states.iter_mut().filter(|s| s.alive) {
+                            // W × ns = 1e-3 µJ.
+                            s.carry_uj += s.watts * dt_ns as f64 * 1e-3;
+                            let counts = (s.carry_uj / s.counter.unit_uj).floor();
+                            if counts < 1.0 {
+                                continue;
+                            }
+                            s.carry_uj -= counts * s.counter.unit_uj;
+                            let counts = counts as u64;
+                            let next = s
+                                .counter
+                                .modulus
+                                .map_or(s.raw + counts, |m| (s.raw + counts) % m);
+                            // A counter whose file vanished stays dead (the test removed it).
+                            if s.counter.write_raw(next).is_err() {
+                                s.alive = false;
+                                continue;
+                            }
+                            s.raw = next;
+                            s.added_counts += counts;
                         }
-                        s.carry_uj -= counts * s.counter.unit_uj;
-                        let counts = counts as u64;
-                        let next = s.counter.modulus.map_or(s.raw + counts, |m| (s.raw + counts) % m);
-                        // A counter whose file vanished stays dead (the test removed it).
-                        if s.counter.write_raw(next).is_err() {
-                            s.alive = false;
-                            continue;
-                        }
-                        s.raw = next;
-                        s.added_counts += counts;
                     }
-                }
-            })?
+                })?
         };
-        Ok(Self { stop, states, thread: Some(thread) })
+        Ok(Self {
+            stop,
+            states,
+            thread: Some(thread),
+        })
     }
 
     /// Exact energy added to each counter so far, µJ (counts written × unit), by label.
     pub fn totals_uj(&self) -> BTreeMap<String, f64> {
-        let states = self.states.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let states = self
+            .states
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         states
             .iter()
-            .map(|s| (s.counter.label.clone(), s.added_counts as f64 * s.counter.unit_uj))
+            .map(|s| {
+                (
+                    s.counter.label.clone(),
+                    s.added_counts as f64 * s.counter.unit_uj,
+                )
+            })
             .collect()
     }
 

@@ -24,8 +24,7 @@
 mod emulator;
 
 use std::{
-    fs,
-    io,
+    fs, io,
     path::{Path, PathBuf},
 };
 
@@ -48,7 +47,11 @@ pub struct ZoneSpec {
 impl ZoneSpec {
     /// A zone spec.
     pub fn new(id: &str, name: &str, max_energy_range_uj: u64) -> Self {
-        Self { id: id.to_owned(), name: name.to_owned(), max_energy_range_uj }
+        Self {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            max_energy_range_uj,
+        }
     }
 }
 
@@ -67,10 +70,16 @@ impl FakePowercap {
             let dir = root.join(&z.id);
             fs::create_dir_all(&dir)?;
             fs::write(dir.join("name"), format!("{}\n", z.name))?;
-            fs::write(dir.join("max_energy_range_uj"), format!("{}\n", z.max_energy_range_uj))?;
+            fs::write(
+                dir.join("max_energy_range_uj"),
+                format!("{}\n", z.max_energy_range_uj),
+            )?;
             fs::write(dir.join("energy_uj"), "0\n")?;
         }
-        Ok(Self { root, zones: zones.to_vec() })
+        Ok(Self {
+            root,
+            zones: zones.to_vec(),
+        })
     }
 
     /// Two packages (`intel-rapl:0`, `intel-rapl:1`), each with a `core` (`:0`) and a `dram`
@@ -78,9 +87,21 @@ impl FakePowercap {
     pub fn two_packages(sysfs_root: &Path, max_energy_range_uj: u64) -> io::Result<Self> {
         let mut zones = Vec::new();
         for p in 0..2 {
-            zones.push(ZoneSpec::new(&format!("intel-rapl:{p}"), &format!("package-{p}"), max_energy_range_uj));
-            zones.push(ZoneSpec::new(&format!("intel-rapl:{p}:0"), "core", max_energy_range_uj));
-            zones.push(ZoneSpec::new(&format!("intel-rapl:{p}:1"), "dram", max_energy_range_uj));
+            zones.push(ZoneSpec::new(
+                &format!("intel-rapl:{p}"),
+                &format!("package-{p}"),
+                max_energy_range_uj,
+            ));
+            zones.push(ZoneSpec::new(
+                &format!("intel-rapl:{p}:0"),
+                "core",
+                max_energy_range_uj,
+            ));
+            zones.push(ZoneSpec::new(
+                &format!("intel-rapl:{p}:1"),
+                "dram",
+                max_energy_range_uj,
+            ));
         }
         Self::create(sysfs_root, &zones)
     }
@@ -103,7 +124,9 @@ impl FakePowercap {
 
     /// Sets a zone's `energy_uj` (e.g. to make it go backwards).
     pub fn set_energy_uj(&self, id: &str, value: u64) -> io::Result<()> {
-        let counter = self.counter(id).ok_or_else(|| io::Error::other(format!("no zone {id}")))?;
+        let counter = self
+            .counter(id)
+            .ok_or_else(|| io::Error::other(format!("no zone {id}")))?;
         counter.write_raw(value)
     }
 
@@ -117,7 +140,9 @@ impl FakePowercap {
         let counters = watts
             .iter()
             .map(|&(id, w)| {
-                let c = self.counter(id).ok_or_else(|| io::Error::other(format!("no zone {id}")))?;
+                let c = self
+                    .counter(id)
+                    .ok_or_else(|| io::Error::other(format!("no zone {id}")))?;
                 Ok((c, w))
             })
             .collect::<io::Result<Vec<_>>>()?;
@@ -146,7 +171,12 @@ pub fn hwmon_amd_energy(
         fs::write(dir.join(format!("energy{k}_label")), format!("{label}\n"))?;
         let path = dir.join(format!("energy{k}_input"));
         fs::write(&path, "0\n")?;
-        out.push(FakeCounter { label, target: Target::Text(path), unit_uj: 1.0, modulus: None });
+        out.push(FakeCounter {
+            label,
+            target: Target::Text(path),
+            unit_uj: 1.0,
+            modulus: None,
+        });
     }
     Ok(out)
 }
@@ -167,7 +197,11 @@ impl FakeMsr {
     /// Intel: units 0x606 and package 0x611, PP0 0x639 and DRAM 0x619 on the first
     /// CPU of each package (labels `pkg-P`, `pp0-P`, `dram-P`). PP1 is absent (reads 0).
     pub fn intel(dev_cpu_root: &Path, cpus: &[pb::Cpu]) -> io::Result<Self> {
-        let regs = [(msr::INTEL_PKG, "pkg"), (msr::INTEL_PP0, "pp0"), (msr::INTEL_DRAM, "dram")];
+        let regs = [
+            (msr::INTEL_PKG, "pkg"),
+            (msr::INTEL_PP0, "pp0"),
+            (msr::INTEL_DRAM, "dram"),
+        ];
         Self::build(dev_cpu_root, cpus, msr::INTEL_UNITS, &regs, None)
     }
 
@@ -175,7 +209,13 @@ impl FakeMsr {
     /// (`pkg-P`), core 0xC001029A on the last thread of each core (`core-P-C`). Needs two
     /// threads per core (see [`msr::open`]).
     pub fn amd(dev_cpu_root: &Path, cpus: &[pb::Cpu]) -> io::Result<Self> {
-        Self::build(dev_cpu_root, cpus, msr::AMD_UNITS, &[(msr::AMD_PKG, "pkg")], Some(msr::AMD_CORE))
+        Self::build(
+            dev_cpu_root,
+            cpus,
+            msr::AMD_UNITS,
+            &[(msr::AMD_PKG, "pkg")],
+            Some(msr::AMD_CORE),
+        )
     }
 
     fn build(
@@ -265,7 +305,10 @@ pub fn power_pmu(sysfs_root: &Path, pmu_type: u32, events: &[&str]) -> io::Resul
             _ => return Err(io::Error::other(format!("unknown power event {name}"))),
         };
         fs::write(events_dir.join(name), format!("event=0x{code:02x}\n"))?;
-        fs::write(events_dir.join(format!("{name}.scale")), "2.3283064365386962890625e-10\n")?;
+        fs::write(
+            events_dir.join(format!("{name}.scale")),
+            "2.3283064365386962890625e-10\n",
+        )?;
         fs::write(events_dir.join(format!("{name}.unit")), "Joules\n")?;
     }
     Ok(())
@@ -273,7 +316,11 @@ pub fn power_pmu(sysfs_root: &Path, pmu_type: u32, events: &[&str]) -> io::Resul
 
 /// Writes CPU topology: `packages × cpus_per_package` CPUs, numbered package by package,
 /// core ids 0.. within each package. Returns the CPUs.
-pub fn topology(sysfs_root: &Path, packages: u32, cpus_per_package: u32) -> io::Result<Vec<pb::Cpu>> {
+pub fn topology(
+    sysfs_root: &Path,
+    packages: u32,
+    cpus_per_package: u32,
+) -> io::Result<Vec<pb::Cpu>> {
     let base = sysfs_root.join("devices/system/cpu");
     fs::create_dir_all(&base)?;
     let n = packages * cpus_per_package;
