@@ -21,7 +21,7 @@ pub const MEASURE_WINDOW_NS: u64 = 50_000_000;
 /// The same for NVML, which updates every 20–100 ms (DESIGN.md §4).
 pub const MEASURE_WINDOW_NVML_NS: u64 = 300_000_000;
 /// Changes to watch before the period is known well enough (3 gaps).
-const MEASURE_CHANGES: usize = 4;
+pub const MEASURE_CHANGES: usize = 4;
 /// The read interval is at least this many update periods...
 pub const INTERVAL_PERIODS: u64 = 5;
 /// ...and at least this long, ns.
@@ -314,7 +314,7 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
     if sources.is_empty() {
         return Err(EnergyError::Unavailable {
             kind: args.energy_source,
-            reason: lock_free_faults(&shared),
+            reason: fault_summary(&shared),
         });
     }
     let shared = Arc::new(Mutex::new(shared));
@@ -338,7 +338,7 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
     })
 }
 
-fn lock_free_faults(shared: &Shared) -> String {
+fn fault_summary(shared: &Shared) -> String {
     if shared.faults.is_empty() {
         "no counters".into()
     } else {
