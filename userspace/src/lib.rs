@@ -4,10 +4,13 @@
 //! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events.
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
 //! - [`commands`]: one module per subcommand (argument parsing and wiring only).
+//! - [`energy`]: energy counters (perf PMU, powercap, MSR, hwmon, NVML) and the estimated
+//!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
 
 pub mod capture;
 pub mod commands;
+pub mod energy;
 pub mod record;
 pub mod summary;
 pub mod timeline;

@@ -1,11 +1,361 @@
-//! `energy-bpf sources` (being built; see the issue for this command).
+//! `energy-bpf sources`: every energy source kind on this machine, whether it can be read and
+//! why not, its domains with measured update period and read cost, and which will be used;
+//! with no counter, the estimated model's parameters and how to set them.
 use std::process::ExitCode;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::energy::{
+    EnergyArgs, EnergySource, detect, domain_name, model,
+    reader::{self, Measurement},
+    topology,
+};
+
+/// Output format.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// Human-readable text.
+    Text,
+    /// One JSON document.
+    Json,
+}
 
 /// Arguments of `energy-bpf sources`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    energy: EnergyArgs,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(Serialize)]
+struct Report {
+    sysfs_root: String,
+    dev_cpu_root: String,
+    energy_source: String,
+    kinds: Vec<KindReport>,
+    /// Present when the estimated model covers the CPU packages.
+    model: Option<ModelReport>,
+    in_use: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct KindReport {
+    kind: String,
+    present: bool,
+    readable: bool,
+    reason: Option<String>,
+    counters: Vec<CounterReport>,
+}
+
+#[derive(Serialize)]
+struct CounterReport {
+    name: String,
+    domain: String,
+    package: u32,
+    update_period_ns: u64,
+    /// True when the counter did not change often enough to measure: the period is at least
+    /// `update_period_ns`.
+    period_is_lower_bound: bool,
+    read_cost_ns: u64,
+    read_interval_ns: u64,
+    used: bool,
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ModelReport {
+    estimated: bool,
+    packages: Vec<ModelPackage>,
+    how_to_set: String,
+}
+
+#[derive(Serialize)]
+struct ModelPackage {
+    package: u32,
+    idle_w: f64,
+    max_w: f64,
+    origin: String,
+}
 
 /// Runs the command.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`sources` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let cpus = topology::cpus(&args.energy.sysfs_root);
+    let mut plan = detect::plan(&args.energy, &cpus, true).context("choosing energy sources")?;
+    let mut kinds = Vec::new();
+    let mut in_use = Vec::new();
+    for (pi, probe) in plan.probes.iter_mut().enumerate() {
+        let measured = reader::measure(&mut probe.counters);
+        let counters = probe
+            .counters
+            .iter()
+            .zip(measured)
+            .enumerate()
+            .map(|(ci, (counter, m))| {
+                let used = plan.used.contains(&(pi, ci));
+                let report = counter_report(&args.energy, counter.as_ref(), m, used);
+                if used && report.error.is_none() {
+                    in_use.push(format!("{} {}", probe.kind, report.name));
+                }
+                report
+            })
+            .collect();
+        kinds.push(KindReport {
+            kind: probe.kind.to_string(),
+            present: probe.present,
+            readable: probe.readable(),
+            reason: probe.reason.clone(),
+            counters,
+        });
+    }
+    let model = (!plan.model.is_empty()).then(|| ModelReport {
+        estimated: true,
+        packages: plan
+            .model
+            .iter()
+            .map(|s| ModelPackage {
+                package: s.package,
+                idle_w: s.model_idle_w,
+                max_w: s.model_max_w,
+                origin: s.model_origin.clone(),
+            })
+            .collect(),
+        how_to_set: model::HOW_TO_SET.to_owned(),
+    });
+    for s in &plan.model {
+        in_use.push(format!("model package {} (estimated)", s.package));
+    }
+    let report = Report {
+        sysfs_root: args.energy.sysfs_root.display().to_string(),
+        dev_cpu_root: args.energy.dev_cpu_root.display().to_string(),
+        energy_source: args.energy.energy_source.to_string(),
+        kinds,
+        model,
+        in_use,
+    };
+    match args.format {
+        Format::Json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).context("encoding JSON")?
+            )
+        }
+        Format::Text => print!("{}", text(&report)),
+    }
+    Ok(if report.in_use.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn counter_report(
+    args: &EnergyArgs,
+    counter: &dyn EnergySource,
+    m: Result<Measurement, crate::energy::EnergyError>,
+    used: bool,
+) -> CounterReport {
+    let d = counter.describe();
+    let (m, error) = match m {
+        Ok(m) => (m, None),
+        Err(e) => (
+            Measurement {
+                update_period_ns: 0,
+                period_is_lower_bound: false,
+                read_cost_ns: 0,
+            },
+            Some(e.to_string()),
+        ),
+    };
+    CounterReport {
+        domain: domain_name(d.domain()).to_owned(),
+        name: d.name,
+        package: d.package,
+        update_period_ns: m.update_period_ns,
+        period_is_lower_bound: m.period_is_lower_bound,
+        read_cost_ns: m.read_cost_ns,
+        read_interval_ns: reader::interval_ns(args, m.update_period_ns),
+        used: used && error.is_none(),
+        error,
+    }
+}
+
+fn duration(ns: u64) -> String {
+    if ns >= 1_000_000 {
+        format!("{:.2} ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.1} µs", ns as f64 / 1e3)
+    }
+}
+
+fn text(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Energy sources (sysfs root {}, MSR root {}, --energy-source {})\n",
+        r.sysfs_root, r.dev_cpu_root, r.energy_source
+    );
+    for k in &r.kinds {
+        let status = match (k.present, k.readable) {
+            (false, _) => "absent",
+            (true, false) => "unreadable",
+            (true, true) => "readable",
+        };
+        let _ = writeln!(out, "{:<9} {status}", k.kind);
+        if let Some(reason) = &k.reason {
+            let _ = writeln!(out, "          why: {reason}");
+        }
+        for c in &k.counters {
+            let period = if c.period_is_lower_bound {
+                format!(">= {} (no change seen)", duration(c.update_period_ns))
+            } else {
+                duration(c.update_period_ns)
+            };
+            let state = match (&c.error, c.used) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, true) => "USED".to_owned(),
+                (None, false) => "not used (a better source covers this domain)".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "          {:<40} {:<7} pkg {:<2} update {period}, read {}, every {}  {state}",
+                c.name,
+                c.domain,
+                c.package,
+                duration(c.read_cost_ns),
+                duration(c.read_interval_ns),
+            );
+        }
+    }
+    if let Some(m) = &r.model {
+        let has_counter = r.kinds.iter().any(|k| k.counters.iter().any(|c| c.used));
+        let what = if has_counter {
+            "No CPU package counter"
+        } else {
+            "No energy counter"
+        };
+        let _ = writeln!(
+            out,
+            "\n{what} on this machine: the ESTIMATED model is used for CPU packages \
+             (every number it gives is labelled estimated).\n  \
+             P = P_idle + (P_max - P_idle) x utilisation, utilisation = exact busy time of the \
+             package's CPUs"
+        );
+        for p in &m.packages {
+            let _ = writeln!(
+                out,
+                "  package {}: P_idle {:.1} W, P_max {:.1} W  ({})",
+                p.package, p.idle_w, p.max_w, p.origin
+            );
+        }
+        let _ = writeln!(out, "  To calibrate: {}.", m.how_to_set);
+    }
+    let _ = writeln!(
+        out,
+        "\nIn use: {}",
+        if r.in_use.is_empty() {
+            "nothing".to_owned()
+        } else {
+            r.in_use.join(", ")
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::energy::{SourceKind, fake};
+
+    fn args(root: &std::path::Path, format: Format) -> Args {
+        Args {
+            energy: EnergyArgs {
+                sysfs_root: root.to_owned(),
+                dev_cpu_root: root.join("dev/cpu"),
+                energy_source: SourceKind::Auto,
+                ..Default::default()
+            },
+            format,
+        }
+    }
+
+    #[test]
+    fn empty_machine_reports_the_model() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fake::topology(tmp.path(), 1, 2).expect("topology");
+        let code = run(args(tmp.path(), Format::Text)).expect("run");
+        assert_eq!(code, ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn text_names_reasons_and_used_counters() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fake::topology(tmp.path(), 2, 1).expect("topology");
+        fake::FakePowercap::two_packages(tmp.path(), 1 << 30).expect("powercap");
+        let a = args(tmp.path(), Format::Text);
+        let cpus = topology::cpus(&a.energy.sysfs_root);
+        let mut plan = detect::plan(&a.energy, &cpus, true).expect("plan");
+        let probe = plan
+            .probes
+            .iter_mut()
+            .find(|p| p.kind == SourceKind::Powercap)
+            .expect("probe");
+        assert_eq!(probe.counters.len(), 6);
+        let m = Measurement {
+            update_period_ns: 1_000_000,
+            period_is_lower_bound: false,
+            read_cost_ns: 3_000,
+        };
+        let c = counter_report(&a.energy, probe.counters[0].as_ref(), Ok(m), true);
+        assert_eq!(
+            (c.name.as_str(), c.domain.as_str(), c.read_interval_ns),
+            ("intel-rapl:0 (package-0)", "package", 10_000_000)
+        );
+        let report = Report {
+            sysfs_root: "S".into(),
+            dev_cpu_root: "D".into(),
+            energy_source: "auto".into(),
+            kinds: vec![
+                KindReport {
+                    kind: "msr".into(),
+                    present: false,
+                    readable: false,
+                    reason: Some(
+                        "D/0/msr does not exist: MSR driver not loaded: run `sudo modprobe msr`"
+                            .into(),
+                    ),
+                    counters: vec![],
+                },
+                KindReport {
+                    kind: "powercap".into(),
+                    present: true,
+                    readable: true,
+                    reason: None,
+                    counters: vec![c],
+                },
+            ],
+            model: None,
+            in_use: vec!["powercap intel-rapl:0 (package-0)".into()],
+        };
+        let t = text(&report);
+        assert!(
+            t.contains(
+                "msr       absent\n          why: D/0/msr does not exist: MSR driver not loaded"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("intel-rapl:0 (package-0)")
+                && t.contains("update 1.00 ms, read 3.0 µs, every 10.00 ms  USED"),
+            "{t}"
+        );
+        assert!(
+            t.ends_with("In use: powercap intel-rapl:0 (package-0)\n"),
+            "{t}"
+        );
+    }
 }

@@ -1,0 +1,340 @@
+//! The estimated model for machines with no energy counter (VMs, like ours: DESIGN.md §4
+//! "No counter at all", §6): per package P = P_idle + (P_max − P_idle)·u, with u the exact
+//! busy share of the package's CPUs from the switch timeline. Every source it makes has
+//! `estimated = true` and says where its parameters came from (`model_origin`).
+//!
+//! Parameters, per package, first match wins: `--model-idle-w`/`--model-max-w`; a config
+//! file (`--model-config`) of `key = value` lines — `idle_w`, `max_w`, `#` comments, `[..]`
+//! section lines ignored, so a TOML `[model]` table works; else a default from the CPU
+//! count: [`DEFAULT_IDLE_W_PER_CPU`] and [`DEFAULT_MAX_W_PER_CPU`] per logical CPU of the
+//! package. The default is a rough share of a typical server/laptop package (idle ≈ 25% of
+//! max, constant power π0 ≠ measured idle power: seed 002); calibrate for real numbers.
+//!
+//! [`readings`] is pure: the same timeline always gives the same readings, so `report` and
+//! `top` recompute them and a recording can be re-reported with other parameters.
+
+use std::path::Path;
+
+use super::{EnergyArgs, EnergyError, SourceKind, source_desc};
+use crate::{pb::v1 as pb, timeline::Timeline};
+
+/// Default idle power per logical CPU, watts.
+pub const DEFAULT_IDLE_W_PER_CPU: f64 = 1.0;
+/// Default full-load power per logical CPU, watts.
+pub const DEFAULT_MAX_W_PER_CPU: f64 = 4.0;
+/// Interval of modelled readings when the caller has no other choice, ns.
+pub const DEFAULT_INTERVAL_NS: u64 = 10_000_000;
+
+/// How users set the parameters (printed by `sources`).
+pub const HOW_TO_SET: &str = "set per-package watts with --model-idle-w W --model-max-w W, or \
+     --model-config FILE with lines `idle_w = W` and `max_w = W`";
+
+/// Model parameters from a config file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelConfig {
+    /// Idle watts per package.
+    pub idle_w: Option<f64>,
+    /// Full-load watts per package.
+    pub max_w: Option<f64>,
+}
+
+/// Parses a model config file's text (see the module docs for the format).
+pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig, EnergyError> {
+    let mut config = ModelConfig::default();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() || line.starts_with('[') {
+            continue;
+        }
+        let bad = |why: &str| {
+            EnergyError::Model(format!("{}:{}: {why}: {line:?}", path.display(), n + 1))
+        };
+        let (key, value) = line
+            .split_once('=')
+            .ok_or_else(|| bad("expected `key = value`"))?;
+        let value: f64 = value
+            .trim()
+            .parse()
+            .map_err(|_| bad("expected a number of watts"))?;
+        match key.trim() {
+            "idle_w" => config.idle_w = Some(value),
+            "max_w" => config.max_w = Some(value),
+            _ => return Err(bad("unknown key (known: idle_w, max_w)")),
+        }
+    }
+    Ok(config)
+}
+
+/// One model source per package of `cpus`, ids from `first_id`.
+pub fn sources(
+    args: &EnergyArgs,
+    cpus: &[pb::Cpu],
+    first_id: u32,
+) -> Result<Vec<pb::EnergySource>, EnergyError> {
+    let config = match &args.model_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                EnergyError::Model(format!("reading --model-config {}: {e}", path.display()))
+            })?;
+            Some((parse_config(&text, path)?, path))
+        }
+        None => None,
+    };
+    let mut packages: Vec<u32> = cpus.iter().map(|c| c.package).collect();
+    packages.sort_unstable();
+    packages.dedup();
+    if packages.is_empty() {
+        packages.push(0);
+    }
+    let mut out = Vec::new();
+    for (i, package) in packages.into_iter().enumerate() {
+        let n = cpus.iter().filter(|c| c.package == package).count().max(1);
+        let pick = |flag: Option<f64>, file: Option<f64>, per_cpu: f64, key: &str| {
+            if let Some(w) = flag {
+                (w, format!("{key} from --model-{}", key.replace('_', "-")))
+            } else if let (Some(w), Some((_, path))) = (file, &config) {
+                (w, format!("{key} from {}", path.display()))
+            } else {
+                (
+                    per_cpu * n as f64,
+                    format!("{key} default {per_cpu} W x {n} CPUs"),
+                )
+            }
+        };
+        let file = config.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
+        let (idle, idle_origin) = pick(
+            args.model_idle_w,
+            file.idle_w,
+            DEFAULT_IDLE_W_PER_CPU,
+            "idle_w",
+        );
+        let (max, max_origin) = pick(args.model_max_w, file.max_w, DEFAULT_MAX_W_PER_CPU, "max_w");
+        if !(idle.is_finite() && max.is_finite() && idle >= 0.0 && max >= idle) {
+            return Err(EnergyError::Model(format!(
+                "need 0 <= idle_w <= max_w, got idle_w = {idle} ({idle_origin}), max_w = {max} ({max_origin})"
+            )));
+        }
+        let mut source = source_desc(
+            SourceKind::Model,
+            pb::EnergyDomain::Package,
+            package,
+            format!("model package-{package} (estimated)"),
+        );
+        source.id = first_id + i as u32;
+        source.estimated = true;
+        source.model_idle_w = idle;
+        source.model_max_w = max;
+        source.model_origin = format!("{idle_origin}; {max_origin}");
+        out.push(source);
+    }
+    Ok(out)
+}
+
+/// Whether a source is a model source.
+pub fn is_model(source: &pb::EnergySource) -> bool {
+    source.kind == SourceKind::Model.as_str()
+}
+
+/// Cumulative modelled readings of every model source in `sources`, at `start_ns`, every
+/// `interval_ns` after it, and at `end_ns` of the timeline. Non-model sources are ignored.
+/// A package's CPUs are those of `cpus` with its id (every timeline CPU when `cpus` is
+/// empty); its energy over [a, b) is P_idle·(b−a) + (P_max − P_idle)·busy/n, i.e.
+/// ∫ P_idle + (P_max − P_idle)·u dt with u = busy / (n·(b−a)).
+pub fn readings(
+    timeline: &Timeline,
+    cpus: &[pb::Cpu],
+    sources: &[pb::EnergySource],
+    interval_ns: u64,
+) -> Vec<pb::EnergyReading> {
+    let (start, end) = (timeline.start_ns, timeline.end_ns);
+    if end <= start {
+        return Vec::new();
+    }
+    let interval = if interval_ns == 0 {
+        DEFAULT_INTERVAL_NS
+    } else {
+        interval_ns
+    };
+    let models: Vec<(&pb::EnergySource, Vec<u32>)> = sources
+        .iter()
+        .filter(|s| is_model(s))
+        .map(|s| {
+            let ids = if cpus.is_empty() {
+                timeline.cpus.iter().map(|c| c.cpu).collect()
+            } else {
+                cpus.iter()
+                    .filter(|c| c.package == s.package)
+                    .map(|c| c.id)
+                    .collect()
+            };
+            (s, ids)
+        })
+        .collect();
+    let mut energy = vec![0.0f64; models.len()];
+    let mut out: Vec<pb::EnergyReading> = models
+        .iter()
+        .map(|(s, _)| pb::EnergyReading {
+            source_id: s.id,
+            ts_ns: start,
+            ..Default::default()
+        })
+        .collect();
+    let mut a = start;
+    while a < end {
+        let b = a.saturating_add(interval).min(end);
+        for (i, (source, ids)) in models.iter().enumerate() {
+            let busy: u64 = ids
+                .iter()
+                .filter_map(|&c| timeline.cpu(c))
+                .map(|c| c.busy_ns(a, b))
+                .sum();
+            let n = ids.len().max(1) as f64;
+            // W × ns = 1e-3 µJ.
+            let dynamic_w = source.model_max_w - source.model_idle_w;
+            energy[i] +=
+                (source.model_idle_w * (b - a) as f64 + dynamic_w * busy as f64 / n) * 1e-3;
+            out.push(pb::EnergyReading {
+                source_id: source.id,
+                ts_ns: b,
+                energy_uj: energy[i],
+                ..Default::default()
+            });
+        }
+        a = b;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::v1::SwitchEvent;
+
+    const MS: u64 = 1_000_000;
+
+    fn switch(ts_ns: u64, cpu: u32, tid: u32, next_tid: u32) -> SwitchEvent {
+        SwitchEvent {
+            ts_ns,
+            cpu,
+            tid,
+            tgid: tid,
+            next_known: true,
+            next_tid,
+            next_tgid: next_tid,
+            ..Default::default()
+        }
+    }
+
+    fn model_source(idle: f64, max: f64) -> pb::EnergySource {
+        pb::EnergySource {
+            id: 7,
+            kind: "model".into(),
+            domain: pb::EnergyDomain::Package as i32,
+            estimated: true,
+            model_idle_w: idle,
+            model_max_w: max,
+            ..Default::default()
+        }
+    }
+
+    /// Two CPUs over 100 ms; `busy` of them run a thread for the whole window, and for
+    /// "half" each CPU is busy 50 ms.
+    fn power_at(utilisation: f64) -> f64 {
+        let cpus = [
+            pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 1,
+                package: 0,
+                core: 1,
+            },
+        ];
+        let switches: Vec<SwitchEvent> = if utilisation == 0.0 {
+            vec![switch(0, 0, 0, 0), switch(0, 1, 0, 0)]
+        } else if utilisation == 1.0 {
+            vec![switch(0, 0, 0, 42), switch(0, 1, 0, 43)]
+        } else {
+            vec![
+                switch(0, 0, 0, 42),
+                switch(50 * MS, 0, 42, 0),
+                switch(50 * MS, 1, 0, 43),
+            ]
+        };
+        let timeline = Timeline::build(0, 100 * MS, &[0, 1], &switches);
+        let got = readings(&timeline, &cpus, &[model_source(10.0, 30.0)], 10 * MS);
+        assert_eq!(got.len(), 11, "{got:?}");
+        assert_eq!(got[0].energy_uj, 0.0);
+        assert!(got.iter().all(|r| r.source_id == 7 && r.flag.is_empty()));
+        // Average watts over the window.
+        got[10].energy_uj / 1e6 / 0.1
+    }
+
+    #[test]
+    fn utilisation_zero_half_full_gives_idle_mid_max() {
+        assert!((power_at(0.0) - 10.0).abs() < 1e-9, "{}", power_at(0.0));
+        assert!((power_at(0.5) - 20.0).abs() < 1e-9, "{}", power_at(0.5));
+        assert!((power_at(1.0) - 30.0).abs() < 1e-9, "{}", power_at(1.0));
+    }
+
+    #[test]
+    fn parameters_from_flags_file_or_default() {
+        let cpus = [
+            pb::Cpu {
+                id: 0,
+                package: 0,
+                core: 0,
+            },
+            pb::Cpu {
+                id: 1,
+                package: 1,
+                core: 0,
+            },
+        ];
+        let def = sources(&EnergyArgs::default(), &cpus, 1).expect("default");
+        assert_eq!(def.len(), 2);
+        assert_eq!(
+            (
+                def[1].id,
+                def[1].package,
+                def[1].model_idle_w,
+                def[1].model_max_w
+            ),
+            (2, 1, 1.0, 4.0)
+        );
+        assert!(
+            def[0].estimated && def[0].model_origin.contains("default"),
+            "{:?}",
+            def[0]
+        );
+
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("model.toml");
+        std::fs::write(&path, "[model]\nidle_w = 12.5 # measured\nmax_w = 90\n").expect("write");
+        let args = EnergyArgs {
+            model_config: Some(path.clone()),
+            model_max_w: Some(80.0),
+            ..Default::default()
+        };
+        let got = sources(&args, &cpus[..1], 1).expect("config");
+        assert_eq!((got[0].model_idle_w, got[0].model_max_w), (12.5, 80.0));
+        assert!(
+            got[0].model_origin.contains("model.toml")
+                && got[0].model_origin.contains("--model-max-w")
+        );
+
+        std::fs::write(&path, "idle = 3\n").expect("write");
+        let err = sources(&args, &cpus, 1)
+            .expect_err("bad key accepted")
+            .to_string();
+        assert!(err.contains("model.toml:1: unknown key"), "{err}");
+        let args = EnergyArgs {
+            model_idle_w: Some(50.0),
+            model_max_w: Some(10.0),
+            ..Default::default()
+        };
+        assert!(sources(&args, &cpus, 1).is_err());
+    }
+}

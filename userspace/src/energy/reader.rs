@@ -1,0 +1,424 @@
+//! The energy reader thread: measures each counter's update period and read cost, then reads
+//! each on its own schedule, off the capture path, and buffers unwrapped readings for the
+//! recorder to [`EnergyReader::drain`]. The buffer lock is never held across a read.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, mpsc},
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use super::{
+    EnergyArgs, EnergyError, EnergySource, RawSample, SourceKind,
+    counter::{MAX_PLAUSIBLE_W, Step, Unwrapper},
+    detect, model, monotonic_ns,
+};
+use crate::{pb::v1 as pb, timeline::Timeline};
+
+/// How long start-up spends watching a CPU counter change, ns.
+pub const MEASURE_WINDOW_NS: u64 = 50_000_000;
+/// The same for NVML, which updates every 20–100 ms (DESIGN.md §4).
+pub const MEASURE_WINDOW_NVML_NS: u64 = 300_000_000;
+/// Changes to watch before the period is known well enough (3 gaps).
+pub const MEASURE_CHANGES: usize = 4;
+/// The read interval is at least this many update periods...
+pub const INTERVAL_PERIODS: u64 = 5;
+/// ...and at least this long, ns.
+pub const MIN_INTERVAL_NS: u64 = 10_000_000;
+
+/// What start-up measured about one counter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measurement {
+    /// Median time between value changes, ns; the window length when fewer than two changes
+    /// were seen (then it is a lower bound).
+    pub update_period_ns: u64,
+    /// Whether `update_period_ns` is only a lower bound.
+    pub period_is_lower_bound: bool,
+    /// Mean cost of one read, ns.
+    pub read_cost_ns: u64,
+}
+
+/// Spin-reads every counter (round robin) until each has changed [`MEASURE_CHANGES`] times
+/// or its window is over, and returns per counter its measurement or its read error.
+pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement, EnergyError>> {
+    struct State {
+        last: Option<u64>,
+        changes: Vec<u64>,
+        reads: u64,
+        cost_ns: u64,
+        window_ns: u64,
+        error: Option<EnergyError>,
+    }
+    let start = monotonic_ns();
+    let mut states: Vec<State> = counters
+        .iter()
+        .map(|c| State {
+            last: None,
+            changes: Vec::new(),
+            reads: 0,
+            cost_ns: 0,
+            window_ns: if c.describe().kind == SourceKind::Nvml.as_str() {
+                MEASURE_WINDOW_NVML_NS
+            } else {
+                MEASURE_WINDOW_NS
+            },
+            error: None,
+        })
+        .collect();
+    loop {
+        let mut active = false;
+        for (counter, st) in counters.iter_mut().zip(states.iter_mut()) {
+            let elapsed = monotonic_ns().saturating_sub(start);
+            if st.error.is_some() || st.changes.len() >= MEASURE_CHANGES || elapsed >= st.window_ns
+            {
+                continue;
+            }
+            active = true;
+            let t0 = monotonic_ns();
+            let value = counter.read();
+            let t1 = monotonic_ns();
+            st.reads += 1;
+            st.cost_ns += t1 - t0;
+            match value {
+                Ok(RawSample { count, .. }) => {
+                    if st.last.is_some_and(|l| l != count) {
+                        st.changes.push(t1);
+                    }
+                    st.last = Some(count);
+                }
+                Err(e) => st.error = Some(e),
+            }
+        }
+        if !active {
+            break;
+        }
+        // Slow counters (NVML) need no spinning at full speed.
+        std::thread::sleep(Duration::from_micros(20));
+    }
+    states
+        .into_iter()
+        .map(|st| {
+            if let Some(e) = st.error {
+                return Err(e);
+            }
+            let mut gaps: Vec<u64> = st.changes.windows(2).map(|w| w[1] - w[0]).collect();
+            gaps.sort_unstable();
+            let read_cost_ns = st.cost_ns / st.reads.max(1);
+            Ok(match gaps.get(gaps.len() / 2) {
+                Some(&median) => Measurement {
+                    update_period_ns: median,
+                    period_is_lower_bound: false,
+                    read_cost_ns,
+                },
+                None => Measurement {
+                    update_period_ns: st.window_ns,
+                    period_is_lower_bound: true,
+                    read_cost_ns,
+                },
+            })
+        })
+        .collect()
+}
+
+/// The read interval of a counter: `--energy-interval-ms` when given, else at least
+/// [`INTERVAL_PERIODS`] update periods and [`MIN_INTERVAL_NS`]. Reading over several
+/// updates keeps the ±1 update quantisation of each delta small (seed 004: RAPL updates
+/// about every 1 ms).
+pub fn interval_ns(args: &EnergyArgs, update_period_ns: u64) -> u64 {
+    match args.energy_interval_ms {
+        Some(ms) => ms.max(1) * 1_000_000,
+        None => update_period_ns
+            .saturating_mul(INTERVAL_PERIODS)
+            .max(MIN_INTERVAL_NS),
+    }
+}
+
+struct Live {
+    counter: Box<dyn EnergySource>,
+    id: u32,
+    label: String,
+    unwrap: Unwrapper,
+    interval_ns: u64,
+    next_ns: u64,
+    pending_gpu: BTreeMap<u32, pb::GpuProcessUsage>,
+}
+
+#[derive(Default)]
+struct Shared {
+    readings: Vec<pb::EnergyReading>,
+    faults: Vec<String>,
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    // A panic elsewhere must not lose the readings already taken.
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Timed read: the timestamp is the middle of the read.
+fn timed_read(counter: &mut dyn EnergySource) -> (u64, Result<RawSample, EnergyError>) {
+    let t0 = monotonic_ns();
+    let result = counter.read();
+    let t1 = monotonic_ns();
+    (t0 + (t1 - t0) / 2, result)
+}
+
+impl Live {
+    /// Reads once; returns a reading unless merged, or the fault text.
+    fn step(&mut self) -> Result<Option<pb::EnergyReading>, String> {
+        let (ts_ns, result) = timed_read(self.counter.as_mut());
+        let sample = result.map_err(|e| {
+            format!(
+                "{}: {e}; no longer read, the other sources continue",
+                self.label
+            )
+        })?;
+        for p in sample.gpu_processes {
+            let e = self
+                .pending_gpu
+                .entry(p.pid)
+                .or_insert(pb::GpuProcessUsage {
+                    pid: p.pid,
+                    ..Default::default()
+                });
+            e.sm_util = e.sm_util.max(p.sm_util);
+            e.used_memory_bytes = e.used_memory_bytes.max(p.used_memory_bytes);
+        }
+        let (energy_uj, flag) = match self.unwrap.update(sample.count, ts_ns) {
+            Step::Unchanged => return Ok(None),
+            Step::Advanced { energy_uj } => (energy_uj, String::new()),
+            Step::Flagged { energy_uj, flag } => (energy_uj, flag),
+        };
+        let gpu_processes = std::mem::take(&mut self.pending_gpu)
+            .into_values()
+            .collect();
+        Ok(Some(pb::EnergyReading {
+            source_id: self.id,
+            ts_ns,
+            energy_uj,
+            flag,
+            gpu_processes,
+        }))
+    }
+}
+
+fn run(mut live: Vec<Live>, shared: Arc<Mutex<Shared>>, stop: mpsc::Receiver<()>) {
+    loop {
+        let now = monotonic_ns();
+        let next = live
+            .iter()
+            .map(|l| l.next_ns)
+            .min()
+            .unwrap_or(now + MIN_INTERVAL_NS);
+        let stopping = !matches!(
+            stop.recv_timeout(Duration::from_nanos(next.saturating_sub(now))),
+            Err(mpsc::RecvTimeoutError::Timeout)
+        );
+        let now = monotonic_ns();
+        let mut readings = Vec::new();
+        let mut faults = Vec::new();
+        live.retain_mut(|l| {
+            if !stopping && l.next_ns > now {
+                return true;
+            }
+            l.next_ns = (l.next_ns + l.interval_ns).max(now + l.interval_ns / 2);
+            match l.step() {
+                Ok(reading) => {
+                    readings.extend(reading);
+                    true
+                }
+                Err(fault) => {
+                    faults.push(fault);
+                    false
+                }
+            }
+        });
+        if !readings.is_empty() || !faults.is_empty() {
+            let mut s = lock(&shared);
+            s.readings.append(&mut readings);
+            s.faults.append(&mut faults);
+        }
+        if stopping {
+            return;
+        }
+    }
+}
+
+/// The running reader (or, with no counter, the model's description).
+pub struct EnergyReader {
+    sources: Vec<pb::EnergySource>,
+    shared: Arc<Mutex<Shared>>,
+    stop_tx: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Detects and measures the sources (see [`detect`]) and starts the reader thread. The first
+/// reading of each counter (energy 0) is taken before this returns. With no hardware
+/// counter the reader only describes the model sources and reads nothing: consumers compute
+/// modelled readings from the timeline ([`readings_for`]).
+pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, EnergyError> {
+    let mut plan = detect::plan(args, cpus, false)?;
+    let mut counters = plan.take_used();
+    let measured = measure(&mut counters);
+    let mut sources = plan.model.clone();
+    let mut shared = Shared::default();
+    let mut live = Vec::new();
+    for (counter, m) in counters.into_iter().zip(measured) {
+        let mut desc = counter.describe();
+        let label = format!("{} {}", desc.kind, desc.name);
+        let m = match m {
+            Ok(m) => m,
+            Err(e) => {
+                shared.faults.push(format!("{label}: {e}; not used"));
+                continue;
+            }
+        };
+        desc.id = sources.len() as u32 + 1;
+        desc.update_period_ns = m.update_period_ns;
+        desc.read_cost_ns = m.read_cost_ns;
+        let mut counter = counter;
+        let (ts_ns, first) = timed_read(counter.as_mut());
+        let sample = match first {
+            Ok(sample) => sample,
+            Err(e) => {
+                shared.faults.push(format!("{label}: {e}; not used"));
+                continue;
+            }
+        };
+        let unwrap = Unwrapper::new(
+            sample.count,
+            ts_ns,
+            counter.unit_uj(),
+            counter.wrap_counts(),
+            MAX_PLAUSIBLE_W,
+        );
+        let interval_ns = interval_ns(args, m.update_period_ns);
+        shared.readings.push(pb::EnergyReading {
+            source_id: desc.id,
+            ts_ns,
+            ..Default::default()
+        });
+        live.push(Live {
+            counter,
+            id: desc.id,
+            label,
+            unwrap,
+            interval_ns,
+            next_ns: ts_ns + interval_ns,
+            pending_gpu: BTreeMap::new(),
+        });
+        sources.push(desc);
+    }
+    if sources.is_empty() {
+        return Err(EnergyError::Unavailable {
+            kind: args.energy_source,
+            reason: fault_summary(&shared),
+        });
+    }
+    let shared = Arc::new(Mutex::new(shared));
+    let (stop_tx, stop_rx) = mpsc::channel();
+    let thread = if live.is_empty() {
+        None
+    } else {
+        let shared = shared.clone();
+        Some(
+            std::thread::Builder::new()
+                .name("energy-reader".into())
+                .spawn(move || run(live, shared, stop_rx))
+                .map_err(EnergyError::Thread)?,
+        )
+    };
+    Ok(EnergyReader {
+        sources,
+        shared,
+        stop_tx: Some(stop_tx),
+        thread,
+    })
+}
+
+fn fault_summary(shared: &Shared) -> String {
+    if shared.faults.is_empty() {
+        "no counters".into()
+    } else {
+        shared.faults.join("; ")
+    }
+}
+
+impl EnergyReader {
+    /// Every source in use (model sources first), with ids, update period and read cost.
+    pub fn sources(&self) -> Vec<pb::EnergySource> {
+        self.sources.clone()
+    }
+
+    /// Readings taken since the last drain, in time order per source.
+    pub fn drain(&self) -> Vec<pb::EnergyReading> {
+        std::mem::take(&mut lock(&self.shared).readings)
+    }
+
+    /// Sources that failed (vanished, permission lost), one line each, since start.
+    pub fn faults(&self) -> Vec<String> {
+        lock(&self.shared).faults.clone()
+    }
+
+    /// Whether the model (estimated) covers the CPU packages.
+    pub fn is_model(&self) -> bool {
+        self.sources.iter().any(model::is_model)
+    }
+
+    /// Takes a final reading of every counter, stops the thread and returns the readings
+    /// not yet drained.
+    pub fn stop(mut self) -> Vec<pb::EnergyReading> {
+        self.halt();
+        self.drain()
+    }
+
+    fn halt(&mut self) {
+        drop(self.stop_tx.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            lock(&self.shared)
+                .faults
+                .push("energy reader thread panicked".into());
+        }
+    }
+}
+
+impl Drop for EnergyReader {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// The readings every consumer should use for a recording: the recorded readings of
+/// hardware sources, plus modelled readings (every [`model::DEFAULT_INTERVAL_NS`]) for
+/// model sources, computed from the timeline. Sorted by time, then source id.
+pub fn readings_for(
+    recording_sources: &[pb::EnergySource],
+    recorded_readings: &[pb::EnergyReading],
+    timeline: &Timeline,
+    cpus: &[pb::Cpu],
+) -> Vec<pb::EnergyReading> {
+    let model_ids: Vec<u32> = recording_sources
+        .iter()
+        .filter(|s| model::is_model(s))
+        .map(|s| s.id)
+        .collect();
+    let mut out: Vec<pb::EnergyReading> = recorded_readings
+        .iter()
+        .filter(|r| !model_ids.contains(&r.source_id))
+        .cloned()
+        .collect();
+    if !model_ids.is_empty() {
+        out.extend(model::readings(
+            timeline,
+            cpus,
+            recording_sources,
+            model::DEFAULT_INTERVAL_NS,
+        ));
+    }
+    out.sort_by_key(|r| (r.ts_ns, r.source_id));
+    out
+}
