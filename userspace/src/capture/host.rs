@@ -3,8 +3,6 @@
 
 use std::{fs, path::Path};
 
-use crate::pb::v1::Cpu;
-
 /// CLOCK_MONOTONIC now, in ns: the clock of `bpf_ktime_get_ns`, so userspace stamps
 /// (energy readings, capture window) line up with probe timestamps.
 pub fn monotonic_ns() -> u64 {
@@ -48,28 +46,6 @@ pub fn uname() -> (String, String) {
         String::from_utf8_lossy(&bytes).into_owned()
     };
     (field(&u.release), field(&u.nodename))
-}
-
-/// Package and core of each CPU in `cpus`, from sysfs topology (0 when unreadable).
-pub fn topology(sysfs: &Path, cpus: &[u32]) -> Vec<Cpu> {
-    let read = |cpu: u32, file: &str| {
-        fs::read_to_string(sysfs.join(format!("devices/system/cpu/cpu{cpu}/topology/{file}")))
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    cpus.iter()
-        .map(|&id| Cpu {
-            id,
-            package: read(id, "physical_package_id"),
-            core: read(id, "core_id"),
-        })
-        .collect()
-}
-
-/// Online CPUs, from `/sys/devices/system/cpu/online`.
-pub fn online_cpus() -> std::io::Result<Vec<u32>> {
-    aya::util::online_cpus().map_err(|(_, err)| err)
 }
 
 /// What stops capture before it starts; each says what to do.
@@ -185,10 +161,4 @@ mod tests {
         );
     }
 
-    #[test]
-    fn topology_reads_sysfs() {
-        let cpus = topology(Path::new("/sys"), &[0]);
-        assert_eq!(cpus.len(), 1);
-        assert_eq!(cpus[0].id, 0);
-    }
 }

@@ -105,7 +105,7 @@ impl Probes {
                 source: Box::new(e),
             })?;
         }
-        let cpus = host::online_cpus().map_err(CaptureError::Cpus)?;
+        let cpus = aya::util::online_cpus().map_err(|(_, err)| CaptureError::Cpus(err))?;
         let attach_sampler = |ebpf: &mut Ebpf| -> Result<(), aya::programs::ProgramError> {
             let prog: &mut PerfEvent = ebpf
                 .program_mut("sample_stack")

@@ -43,6 +43,9 @@ pub struct Args {
     /// How often the ring buffers are drained into the file, ms.
     #[arg(long = "drain-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(5..=5000))]
     pub drain_ms: u64,
+    /// Energy sources (counters, fake trees for testing, model parameters).
+    #[command(flatten)]
+    pub energy: crate::energy::EnergyArgs,
     /// Command to run; recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -63,7 +66,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
     let probes = Probes::start(args.freq).context("cannot start capture")?;
-    let cpus = host::topology(std::path::Path::new("/sys"), probes.cpus());
+    let cpus = topology(&args.energy.sysfs_root, probes.cpus());
+    let energy = crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
     let (kernel_release, hostname) = host::uname();
     let header = Header {
         format_version: FORMAT_VERSION,
@@ -108,9 +112,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
     let tick = Duration::from_millis(args.drain_ms);
     let mut child_status = None;
+    let mut sources = Some(energy.sources());
+    let mut faults_seen = 0;
     let stop_reason = loop {
         thread::sleep(tick);
-        if let Err(err) = writer.chunk(session.poll()) {
+        let mut chunk = session.poll();
+        chunk.sources = sources.take().unwrap_or_default();
+        chunk.readings = energy.drain();
+        let faults = energy.faults();
+        for fault in &faults[faults_seen.min(faults.len())..] {
+            eprintln!("energy-bpf: warning: {fault}; recording goes on with the other sources");
+        }
+        faults_seen = faults.len();
+        if let Err(err) = writer.chunk(chunk) {
             // Keep what is on disk; say what happened.
             kill(&mut child);
             return Err(anyhow::Error::new(err)
@@ -132,7 +146,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     kill(&mut child);
     // A last sweep pins down who is on each CPU at the end of the window.
     session.probes().sweep_cpus();
-    let last = session.poll();
+    let mut last = session.poll();
+    last.readings = energy.stop();
     let losses = last.losses;
     writer.chunk(last).context("writing the last chunk")?;
     let end_ns = host::monotonic_ns();
@@ -158,6 +173,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => ExitCode::SUCCESS,
     })
+}
+
+/// Topology of the CPUs the probes watch, with package and core from `sysfs` (a fake tree
+/// in tests, so per-package attribution can be exercised on a one-package machine).
+fn topology(sysfs: &std::path::Path, cpus: &[u32]) -> Vec<crate::pb::v1::Cpu> {
+    let known = crate::energy::topology::cpus(sysfs);
+    cpus.iter()
+        .map(|&id| {
+            known.iter().find(|c| c.id == id).copied().unwrap_or(crate::pb::v1::Cpu { id, package: 0, core: id })
+        })
+        .collect()
 }
 
 fn kill(child: &mut Option<Child>) {

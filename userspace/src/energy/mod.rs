@@ -150,22 +150,8 @@ impl EnergyError {
     }
 }
 
-/// CLOCK_MONOTONIC now, in ns: the clock `bpf_ktime_get_ns` returns, so readings line up
-/// with the eBPF timeline.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
+/// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`.
+pub use crate::capture::host::monotonic_ns;
 
 /// Reads a small sysfs text file, trimmed.
 pub(crate) fn read_text(path: &std::path::Path, hint: &str) -> Result<String, EnergyError> {
