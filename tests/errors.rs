@@ -164,6 +164,14 @@ fn recorder_killed_with_sigkill_keeps_what_it_recorded() {
     let report = report_json(&file);
     assert_eq!(report["truncated"], true, "{report:#}");
     let secs = report["duration_ns"].as_u64().expect("duration") as f64 / 1e9;
-    assert!(secs > 0.5, "the chunks written before the kill are kept ({secs:.2} s)");
-    assert!(report["processes"].as_array().is_some_and(|p| !p.is_empty()), "{report:#}");
+    assert!(
+        secs > 0.5,
+        "the chunks written before the kill are kept ({secs:.2} s)"
+    );
+    assert!(
+        report["processes"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()),
+        "{report:#}"
+    );
 }

@@ -9,3 +9,5 @@ mod util;
 mod capture;
 // Bad input and missing privileges: clear errors, nothing lost.
 mod errors;
+// Energy readings from fake RAPL trees through the real record path.
+mod energy;

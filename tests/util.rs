@@ -106,3 +106,53 @@ pub fn process(report: &serde_json::Value, pid: u32) -> Option<&serde_json::Valu
         .iter()
         .find(|p| p["pid"] == pid)
 }
+
+/// `energy-bpf record` running in the background; returns once it says it is recording.
+pub struct Recorder {
+    child: Child,
+    stderr: std::sync::mpsc::Receiver<String>,
+}
+
+impl Recorder {
+    /// Starts `energy-bpf record ARGS` and waits (up to 30 s) until capture is attached.
+    pub fn start(args: &[&str]) -> Self {
+        use std::io::BufRead as _;
+        let mut child = Command::new(bin())
+            .arg("record")
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn energy-bpf record");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut seen = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains("Ctrl-C to stop") => break,
+                Ok(line) => seen.push_str(&line),
+                Err(_) => panic!("record did not start within 30 s: {seen}"),
+            }
+        }
+        Self { child, stderr: rx }
+    }
+
+    /// Stops it with SIGINT like Ctrl-C; returns its remaining stderr. Panics if it failed.
+    pub fn stop(mut self) -> String {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().expect("wait record");
+        let rest: String = self.stderr.try_iter().collect::<Vec<_>>().join("\n");
+        assert!(status.success(), "record failed ({status}): {rest}");
+        rest
+    }
+}

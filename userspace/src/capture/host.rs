@@ -160,5 +160,4 @@ mod tests {
             "test started within the hour"
         );
     }
-
 }

@@ -67,7 +67,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let probes = Probes::start(args.freq).context("cannot start capture")?;
     let cpus = topology(&args.energy.sysfs_root, probes.cpus());
-    let energy = crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
+    let energy =
+        crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
     let (kernel_release, hostname) = host::uname();
     let header = Header {
         format_version: FORMAT_VERSION,
@@ -181,7 +182,15 @@ fn topology(sysfs: &std::path::Path, cpus: &[u32]) -> Vec<crate::pb::v1::Cpu> {
     let known = crate::energy::topology::cpus(sysfs);
     cpus.iter()
         .map(|&id| {
-            known.iter().find(|c| c.id == id).copied().unwrap_or(crate::pb::v1::Cpu { id, package: 0, core: id })
+            known
+                .iter()
+                .find(|c| c.id == id)
+                .copied()
+                .unwrap_or(crate::pb::v1::Cpu {
+                    id,
+                    package: 0,
+                    core: id,
+                })
         })
         .collect()
 }
