@@ -70,8 +70,10 @@ fn group_by(attr: &Attribution, key: impl Fn(&ThreadEnergy) -> GroupKey) -> Vec<
                 no_stack.add_all(&t.no_stack);
             }
             let set: HashSet<ThreadKey> = threads.iter().map(|t| (t.tgid, t.tid)).collect();
-            let estimate = estimate_samples(attr, &attr.headline, |i| set.contains(&attr.sample_thread[i]))
-                .plus_exact(attr.headline_uj(&no_stack));
+            let estimate = estimate_samples(attr, &attr.headline, |i| {
+                set.contains(&attr.sample_thread[i])
+            })
+            .plus_exact(attr.headline_uj(&no_stack));
             let name = match &key {
                 GroupKey::Process(tgid) => threads
                     .iter()
@@ -86,7 +88,11 @@ fn group_by(attr: &Attribution, key: impl Fn(&ThreadEnergy) -> GroupKey) -> Vec<
                 name,
                 threads: threads.len(),
                 cpu_ns: threads.iter().map(|t| t.cpu_ns).sum(),
-                share: if total > 0.0 { attr.headline_uj(&energy) / total } else { 0.0 },
+                share: if total > 0.0 {
+                    attr.headline_uj(&energy) / total
+                } else {
+                    0.0
+                },
                 energy,
                 no_stack,
                 estimate,
@@ -94,6 +100,11 @@ fn group_by(attr: &Attribution, key: impl Fn(&ThreadEnergy) -> GroupKey) -> Vec<
             }
         })
         .collect();
-    groups.sort_by(|a, b| b.estimate.energy_uj.total_cmp(&a.estimate.energy_uj).then(a.key.cmp(&b.key)));
+    groups.sort_by(|a, b| {
+        b.estimate
+            .energy_uj
+            .total_cmp(&a.estimate.energy_uj)
+            .then(a.key.cmp(&b.key))
+    });
     groups
 }

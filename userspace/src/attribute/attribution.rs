@@ -80,7 +80,14 @@ pub enum StaticOrigin {
     Given,
     /// The energy model's idle power (estimated sources).
     Model,
-    /// Online estimate: this low percentile of interval power over the recording. Constant
+    /// Online: median power of the intervals in which the domain's CPUs were (nearly) idle
+    /// (≤ 5% busy; at least 20 such intervals).
+    OnlineIdle,
+    /// Online: the per-class regression (seed 003) with idle CPU time as one more class; its
+    /// watts per idle CPU × the domain's CPUs. Used when the machine is never idle long
+    /// enough to measure idle power directly.
+    OnlineFit,
+    /// Online fallback: this low percentile of interval power over the recording. Constant
     /// power is not the same as idle power (seed 002): on a machine that is never idle this
     /// over-estimates static power.
     Online {
@@ -256,7 +263,11 @@ impl Attribution {
 
     /// The split used by the sources: "regression" if any source used it, else "time".
     pub fn power_model(&self) -> PowerModelUsed {
-        if self.sources.iter().any(|s| s.power_model == PowerModelUsed::Regression) {
+        if self
+            .sources
+            .iter()
+            .any(|s| s.power_model == PowerModelUsed::Regression)
+        {
             PowerModelUsed::Regression
         } else {
             PowerModelUsed::Time
@@ -276,7 +287,11 @@ pub fn headline_domains(present: &[EnergyDomain]) -> Vec<EnergyDomain> {
         if has(EnergyDomain::Package) {
             out.push(EnergyDomain::Package);
         } else {
-            out.extend([EnergyDomain::Cores, EnergyDomain::Uncore].into_iter().filter(|&d| has(d)));
+            out.extend(
+                [EnergyDomain::Cores, EnergyDomain::Uncore]
+                    .into_iter()
+                    .filter(|&d| has(d)),
+            );
         }
         if has(EnergyDomain::Dram) {
             out.push(EnergyDomain::Dram);
@@ -298,8 +313,14 @@ mod tests {
     #[test]
     fn headline_never_double_counts() {
         use EnergyDomain::*;
-        assert_eq!(headline_domains(&[Package, Cores, Dram]), vec![Package, Dram]);
-        assert_eq!(headline_domains(&[Psys, Package, Dram, Gpu]), vec![Psys, Gpu]);
+        assert_eq!(
+            headline_domains(&[Package, Cores, Dram]),
+            vec![Package, Dram]
+        );
+        assert_eq!(
+            headline_domains(&[Psys, Package, Dram, Gpu]),
+            vec![Psys, Gpu]
+        );
         assert_eq!(headline_domains(&[Cores, Uncore]), vec![Cores, Uncore]);
         assert_eq!(headline_domains(&[]), Vec::<EnergyDomain>::new());
     }

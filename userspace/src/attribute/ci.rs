@@ -71,7 +71,12 @@ pub fn estimate_samples(
 ) -> Estimate {
     let mut strata: HashMap<ThreadKey, Stratum> = HashMap::new();
     let mut energy = 0.0;
-    for (idx, (e, key)) in attr.sample_energy.iter().zip(&attr.sample_thread).enumerate() {
+    for (idx, (e, key)) in attr
+        .sample_energy
+        .iter()
+        .zip(&attr.sample_thread)
+        .enumerate()
+    {
         let w = e.sum_of(domains);
         let s = strata.entry(*key).or_default();
         s.n += 1;
@@ -100,7 +105,12 @@ pub fn estimate_samples(
         let half = Z95 * var.sqrt();
         ((energy - half).max(0.0), energy + half)
     };
-    Estimate { energy_uj: energy, lo_uj: lo, hi_uj: hi, samples: hits }
+    Estimate {
+        energy_uj: energy,
+        lo_uj: lo,
+        hi_uj: hi,
+        samples: hits,
+    }
 }
 
 #[cfg(test)]
@@ -162,6 +172,9 @@ mod tests {
     fn wilson_known_value() {
         // 1 of 10 at 95%: [0.0179, 0.4042] (standard tables).
         let (lo, hi) = wilson(1, 10, Z95);
-        assert!((lo - 0.0179).abs() < 1e-4 && (hi - 0.4042).abs() < 1e-4, "{lo} {hi}");
+        assert!(
+            (lo - 0.0179).abs() < 1e-4 && (hi - 0.4042).abs() < 1e-4,
+            "{lo} {hi}"
+        );
     }
 }

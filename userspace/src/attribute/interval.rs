@@ -123,11 +123,18 @@ mod tests {
     use super::*;
 
     fn r(ts_ns: u64, energy_uj: f64, flag: &str) -> EnergyReading {
-        EnergyReading { ts_ns, energy_uj, flag: flag.into(), ..Default::default() }
+        EnergyReading {
+            ts_ns,
+            energy_uj,
+            flag: flag.into(),
+            ..Default::default()
+        }
     }
 
     fn spans(iv: &[Interval]) -> Vec<(u64, u64, f64)> {
-        iv.iter().map(|i| (i.start_ns, i.end_ns, i.energy_uj)).collect()
+        iv.iter()
+            .map(|i| (i.start_ns, i.end_ns, i.energy_uj))
+            .collect()
     }
 
     #[test]
@@ -141,7 +148,12 @@ mod tests {
 
     #[test]
     fn zero_delta_merges_into_next() {
-        let rs = [r(0, 0.0, ""), r(10, 0.0, ""), r(20, 8.0, ""), r(30, 9.0, "")];
+        let rs = [
+            r(0, 0.0, ""),
+            r(10, 0.0, ""),
+            r(20, 8.0, ""),
+            r(30, 9.0, ""),
+        ];
         let refs: Vec<_> = rs.iter().rev().collect(); // any order
         let (iv, st) = cut(&refs, 1);
         assert_eq!(spans(&iv), vec![(0, 20, 8.0), (20, 30, 1.0)]);
@@ -152,7 +164,13 @@ mod tests {
     #[test]
     fn short_intervals_merge_until_update_period() {
         // Update period 1000 ns: 300-ns windows merge until they reach it.
-        let rs = [r(0, 0.0, ""), r(300, 1.0, ""), r(600, 1.0, ""), r(1100, 4.0, ""), r(2200, 6.0, "")];
+        let rs = [
+            r(0, 0.0, ""),
+            r(300, 1.0, ""),
+            r(600, 1.0, ""),
+            r(1100, 4.0, ""),
+            r(2200, 6.0, ""),
+        ];
         let refs: Vec<_> = rs.iter().collect();
         let (iv, _) = cut(&refs, 1000);
         assert_eq!(spans(&iv), vec![(0, 1100, 4.0), (1100, 2200, 2.0)]);
@@ -188,9 +206,17 @@ mod tests {
     fn gpu_utilisation_accumulates_over_merged_readings() {
         use crate::pb::v1::GpuProcessUsage;
         let mut b = r(10, 0.0, "");
-        b.gpu_processes = vec![GpuProcessUsage { pid: 7, sm_util: 50, ..Default::default() }];
+        b.gpu_processes = vec![GpuProcessUsage {
+            pid: 7,
+            sm_util: 50,
+            ..Default::default()
+        }];
         let mut c = r(30, 4.0, "");
-        c.gpu_processes = vec![GpuProcessUsage { pid: 7, sm_util: 20, ..Default::default() }];
+        c.gpu_processes = vec![GpuProcessUsage {
+            pid: 7,
+            sm_util: 20,
+            ..Default::default()
+        }];
         let rs = [r(0, 0.0, ""), b, c];
         let refs: Vec<_> = rs.iter().collect();
         let (iv, _) = cut(&refs, 1);

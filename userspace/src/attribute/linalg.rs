@@ -59,8 +59,9 @@ pub fn invert(a: &Matrix) -> Option<Matrix> {
             if row != col {
                 let f = m[row][col];
                 if f != 0.0 {
-                    for j in 0..2 * n {
-                        m[row][j] -= f * m[col][j];
+                    let pivot_row = m[col].clone();
+                    for (v, pv) in m[row].iter_mut().zip(&pivot_row) {
+                        *v -= f * pv;
                     }
                 }
             }
@@ -74,7 +75,10 @@ pub fn sym_eigenvalues(a: &Matrix) -> Vec<f64> {
     let n = a.len();
     let mut m = a.clone();
     for _sweep in 0..100 {
-        let off: f64 = (0..n).flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| m[i][j] * m[i][j]).sum();
+        let off: f64 = (0..n)
+            .flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)))
+            .map(|(i, j)| m[i][j] * m[i][j])
+            .sum();
         let diag: f64 = (0..n).map(|i| m[i][i] * m[i][i]).sum();
         if off <= 1e-24 * diag.max(1e-300) {
             break;
@@ -89,13 +93,14 @@ pub fn sym_eigenvalues(a: &Matrix) -> Vec<f64> {
                 let t = if theta == 0.0 { 1.0 } else { t };
                 let c = 1.0 / (t * t + 1.0).sqrt();
                 let s = t * c;
-                for k in 0..n {
-                    let (mkp, mkq) = (m[k][p], m[k][q]);
-                    m[k][p] = c * mkp - s * mkq;
-                    m[k][q] = s * mkp + c * mkq;
+                // Columns p and q, then rows p and q: m ← Jᵀ m J.
+                for row in m.iter_mut() {
+                    let (mkp, mkq) = (row[p], row[q]);
+                    row[p] = c * mkp - s * mkq;
+                    row[q] = s * mkp + c * mkq;
                 }
-                for k in 0..n {
-                    let (mpk, mqk) = (m[p][k], m[q][k]);
+                let (row_p, row_q) = (m[p].clone(), m[q].clone());
+                for (k, (mpk, mqk)) in row_p.iter().zip(&row_q).enumerate() {
                     m[p][k] = c * mpk - s * mqk;
                     m[q][k] = s * mpk + c * mqk;
                 }
@@ -116,7 +121,10 @@ mod tests {
         // A = [[2,1],[1,3]], b = [3,5] → x = A⁻¹b = [0.8, 1.4].
         let a = vec![vec![2.0, 1.0], vec![1.0, 3.0]];
         let x = solve_nonneg(&a, &[3.0, 5.0], &[0.0, 0.0]);
-        assert!((x[0] - 0.8).abs() < 1e-9 && (x[1] - 1.4).abs() < 1e-9, "{x:?}");
+        assert!(
+            (x[0] - 0.8).abs() < 1e-9 && (x[1] - 1.4).abs() < 1e-9,
+            "{x:?}"
+        );
     }
 
     #[test]
@@ -143,7 +151,10 @@ mod tests {
     fn eigenvalues_of_known_matrix() {
         // [[2,1],[1,2]] has eigenvalues 1 and 3.
         let ev = sym_eigenvalues(&vec![vec![2.0, 1.0], vec![1.0, 2.0]]);
-        assert!((ev[0] - 1.0).abs() < 1e-12 && (ev[1] - 3.0).abs() < 1e-12, "{ev:?}");
+        assert!(
+            (ev[0] - 1.0).abs() < 1e-12 && (ev[1] - 3.0).abs() < 1e-12,
+            "{ev:?}"
+        );
         let ev = sym_eigenvalues(&vec![
             vec![4.0, 1.0, 0.0],
             vec![1.0, 3.0, 1.0],

@@ -165,8 +165,11 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     let mut sample_energy = vec![PerDomain::default(); n_samples];
     let sample_thread: Vec<ThreadKey> = input.samples.iter().map(|s| (s.tgid, s.tid)).collect();
     let mut threads: BTreeMap<ThreadKey, ThreadEnergy> = BTreeMap::new();
-    let (mut idle, mut unknown, mut measured) =
-        (PerDomain::default(), PerDomain::default(), PerDomain::default());
+    let (mut idle, mut unknown, mut measured) = (
+        PerDomain::default(),
+        PerDomain::default(),
+        PerDomain::default(),
+    );
     let mut sources = Vec::with_capacity(input.sources.len());
     let mut sorted_sources: Vec<&EnergySource> = input.sources.iter().collect();
     sorted_sources.sort_by_key(|s| s.id);
@@ -178,7 +181,11 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
         measured.add(d, out.report.measured_uj);
         for (idx, uj) in out.sample_uj {
             sample_energy[idx].add(d, uj);
-            threads.entry(sample_thread[idx]).or_default().energy.add(d, uj);
+            threads
+                .entry(sample_thread[idx])
+                .or_default()
+                .energy
+                .add(d, uj);
         }
         for (key, uj) in out.residual {
             let t = threads.entry(key).or_default();
@@ -192,7 +199,10 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     let headline = attribution::headline_domains(&present);
     let mut threads: Vec<ThreadEnergy> = threads.into_values().collect();
     threads.sort_by(|a, b| {
-        b.energy.sum_of(&headline).total_cmp(&a.energy.sum_of(&headline)).then(a.tid.cmp(&b.tid))
+        b.energy
+            .sum_of(&headline)
+            .total_cmp(&a.energy.sum_of(&headline))
+            .then(a.tid.cmp(&b.tid))
     });
     Attribution {
         estimated: sources.iter().any(|s| s.estimated),

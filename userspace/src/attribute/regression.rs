@@ -52,7 +52,12 @@ pub struct FitOptions {
 
 impl Default for FitOptions {
     fn default() -> Self {
-        Self { ridge: 1e-3, min_occupancy: 0.01, max_vif: 1e4, max_condition: 1e8 }
+        Self {
+            ridge: 1e-3,
+            min_occupancy: 0.01,
+            max_vif: 1e4,
+            max_condition: 1e8,
+        }
     }
 }
 
@@ -85,18 +90,28 @@ pub struct Fit {
 impl Fit {
     /// Predicted dynamic energy of a row, J.
     pub fn predict(&self, row: &Row) -> f64 {
-        self.classes.iter().zip(&row.t_s).map(|(c, t)| c.watts * t).sum()
+        self.classes
+            .iter()
+            .zip(&row.t_s)
+            .map(|(c, t)| c.watts * t)
+            .sum()
     }
 }
 
 /// Fits per-class watts over `rows` with `k` classes.
 pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
     let n = rows.len();
-    let col_sum: Vec<f64> = (0..k).map(|c| rows.iter().map(|r| r.t_s[c]).sum()).collect();
+    let col_sum: Vec<f64> = (0..k)
+        .map(|c| rows.iter().map(|r| r.t_s[c]).sum())
+        .collect();
     let busy: f64 = col_sum.iter().sum();
     let y_sum: f64 = rows.iter().map(|r| r.y_j).sum();
     // Equal power per busy CPU-second: the time model, and the ridge's target.
-    let prior_w = if busy > 0.0 { (y_sum / busy).max(0.0) } else { 0.0 };
+    let prior_w = if busy > 0.0 {
+        (y_sum / busy).max(0.0)
+    } else {
+        0.0
+    };
     let mut classes: Vec<ClassFit> = col_sum
         .iter()
         .map(|&s| ClassFit {
@@ -114,10 +129,14 @@ pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
     // Columns are groups of classes: a class whose time moves with another's is merged into
     // it (only their combined power is identifiable; within the group power is equal, the
     // prior's assumption).
-    let mut groups: Vec<Vec<usize>> =
-        (0..k).filter(|&c| classes[c].not_identifiable.is_none()).map(|c| vec![c]).collect();
+    let mut groups: Vec<Vec<usize>> = (0..k)
+        .filter(|&c| classes[c].not_identifiable.is_none())
+        .map(|c| vec![c])
+        .collect();
     let col = |r: &Row, g: &[usize]| g.iter().map(|&c| r.t_s[c]).sum::<f64>();
-    let rms = |g: &[usize]| (rows.iter().map(|r| col(r, g).powi(2)).sum::<f64>() / n.max(1) as f64).sqrt();
+    let rms = |g: &[usize]| {
+        (rows.iter().map(|r| col(r, g).powi(2)).sum::<f64>() / n.max(1) as f64).sqrt()
+    };
     let mut condition = 1.0;
     while groups.len() > 1 {
         let scale: Vec<f64> = groups.iter().map(|g| rms(g)).collect();
@@ -126,7 +145,9 @@ pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
             .map(|a| {
                 (0..m)
                     .map(|b| {
-                        rows.iter().map(|r| col(r, &groups[a]) * col(r, &groups[b])).sum::<f64>()
+                        rows.iter()
+                            .map(|r| col(r, &groups[a]) * col(r, &groups[b]))
+                            .sum::<f64>()
                             / (n as f64 * scale[a] * scale[b])
                     })
                     .collect()
@@ -144,7 +165,9 @@ pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
             row[i] += 1e-9;
         }
         let worst = invert(&reg).and_then(|inv| {
-            (0..m).map(|i| (i, inv[i][i])).max_by(|a, b| a.1.total_cmp(&b.1))
+            (0..m)
+                .map(|i| (i, inv[i][i]))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
         });
         let Some((i, vif)) = worst else { break };
         if vif <= opts.max_vif && vif.is_finite() {
@@ -169,23 +192,41 @@ pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
     }
     let m = groups.len();
     if m == 0 || n <= m {
-        return Fit { classes, prior_w, condition, rows: n };
+        return Fit {
+            classes,
+            prior_w,
+            condition,
+            rows: n,
+        };
     }
     // Classes held at the prior leave their predicted energy out of the target.
     let fixed: Vec<usize> = (0..k)
-        .filter(|&c| matches!(classes[c].not_identifiable, Some(NotIdentifiable::LowOccupancy)))
+        .filter(|&c| {
+            matches!(
+                classes[c].not_identifiable,
+                Some(NotIdentifiable::LowOccupancy)
+            )
+        })
         .collect();
-    let y: Vec<f64> =
-        rows.iter().map(|r| r.y_j - fixed.iter().map(|&c| prior_w * r.t_s[c]).sum::<f64>()).collect();
+    let y: Vec<f64> = rows
+        .iter()
+        .map(|r| r.y_j - fixed.iter().map(|&c| prior_w * r.t_s[c]).sum::<f64>())
+        .collect();
     let scale: Vec<f64> = groups.iter().map(|g| rms(g)).collect();
     let z = |r: &Row, i: usize| col(r, &groups[i]) / scale[i];
     let lambda = opts.ridge * n as f64;
     let ztz: Matrix = (0..m)
-        .map(|i| (0..m).map(|j| rows.iter().map(|r| z(r, i) * z(r, j)).sum()).collect())
+        .map(|i| {
+            (0..m)
+                .map(|j| rows.iter().map(|r| z(r, i) * z(r, j)).sum())
+                .collect()
+        })
         .collect();
     let mut a = ztz.clone();
     let beta0: Vec<f64> = scale.iter().map(|s| prior_w * s).collect();
-    let mut b: Vec<f64> = (0..m).map(|i| rows.iter().zip(&y).map(|(r, yi)| z(r, i) * yi).sum()).collect();
+    let mut b: Vec<f64> = (0..m)
+        .map(|i| rows.iter().zip(&y).map(|(r, yi)| z(r, i) * yi).sum())
+        .collect();
     for i in 0..m {
         a[i][i] += lambda;
         b[i] += lambda * beta0[i];
@@ -219,7 +260,12 @@ pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
             classes[c].se_w = se[i] / scale[i];
         }
     }
-    Fit { classes, prior_w, condition, rows: n }
+    Fit {
+        classes,
+        prior_w,
+        condition,
+        rows: n,
+    }
 }
 
 /// Held-out squared error of the equal-power time model and of the regression, by
@@ -254,7 +300,12 @@ mod tests {
                 let t_s: Vec<f64> = watts.iter().map(|_| rng.random_range(0.0..0.1)).collect();
                 let y: f64 = t_s.iter().zip(watts).map(|(t, w)| t * w).sum();
                 let y_j = y * (1.0 + noise * rng.random_range(-1.0..1.0));
-                Row { start_ns: i * 50_000_000, end_ns: (i + 1) * 50_000_000, t_s, y_j }
+                Row {
+                    start_ns: i * 50_000_000,
+                    end_ns: (i + 1) * 50_000_000,
+                    t_s,
+                    y_j,
+                }
             })
             .collect()
     }
@@ -277,7 +328,10 @@ mod tests {
             r.t_s[2] *= 0.001; // a class with ~0.01% of the busy time
         }
         let f = fit(&rs, 3, &FitOptions::default());
-        assert_eq!(f.classes[2].not_identifiable, Some(NotIdentifiable::LowOccupancy));
+        assert_eq!(
+            f.classes[2].not_identifiable,
+            Some(NotIdentifiable::LowOccupancy)
+        );
         assert_eq!(f.classes[2].watts, f.prior_w);
         assert!(f.classes.iter().all(|c| c.watts >= 0.0));
     }
@@ -290,10 +344,17 @@ mod tests {
             r.y_j = 5.0 * r.t_s[0] + 30.0 * r.t_s[1];
         }
         let f = fit(&rs, 3, &FitOptions::default());
-        let flagged = f.classes.iter().filter(|c| c.not_identifiable == Some(NotIdentifiable::Collinear)).count();
+        let flagged = f
+            .classes
+            .iter()
+            .filter(|c| c.not_identifiable == Some(NotIdentifiable::Collinear))
+            .count();
         assert_eq!(flagged, 2, "{f:?}");
         // Only their combined power is identifiable: 30 W over twice the time, 15 W each.
-        assert!((f.classes[1].watts - 15.0).abs() < 0.1 && (f.classes[2].watts - 15.0).abs() < 0.1, "{f:?}");
+        assert!(
+            (f.classes[1].watts - 15.0).abs() < 0.1 && (f.classes[2].watts - 15.0).abs() < 0.1,
+            "{f:?}"
+        );
         assert!((f.classes[0].watts - 5.0).abs() < 0.1, "{f:?}");
     }
 

@@ -84,19 +84,32 @@ impl SampleSplitter {
         for (key, acc) in self.acc.drain() {
             if acc.energy_uj == 0.0 {
                 // Samples of a thread that got no energy here weigh nothing.
-                self.sample_uj.extend(acc.samples.iter().map(|&(i, _)| (i, 0.0)));
+                self.sample_uj
+                    .extend(acc.samples.iter().map(|&(i, _)| (i, 0.0)));
                 continue;
             }
             if acc.samples.is_empty() {
                 *self.residual.entry(key).or_insert(0.0) += acc.energy_uj;
                 continue;
             }
-            let mean = if acc.ns > 0.0 { acc.energy_uj / acc.ns } else { 1.0 };
-            let p: Vec<f64> = acc.samples.iter().map(|&(_, p)| if p.is_nan() { mean } else { p }).collect();
+            let mean = if acc.ns > 0.0 {
+                acc.energy_uj / acc.ns
+            } else {
+                1.0
+            };
+            let p: Vec<f64> = acc
+                .samples
+                .iter()
+                .map(|&(_, p)| if p.is_nan() { mean } else { p })
+                .collect();
             let total: f64 = p.iter().sum();
             let n = p.len() as f64;
             for (&(idx, _), &pi) in acc.samples.iter().zip(&p) {
-                let w = if total > 0.0 { acc.energy_uj * pi / total } else { acc.energy_uj / n };
+                let w = if total > 0.0 {
+                    acc.energy_uj * pi / total
+                } else {
+                    acc.energy_uj / n
+                };
                 self.sample_uj.push((idx, w));
             }
         }
@@ -110,33 +123,49 @@ mod tests {
 
     fn occ(threads: &[(ThreadKey, f64)]) -> Occupancy {
         Occupancy {
-            threads: threads.iter().map(|&(k, ns)| (k, ThreadTime { ns, weighted: ns })).collect(),
+            threads: threads
+                .iter()
+                .map(|&(k, ns)| (k, ThreadTime { ns, weighted: ns }))
+                .collect(),
             ..Default::default()
         }
     }
 
     fn split(threads: &[(ThreadKey, f64)]) -> Split {
-        Split { threads: threads.to_vec(), ..Default::default() }
+        Split {
+            threads: threads.to_vec(),
+            ..Default::default()
+        }
     }
 
     fn weight(s: &SampleSplitter, idx: usize) -> f64 {
-        s.sample_uj.iter().filter(|(i, _)| *i == idx).map(|(_, w)| w).sum()
+        s.sample_uj
+            .iter()
+            .filter(|(i, _)| *i == idx)
+            .map(|(_, w)| w)
+            .sum()
     }
 
     #[test]
     fn interval_energy_divided_equally_over_samples() {
         let mut s = SampleSplitter::new(0);
         let (a, b) = ((1, 1), (2, 2));
-        s.add_interval(0, 10, &split(&[(a, 90.0), (b, 10.0)]), &occ(&[(a, 9.0), (b, 1.0)]), &[
-            (0, a),
-            (1, a),
-            (2, a),
-        ]);
+        s.add_interval(
+            0,
+            10,
+            &split(&[(a, 90.0), (b, 10.0)]),
+            &occ(&[(a, 9.0), (b, 1.0)]),
+            &[(0, a), (1, a), (2, a)],
+        );
         s.flush();
         for i in 0..3 {
             assert!((weight(&s, i) - 30.0).abs() < 1e-12);
         }
-        assert_eq!(s.residual.get(&b), Some(&10.0), "b had energy but no sample");
+        assert_eq!(
+            s.residual.get(&b),
+            Some(&10.0),
+            "b had energy but no sample"
+        );
     }
 
     #[test]
@@ -169,7 +198,13 @@ mod tests {
     #[test]
     fn sample_of_a_thread_without_energy_weighs_nothing() {
         let mut s = SampleSplitter::new(0);
-        s.add_interval(0, 10, &split(&[((1, 1), 5.0)]), &occ(&[((1, 1), 10.0)]), &[(0, (9, 9)), (1, (1, 1))]);
+        s.add_interval(
+            0,
+            10,
+            &split(&[((1, 1), 5.0)]),
+            &occ(&[((1, 1), 10.0)]),
+            &[(0, (9, 9)), (1, (1, 1))],
+        );
         s.flush();
         assert_eq!(weight(&s, 0), 0.0);
         assert_eq!(weight(&s, 1), 5.0);

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 
 use rand::{RngExt, SeedableRng, rngs::ChaCha8Rng};
 
-use crate::pb::v1::{Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, SwitchEvent, ThreadInfo};
+use crate::pb::v1::{
+    Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, SwitchEvent, ThreadInfo,
+};
 use crate::timeline::{IDLE_TID, Timeline};
 
 /// A process of the simulated workload.
@@ -171,11 +173,24 @@ pub fn simulate(cfg: &SimConfig) -> SimOutput {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let n_cpus = cfg.packages * cfg.cpus_per_package;
     let cpus: Vec<Cpu> = (0..n_cpus)
-        .map(|id| Cpu { id, package: id / cfg.cpus_per_package, core: id % cfg.cpus_per_package })
+        .map(|id| Cpu {
+            id,
+            package: id / cfg.cpus_per_package,
+            core: id % cfg.cpus_per_package,
+        })
         .collect();
-    let n_phases = if cfg.phase_ns > 0 { cfg.duration_ns.div_ceil(cfg.phase_ns) as usize } else { 1 };
+    let n_phases = if cfg.phase_ns > 0 {
+        cfg.duration_ns.div_ceil(cfg.phase_ns) as usize
+    } else {
+        1
+    };
     let phase_factor: Vec<Vec<f64>> = (0..n_phases)
-        .map(|_| cfg.classes.iter().map(|_| rng.random_range(0.2..1.8)).collect())
+        .map(|_| {
+            cfg.classes
+                .iter()
+                .map(|_| rng.random_range(0.2..1.8))
+                .collect()
+        })
         .collect();
     let mut truth = Truth::default();
     let mut per_cpu: Vec<Vec<Seg>> = Vec::with_capacity(n_cpus as usize);
@@ -204,7 +219,16 @@ pub fn simulate(cfg: &SimConfig) -> SimOutput {
             })
         })
         .collect();
-    SimOutput { switches, timeline, samples, sources, readings, cpus, threads, truth }
+    SimOutput {
+        switches,
+        timeline,
+        samples,
+        sources,
+        readings,
+        cpus,
+        threads,
+        truth,
+    }
 }
 
 /// One CPU's schedule and its function stretches `(start, end, addr)`.
@@ -219,29 +243,48 @@ fn schedule_cpu(
     let mut funcs = Vec::new();
     let mut t = 0u64;
     while t < cfg.duration_ns {
-        let phase = if cfg.phase_ns > 0 { (t / cfg.phase_ns) as usize } else { 0 };
-        let mut weights: Vec<f64> =
-            cfg.classes.iter().zip(&phase_factor[phase]).map(|(c, f)| c.weight * f).collect();
+        let phase = t.checked_div(cfg.phase_ns).unwrap_or(0) as usize;
+        let mut weights: Vec<f64> = cfg
+            .classes
+            .iter()
+            .zip(&phase_factor[phase])
+            .map(|(c, f)| c.weight * f)
+            .collect();
         weights.push(cfg.idle_weight);
         let choice = pick(rng, &weights);
         let Some(class) = cfg.classes.get(choice) else {
             let end = (t + exp_ns(rng, cfg.mean_idle_ns)).min(cfg.duration_ns);
-            segs.push(Seg { start: t, end, class: None, tid: IDLE_TID });
+            segs.push(Seg {
+                start: t,
+                end,
+                class: None,
+                tid: IDLE_TID,
+            });
             t = end;
             continue;
         };
         let end = (t + exp_ns(rng, class.mean_run_ns)).min(cfg.duration_ns);
         let tid = class.tgid * 100 + cpu % class.threads.max(1);
-        segs.push(Seg { start: t, end, class: Some(choice), tid });
+        segs.push(Seg {
+            start: t,
+            end,
+            class: Some(choice),
+            tid,
+        });
         *truth.class_uj.entry(class.tgid).or_insert(0.0) += class.watts * (end - t) as f64 * 1e-3;
         *truth.class_cpu_ns.entry(class.tgid).or_insert(0) += end - t;
         let mut f_start = t;
         while f_start < end {
             let f_end = (f_start + exp_ns(rng, cfg.mean_function_ns)).min(end);
-            let f = if class.functions.is_empty() { 0 } else { pick(rng, &class.functions) };
+            let f = if class.functions.is_empty() {
+                0
+            } else {
+                pick(rng, &class.functions)
+            };
             let addr = function_addr(class.tgid, f);
             funcs.push((f_start, f_end, addr));
-            *truth.function_uj.entry(addr).or_insert(0.0) += class.watts * (f_end - f_start) as f64 * 1e-3;
+            *truth.function_uj.entry(addr).or_insert(0.0) +=
+                class.watts * (f_end - f_start) as f64 * 1e-3;
             f_start = f_end;
         }
         t = end;
@@ -306,7 +349,11 @@ fn samples_of(
 }
 
 /// Energy sources and readings: a RAPL-like counter per package.
-fn counters(cfg: &SimConfig, per_cpu: &[Vec<Seg>], rng: &mut ChaCha8Rng) -> (Vec<EnergySource>, Vec<EnergyReading>) {
+fn counters(
+    cfg: &SimConfig,
+    per_cpu: &[Vec<Seg>],
+    rng: &mut ChaCha8Rng,
+) -> (Vec<EnergySource>, Vec<EnergyReading>) {
     let mut sources = Vec::new();
     let mut readings = Vec::new();
     for p in 0..cfg.packages {
@@ -319,7 +366,8 @@ fn counters(cfg: &SimConfig, per_cpu: &[Vec<Seg>], rng: &mut ChaCha8Rng) -> (Vec
             update_period_ns: cfg.update_period_ns,
             ..Default::default()
         });
-        let cpus = &per_cpu[(p * cfg.cpus_per_package) as usize..((p + 1) * cfg.cpus_per_package) as usize];
+        let cpus = &per_cpu
+            [(p * cfg.cpus_per_package) as usize..((p + 1) * cfg.cpus_per_package) as usize];
         // True cumulative energy (µJ) at time t, with a monotonic cursor per CPU.
         let mut cursor = vec![0usize; cpus.len()];
         let mut done_uj = vec![0.0f64; cpus.len()];
@@ -328,12 +376,15 @@ fn counters(cfg: &SimConfig, per_cpu: &[Vec<Seg>], rng: &mut ChaCha8Rng) -> (Vec
             for (c, segs) in cpus.iter().enumerate() {
                 while cursor[c] < segs.len() && segs[cursor[c]].end <= t {
                     let s = &segs[cursor[c]];
-                    done_uj[c] += s.class.map_or(0.0, |k| cfg.classes[k].watts) * (s.end - s.start) as f64 * 1e-3;
+                    done_uj[c] += s.class.map_or(0.0, |k| cfg.classes[k].watts)
+                        * (s.end - s.start) as f64
+                        * 1e-3;
                     cursor[c] += 1;
                 }
                 e += done_uj[c];
                 if let Some(s) = segs.get(cursor[c]).filter(|s| s.start < t) {
-                    e += s.class.map_or(0.0, |k| cfg.classes[k].watts) * (t - s.start) as f64 * 1e-3;
+                    e +=
+                        s.class.map_or(0.0, |k| cfg.classes[k].watts) * (t - s.start) as f64 * 1e-3;
                 }
             }
             e
@@ -348,7 +399,9 @@ fn counters(cfg: &SimConfig, per_cpu: &[Vec<Seg>], rng: &mut ChaCha8Rng) -> (Vec
                 break;
             }
             let j = cfg.update_jitter_ns;
-            let t = (nominal + rng.random_range(0..=2 * j)).saturating_sub(j).min(cfg.duration_ns);
+            let t = (nominal + rng.random_range(0..=2 * j))
+                .saturating_sub(j)
+                .min(cfg.duration_ns);
             let now_true = energy_at(t);
             measured += (now_true - last_true) * (1.0 + cfg.noise * gauss(rng));
             last_true = now_true;
@@ -359,7 +412,12 @@ fn counters(cfg: &SimConfig, per_cpu: &[Vec<Seg>], rng: &mut ChaCha8Rng) -> (Vec
         let mut r = 0u64;
         while r <= cfg.duration_ns {
             let idx = updates.partition_point(|u| u.0 <= r).saturating_sub(1);
-            readings.push(EnergyReading { source_id: p, ts_ns: r, energy_uj: updates[idx].1, ..Default::default() });
+            readings.push(EnergyReading {
+                source_id: p,
+                ts_ns: r,
+                energy_uj: updates[idx].1,
+                ..Default::default()
+            });
             let j = cfg.read_period_ns / 20;
             r += (cfg.read_period_ns + rng.random_range(0..=2 * j)).saturating_sub(j);
         }
@@ -403,7 +461,10 @@ mod tests {
         let a = simulate(&two_classes());
         let b = simulate(&two_classes());
         assert_eq!(a, b);
-        let c = simulate(&SimConfig { seed: 2, ..two_classes() });
+        let c = simulate(&SimConfig {
+            seed: 2,
+            ..two_classes()
+        });
         assert_ne!(a.truth, c.truth);
     }
 
@@ -413,7 +474,10 @@ mod tests {
         let truth_total = out.truth.class_uj.values().sum::<f64>() + out.truth.static_uj;
         let last = out.readings.iter().map(|r| r.energy_uj).fold(0.0, f64::max);
         // The last reading misses at most ~1 ms of energy; 1% noise averages out.
-        assert!((last - truth_total).abs() / truth_total < 0.01, "{last} vs {truth_total}");
+        assert!(
+            (last - truth_total).abs() / truth_total < 0.01,
+            "{last} vs {truth_total}"
+        );
         // Function truth adds up to class truth.
         let f_total: f64 = out.truth.function_uj.values().sum();
         let c_total: f64 = out.truth.class_uj.values().sum();
@@ -425,10 +489,18 @@ mod tests {
         let out = simulate(&two_classes());
         let per_thread = out.timeline.thread_ns(0, u64::MAX);
         for (tgid, ns) in &out.truth.class_cpu_ns {
-            let tl: u64 = per_thread.iter().filter(|((g, _), _)| g == tgid).map(|(_, v)| v).sum();
+            let tl: u64 = per_thread
+                .iter()
+                .filter(|((g, _), _)| g == tgid)
+                .map(|(_, v)| v)
+                .sum();
             assert_eq!(tl, *ns, "tgid {tgid}");
         }
         assert!(!out.samples.is_empty());
-        assert!(out.readings.windows(2).all(|w| w[1].energy_uj >= w[0].energy_uj));
+        assert!(
+            out.readings
+                .windows(2)
+                .all(|w| w[1].energy_uj >= w[0].energy_uj)
+        );
     }
 }

@@ -69,7 +69,13 @@ impl Occupancy {
             // Parts of the interval the timeline does not cover are unknown, not idle.
             let gap = (b - a).saturating_sub(covered) as f64;
             if gap > 0.0 {
-                let unknown_run = Run { start_ns: a, end_ns: b, tid: UNKNOWN_TID, tgid: 0, cgroup_id: 0 };
+                let unknown_run = Run {
+                    start_ns: a,
+                    end_ns: b,
+                    tid: UNKNOWN_TID,
+                    tgid: 0,
+                    cgroup_id: 0,
+                };
                 occ.unknown.ns += gap;
                 occ.unknown.weighted += gap * weight(cpu, &unknown_run);
             }
@@ -125,19 +131,28 @@ pub fn split_cpu(
     class_w: ClassWeight<'_>,
 ) -> Split {
     let unknown_w = occ.unknown.weighted * class_w(None);
-    let weighted_total: f64 =
-        occ.threads.iter().map(|(k, t)| t.weighted * class_w(Some(*k))).sum::<f64>() + unknown_w;
+    let weighted_total: f64 = occ
+        .threads
+        .iter()
+        .map(|(k, t)| t.weighted * class_w(Some(*k)))
+        .sum::<f64>()
+        + unknown_w;
     let busy = occ.busy_ns();
     if weighted_total <= 0.0 || busy <= 0.0 {
         // Nothing ran: the whole delta is idle.
-        return Split { threads: Vec::new(), idle_uj: energy_uj, unknown_uj: 0.0 };
+        return Split {
+            threads: Vec::new(),
+            idle_uj: energy_uj,
+            unknown_uj: 0.0,
+        };
     }
     let dynamic = energy_uj - static_part_uj;
     let (spread_static, idle_uj) = match policy {
         IdlePolicy::Separate => (0.0, static_part_uj),
         IdlePolicy::Proportional => (static_part_uj, 0.0),
     };
-    let share = |weighted: f64, ns: f64| dynamic * weighted / weighted_total + spread_static * ns / busy;
+    let share =
+        |weighted: f64, ns: f64| dynamic * weighted / weighted_total + spread_static * ns / busy;
     Split {
         threads: occ
             .threads
@@ -158,18 +173,31 @@ pub fn split_gpu(
     policy: IdlePolicy,
 ) -> Split {
     if util_ns.is_empty() {
-        return Split { threads: Vec::new(), idle_uj: energy_uj, unknown_uj: 0.0 };
+        return Split {
+            threads: Vec::new(),
+            idle_uj: energy_uj,
+            unknown_uj: 0.0,
+        };
     }
     let total: f64 = util_ns.iter().map(|(_, u)| u.max(0.0)).sum();
     let n = util_ns.len() as f64;
-    let frac = |u: f64| if total > 0.0 { u.max(0.0) / total } else { 1.0 / n };
+    let frac = |u: f64| {
+        if total > 0.0 {
+            u.max(0.0) / total
+        } else {
+            1.0 / n
+        }
+    };
     let (to_procs, idle_uj) = match policy {
         IdlePolicy::Separate => (energy_uj - static_part_uj, static_part_uj),
         IdlePolicy::Proportional => (energy_uj, 0.0),
     };
     Split {
         // A GPU process is charged on its main thread's row (tid = pid).
-        threads: util_ns.iter().map(|&(pid, u)| ((pid, pid), to_procs * frac(u))).collect(),
+        threads: util_ns
+            .iter()
+            .map(|&(pid, u)| ((pid, pid), to_procs * frac(u)))
+            .collect(),
         idle_uj,
         unknown_uj: 0.0,
     }
@@ -198,7 +226,10 @@ mod tests {
     }
 
     fn energy_of(s: &Split, tid: u32) -> f64 {
-        s.threads.iter().find(|((_, t), _)| *t == tid).map_or(0.0, |(_, e)| *e)
+        s.threads
+            .iter()
+            .find(|((_, t), _)| *t == tid)
+            .map_or(0.0, |(_, e)| *e)
     }
 
     /// CPU 0: thread 1 for 0..600, idle after; CPU 1: thread 2 for 0..200, thread 3 after.
@@ -252,23 +283,44 @@ mod tests {
     #[test]
     fn all_idle_interval_goes_to_idle_and_static_is_capped() {
         let occ = Occupancy::tally(&two_cpus(), &[0], 700, 900, &ones);
-        let s = split_cpu(50.0, static_uj(50.0, 200, 1e6), &occ, IdlePolicy::Separate, &equal_power);
+        let s = split_cpu(
+            50.0,
+            static_uj(50.0, 200, 1e6),
+            &occ,
+            IdlePolicy::Separate,
+            &equal_power,
+        );
         assert_eq!((s.idle_uj, s.threads.len()), (50.0, 0));
-        assert_eq!(static_uj(50.0, 200, 1e6), 50.0, "static never exceeds the delta");
-        assert!((static_uj(1e9, 1_000_000, 2.0) - 2000.0).abs() < 1e-9, "2 W × 1 ms = 2000 µJ");
+        assert_eq!(
+            static_uj(50.0, 200, 1e6),
+            50.0,
+            "static never exceeds the delta"
+        );
+        assert!(
+            (static_uj(1e9, 1_000_000, 2.0) - 2000.0).abs() < 1e-9,
+            "2 W × 1 ms = 2000 µJ"
+        );
     }
 
     #[test]
     fn time_outside_the_timeline_is_unknown() {
         let occ = Occupancy::tally(&two_cpus(), &[0], 500, 1500, &ones);
-        assert_eq!((occ.threads[&(1, 1)].ns, occ.idle_ns, occ.unknown.ns), (100.0, 400.0, 500.0));
+        assert_eq!(
+            (occ.threads[&(1, 1)].ns, occ.idle_ns, occ.unknown.ns),
+            (100.0, 400.0, 500.0)
+        );
         let s = split_cpu(600.0, 0.0, &occ, IdlePolicy::Separate, &equal_power);
         assert!((s.unknown_uj - 500.0).abs() < 1e-9);
     }
 
     #[test]
     fn gpu_split_by_utilisation_else_equal() {
-        let s = split_gpu(1000.0, 100.0, &[(7, 300.0), (8, 600.0)], IdlePolicy::Separate);
+        let s = split_gpu(
+            1000.0,
+            100.0,
+            &[(7, 300.0), (8, 600.0)],
+            IdlePolicy::Separate,
+        );
         assert!((energy_of(&s, 7) - 300.0).abs() < 1e-9);
         assert!((energy_of(&s, 8) - 600.0).abs() < 1e-9);
         assert_eq!(s.idle_uj, 100.0);
