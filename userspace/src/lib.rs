@@ -1,6 +1,7 @@
 //! energy-bpf: which code burned these joules?
 //!
 //! The binary is thin; these modules do the work (DESIGN.md §2):
+//! - [`attribute`]: pure attribution of measured energy to threads, processes and stacks.
 //! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events.
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
 //! - [`commands`]: one module per subcommand (argument parsing and wiring only).
@@ -8,6 +9,7 @@
 //!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
 
+pub mod attribute;
 pub mod capture;
 pub mod commands;
 pub mod energy;

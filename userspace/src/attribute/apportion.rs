@@ -1,0 +1,461 @@
+//! One energy source from readings to per-thread and per-sample energy: intervals, static
+//! power, the power-model choice (time or regression), the split of every interval and the
+//! push-down onto stack samples.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::pb::v1::{EnergyDomain, EnergyReading, EnergySource};
+use crate::timeline::{IDLE_TID, Run, UNKNOWN_TID};
+
+use super::attribution::{
+    ClassLabel, ClassReport, IntervalRow, PowerModelUsed, RegressionReport, SourceAttribution,
+    StaticOrigin,
+};
+use super::interval::{self, Interval};
+use super::regression::{self, Row};
+use super::samples::SampleSplitter;
+use super::split::{self, Occupancy, Split, ThreadKey};
+use super::{Input, Options, PowerModel};
+
+/// What one source contributes.
+pub(super) struct SourceOutcome {
+    pub report: SourceAttribution,
+    pub sample_uj: Vec<(usize, f64)>,
+    pub residual: BTreeMap<ThreadKey, f64>,
+}
+
+pub(super) fn run_source(
+    input: &Input<'_>,
+    opts: &Options,
+    source: &EnergySource,
+) -> SourceOutcome {
+    let domain = source.domain();
+    let readings: Vec<&EnergyReading> = input
+        .readings
+        .iter()
+        .filter(|r| r.source_id == source.id)
+        .collect();
+    let (intervals, interval_stats) = interval::cut(&readings, source.update_period_ns);
+    let is_gpu = domain == EnergyDomain::Gpu;
+    let cpus = if is_gpu {
+        Vec::new()
+    } else {
+        domain_cpus(input, source)
+    };
+    let activity = |cpu: u32, run: &Run| {
+        input
+            .activity
+            .and_then(|m| m.get(&(cpu, run.tid)).copied())
+            .unwrap_or(1.0)
+    };
+    let occs: Vec<Occupancy> = if is_gpu {
+        Vec::new()
+    } else {
+        intervals
+            .iter()
+            .map(|iv| Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity))
+            .collect()
+    };
+    let (static_w, static_origin) = static_power(opts, source, &intervals, &occs, cpus.len());
+    let mut report = SourceAttribution {
+        source_id: source.id,
+        domain,
+        package: source.package,
+        name: source.name.clone(),
+        estimated: source.estimated,
+        measured_uj: 0.0,
+        attributed_uj: 0.0,
+        idle_uj: 0.0,
+        unknown_uj: 0.0,
+        static_w,
+        static_origin,
+        power_model: PowerModelUsed::Time,
+        power_model_note: None,
+        regression: None,
+        interval_stats,
+        intervals: Vec::with_capacity(intervals.len()),
+    };
+    let mut splitter = SampleSplitter::new(opts.stack_window_ns);
+    if is_gpu {
+        for iv in &intervals {
+            let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
+            let s = split::split_gpu(iv.energy_uj, st, &iv.gpu_util_ns, opts.idle);
+            for &(k, e) in &s.threads {
+                *splitter.residual.entry(k).or_insert(0.0) += e;
+            }
+            book(&mut report, iv, &s);
+        }
+        return SourceOutcome {
+            report,
+            sample_uj: Vec::new(),
+            residual: splitter.residual,
+        };
+    }
+    let plan = plan_model(source, opts, &intervals, &occs, static_w, &mut report);
+    let samples = domain_samples(input, &cpus);
+    let mut next_sample = 0;
+    for (i, (iv, occ)) in intervals.iter().zip(&occs).enumerate() {
+        let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
+        let class_w = |k: Option<ThreadKey>| match &plan {
+            Some(p) => p.weight(i, k),
+            None => 1.0,
+        };
+        let weighted: f64 = occ
+            .threads
+            .iter()
+            .map(|(k, t)| t.weighted * class_w(Some(*k)))
+            .sum::<f64>()
+            + occ.unknown.weighted * class_w(None);
+        // Every busy class fitted to 0 W: fall back to busy time rather than call it idle.
+        let s = if weighted > 0.0 {
+            split::split_cpu(iv.energy_uj, st, occ, opts.idle, &class_w)
+        } else {
+            split::split_cpu(iv.energy_uj, st, occ, opts.idle, &split::equal_power)
+        };
+        while next_sample < samples.len() && samples[next_sample].0 < iv.start_ns {
+            next_sample += 1;
+        }
+        let first = next_sample;
+        while next_sample < samples.len() && samples[next_sample].0 < iv.end_ns {
+            next_sample += 1;
+        }
+        let in_iv: Vec<(usize, ThreadKey)> = samples[first..next_sample]
+            .iter()
+            .map(|&(_, idx, key)| (idx, key))
+            .collect();
+        splitter.add_interval(iv.start_ns, iv.end_ns, &s, occ, &in_iv);
+        book(&mut report, iv, &s);
+    }
+    splitter.flush();
+    SourceOutcome {
+        report,
+        sample_uj: splitter.sample_uj,
+        residual: splitter.residual,
+    }
+}
+
+fn book(report: &mut SourceAttribution, iv: &Interval, s: &Split) {
+    let attributed: f64 = s.threads.iter().map(|(_, e)| e).sum();
+    report.measured_uj += iv.energy_uj;
+    report.attributed_uj += attributed;
+    report.idle_uj += s.idle_uj;
+    report.unknown_uj += s.unknown_uj;
+    report.intervals.push(IntervalRow {
+        start_ns: iv.start_ns,
+        end_ns: iv.end_ns,
+        measured_uj: iv.energy_uj,
+        attributed_uj: attributed,
+        idle_uj: s.idle_uj,
+        unknown_uj: s.unknown_uj,
+    });
+}
+
+/// CPUs whose threads may receive a source's energy: the package's CPUs for per-package
+/// domains (a package's energy never goes to another package, DESIGN.md §4), every CPU for
+/// whole-machine domains or when the topology is unknown.
+fn domain_cpus(input: &Input<'_>, source: &EnergySource) -> Vec<u32> {
+    if input.cpus.is_empty() {
+        return input.timeline.cpus.iter().map(|c| c.cpu).collect();
+    }
+    let whole = matches!(
+        source.domain(),
+        EnergyDomain::Psys | EnergyDomain::DomainUnspecified
+    );
+    let mut cpus: Vec<u32> = input
+        .cpus
+        .iter()
+        .filter(|c| whole || c.package == source.package)
+        .map(|c| c.id)
+        .collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    cpus
+}
+
+/// Samples of real threads on the domain's CPUs, as (ts, index, thread), by time.
+fn domain_samples(input: &Input<'_>, cpus: &[u32]) -> Vec<(u64, usize, ThreadKey)> {
+    let mut out: Vec<(u64, usize, ThreadKey)> = input
+        .samples
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| {
+            s.tid != IDLE_TID && s.tid != UNKNOWN_TID && cpus.binary_search(&s.cpu).is_ok()
+        })
+        .map(|(i, s)| (s.ts_ns, i, (s.tgid, s.tid)))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Static power of a source and where it came from (DESIGN.md §4 "Static/idle power"):
+/// given (calibration, config), the model's idle power, or an online estimate — idle
+/// intervals if there are enough, else extrapolation to zero utilisation, else a low
+/// percentile. `occs` is empty for GPU sources.
+fn static_power(
+    opts: &Options,
+    source: &EnergySource,
+    intervals: &[Interval],
+    occs: &[Occupancy],
+    n_cpus: usize,
+) -> (f64, StaticOrigin) {
+    if let Some(&w) = opts.static_w_by_source.get(&source.id) {
+        return (w, StaticOrigin::Given);
+    }
+    if let (Some(w), EnergyDomain::Package | EnergyDomain::Psys) = (opts.static_w, source.domain())
+    {
+        return (w, StaticOrigin::Given);
+    }
+    if source.estimated && source.model_idle_w > 0.0 {
+        return (source.model_idle_w, StaticOrigin::Model);
+    }
+    // µJ per ns = 1e3 W.
+    let power = |iv: &Interval| iv.energy_uj / iv.len_ns() as f64 * 1e3;
+    if !occs.is_empty() && n_cpus > 0 {
+        let util: Vec<f64> = intervals
+            .iter()
+            .zip(occs)
+            .map(|(iv, o)| o.busy_ns() / (n_cpus as f64 * iv.len_ns() as f64))
+            .collect();
+        let mut idle: Vec<f64> = intervals
+            .iter()
+            .zip(&util)
+            .filter(|(_, u)| **u <= 0.05)
+            .map(|(iv, _)| power(iv))
+            .collect();
+        if idle.len() >= 20 {
+            idle.sort_by(f64::total_cmp);
+            return (idle[idle.len() / 2], StaticOrigin::OnlineIdle);
+        }
+        if let Some(w) = fit_idle_power(opts, intervals, occs, n_cpus) {
+            return (w, StaticOrigin::OnlineFit);
+        }
+    }
+    let percentile = opts.static_percentile.clamp(0.0, 100.0);
+    let mut watts: Vec<f64> = intervals.iter().map(power).collect();
+    watts.sort_by(f64::total_cmp);
+    let w = if watts.is_empty() {
+        0.0
+    } else {
+        watts[((percentile / 100.0) * (watts.len() - 1) as f64).round() as usize]
+    };
+    (w, StaticOrigin::Online { percentile })
+}
+
+/// Static power from the per-class regression with idle time as a class: only trusted when
+/// that class is identifiable (it varies independently of the others).
+fn fit_idle_power(
+    opts: &Options,
+    intervals: &[Interval],
+    occs: &[Occupancy],
+    n_cpus: usize,
+) -> Option<f64> {
+    let ranked = rank_classes(occs, opts.regression_classes);
+    let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+    let other = ranked.len();
+    let k = other + 2;
+    let rows = build_rows(
+        intervals,
+        occs,
+        0.0,
+        &class_of,
+        other,
+        opts.regression_row_ns,
+        true,
+    );
+    if rows.len() < (5 * k).max(20) {
+        return None;
+    }
+    let idle = regression::fit(&rows, k, &opts.fit).classes[other + 1];
+    idle.not_identifiable
+        .is_none()
+        .then_some(idle.watts * n_cpus as f64)
+}
+
+/// The busiest processes on a source's CPUs, most busy first.
+fn rank_classes(occs: &[Occupancy], n: usize) -> Vec<u32> {
+    let mut busy: HashMap<u32, f64> = HashMap::new();
+    for occ in occs {
+        for (&(tgid, _), t) in &occ.threads {
+            *busy.entry(tgid).or_insert(0.0) += t.ns;
+        }
+    }
+    let mut ranked: Vec<(u32, f64)> = busy.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.into_iter().take(n).map(|(t, _)| t).collect()
+}
+
+/// The regression's classes and the per-window watts that weight the split.
+struct Plan {
+    class_of: HashMap<u32, usize>,
+    other: usize,
+    first_ns: u64,
+    stride_ns: u64,
+    windows: Vec<Vec<f64>>,
+    interval_start: Vec<u64>,
+}
+
+impl Plan {
+    fn weight(&self, interval: usize, key: Option<ThreadKey>) -> f64 {
+        let class = key
+            .and_then(|(tgid, _)| self.class_of.get(&tgid).copied())
+            .unwrap_or(self.other);
+        let start = self.interval_start[interval];
+        let w = ((start.saturating_sub(self.first_ns)) / self.stride_ns.max(1)) as usize;
+        let watts = &self.windows[w.min(self.windows.len() - 1)];
+        watts[class]
+    }
+}
+
+/// Decides time or regression for a source (recording the decision in `report`) and, for
+/// regression, fits the sliding windows.
+fn plan_model(
+    source: &EnergySource,
+    opts: &Options,
+    intervals: &[Interval],
+    occs: &[Occupancy],
+    static_w: f64,
+    report: &mut SourceAttribution,
+) -> Option<Plan> {
+    if opts.power_model == PowerModel::Time || intervals.is_empty() {
+        return None;
+    }
+    if source.estimated {
+        report.power_model_note = Some(
+            "estimated source: modelled dynamic energy is exactly proportional to busy time, \
+             so per-class power cannot be fitted; time model used"
+                .into(),
+        );
+        return None;
+    }
+    // Classes: the busiest processes on this source's CPUs, plus "other" (seed 003 digest).
+    let ranked = rank_classes(occs, opts.regression_classes);
+    let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+    let other = ranked.len();
+    let k = other + 1;
+    let rows = build_rows(
+        intervals,
+        occs,
+        static_w,
+        &class_of,
+        other,
+        opts.regression_row_ns,
+        false,
+    );
+    let global = regression::fit(&rows, k, &opts.fit);
+    let (sse_time, sse_reg) = regression::heldout_sse(&rows, k, 5, &opts.fit);
+    let mut labels: Vec<ClassLabel> = ranked.iter().map(|&t| ClassLabel::Process(t)).collect();
+    labels.push(ClassLabel::Other);
+    let enough_rows = rows.len() >= (5 * k).max(20);
+    let use_regression = match opts.power_model {
+        PowerModel::Regression => rows.len() > k + 1,
+        _ => enough_rows && sse_reg < 0.95 * sse_time,
+    };
+    report.power_model_note = match (opts.power_model, use_regression) {
+        (PowerModel::Auto, false) if !enough_rows => Some(format!(
+            "auto: {} regression rows are too few to fit {k} classes; time model used",
+            rows.len()
+        )),
+        (PowerModel::Auto, false) => Some(
+            "auto: regression did not predict held-out intervals better; time model used".into(),
+        ),
+        (PowerModel::Regression, false) => Some(format!(
+            "{} regression rows are too few to fit {k} classes; time model used",
+            rows.len()
+        )),
+        _ => None,
+    };
+    let first_ns = intervals[0].start_ns;
+    let last_ns = intervals[intervals.len() - 1].end_ns;
+    let mut windows = Vec::new();
+    if use_regression {
+        if last_ns - first_ns <= opts.regression_window_ns {
+            windows.push(global.classes.iter().map(|c| c.watts).collect());
+        } else {
+            let stride = opts.regression_stride_ns.max(1);
+            let mut start = first_ns;
+            while start < last_ns {
+                let centre = start + stride / 2;
+                let lo = centre.saturating_sub(opts.regression_window_ns / 2);
+                let hi = centre + opts.regression_window_ns / 2;
+                let in_window: Vec<Row> = rows
+                    .iter()
+                    .filter(|r| r.start_ns >= lo && r.end_ns <= hi)
+                    .cloned()
+                    .collect();
+                let f = regression::fit(&in_window, k, &opts.fit);
+                windows.push(f.classes.iter().map(|c| c.watts).collect());
+                start += stride;
+            }
+        }
+    }
+    report.regression = Some(RegressionReport {
+        classes: labels
+            .iter()
+            .zip(&global.classes)
+            .map(|(&label, &fit)| ClassReport { label, fit })
+            .collect(),
+        prior_w: global.prior_w,
+        condition: global.condition,
+        rows: global.rows,
+        heldout_sse_time: sse_time,
+        heldout_sse_regression: sse_reg,
+        windows: windows.len(),
+    });
+    if !use_regression {
+        return None;
+    }
+    report.power_model = PowerModelUsed::Regression;
+    Some(Plan {
+        class_of,
+        other,
+        first_ns,
+        stride_ns: if windows.len() > 1 {
+            opts.regression_stride_ns
+        } else {
+            u64::MAX
+        },
+        windows,
+        interval_start: intervals.iter().map(|iv| iv.start_ns).collect(),
+    })
+}
+
+/// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the
+/// classes, "other" (with unknown time) and, with `idle_column`, idle CPU time.
+fn build_rows(
+    intervals: &[Interval],
+    occs: &[Occupancy],
+    static_w: f64,
+    class_of: &HashMap<u32, usize>,
+    other: usize,
+    row_ns: u64,
+    idle_column: bool,
+) -> Vec<Row> {
+    let k = other + 1 + usize::from(idle_column);
+    let mut rows = Vec::new();
+    let mut cur: Option<Row> = None;
+    for (iv, occ) in intervals.iter().zip(occs) {
+        let row = cur.get_or_insert_with(|| Row {
+            start_ns: iv.start_ns,
+            end_ns: iv.end_ns,
+            t_s: vec![0.0; k],
+            y_j: 0.0,
+        });
+        row.end_ns = iv.end_ns;
+        let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
+        row.y_j += (iv.energy_uj - st) * 1e-6;
+        for (&(tgid, _), t) in &occ.threads {
+            row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += t.ns * 1e-9;
+        }
+        row.t_s[other] += occ.unknown.ns * 1e-9;
+        if idle_column {
+            row.t_s[other + 1] += occ.idle_ns * 1e-9;
+        }
+        if row.end_ns - row.start_ns >= row_ns
+            && let Some(done) = cur.take()
+        {
+            rows.push(done);
+        }
+    }
+    rows.extend(cur);
+    rows
+}

@@ -1,0 +1,337 @@
+//! The result of attribution: energy per source, per thread and per stack sample, with the
+//! idle and unknown rows that make every total add up to the measured energy.
+
+use std::collections::BTreeMap;
+
+use crate::pb::v1::EnergyDomain;
+
+use super::interval::IntervalStats;
+use super::regression::{ClassFit, NotIdentifiable};
+use super::split::ThreadKey;
+
+/// Every domain, in proto order.
+pub const DOMAINS: [EnergyDomain; 7] = [
+    EnergyDomain::DomainUnspecified,
+    EnergyDomain::Package,
+    EnergyDomain::Cores,
+    EnergyDomain::Uncore,
+    EnergyDomain::Dram,
+    EnergyDomain::Psys,
+    EnergyDomain::Gpu,
+];
+
+/// Lower-case name of a domain as outputs show it ("package", "dram", ...).
+pub fn domain_name(d: EnergyDomain) -> &'static str {
+    match d {
+        EnergyDomain::DomainUnspecified => "other",
+        EnergyDomain::Package => "package",
+        EnergyDomain::Cores => "cores",
+        EnergyDomain::Uncore => "uncore",
+        EnergyDomain::Dram => "dram",
+        EnergyDomain::Psys => "psys",
+        EnergyDomain::Gpu => "gpu",
+    }
+}
+
+/// Energy per domain, µJ. Domains overlap (PACKAGE contains CORES), so never sum all of
+/// them: use [`Attribution::headline`] for "the" total.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PerDomain(pub [f64; 7]);
+
+impl PerDomain {
+    /// Energy of one domain, µJ.
+    pub fn get(&self, d: EnergyDomain) -> f64 {
+        self.0[d as usize]
+    }
+
+    /// Adds to one domain.
+    pub fn add(&mut self, d: EnergyDomain, uj: f64) {
+        self.0[d as usize] += uj;
+    }
+
+    /// Adds another per-domain value.
+    pub fn add_all(&mut self, other: &PerDomain) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
+
+    /// Sum over a set of domains, µJ.
+    pub fn sum_of(&self, domains: &[EnergyDomain]) -> f64 {
+        domains.iter().map(|&d| self.get(d)).sum()
+    }
+
+    /// Non-zero domains with their energy in joules, keyed by [`domain_name`] (the shape of
+    /// `"energy_j": {"package": …}` in JSON outputs).
+    pub fn joules_by_name(&self) -> BTreeMap<&'static str, f64> {
+        DOMAINS
+            .iter()
+            .filter(|&&d| self.get(d) != 0.0)
+            .map(|&d| (domain_name(d), self.get(d) * 1e-6))
+            .collect()
+    }
+}
+
+/// Where a source's static power came from.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum StaticOrigin {
+    /// Given by calibration or configuration (`--static-power-w`).
+    Given,
+    /// The energy model's idle power (estimated sources).
+    Model,
+    /// Online: median power of the intervals in which the domain's CPUs were (nearly) idle
+    /// (≤ 5% busy; at least 20 such intervals).
+    OnlineIdle,
+    /// Online: the per-class regression (seed 003) with idle CPU time as one more class; its
+    /// watts per idle CPU × the domain's CPUs. Used when the machine is never idle long
+    /// enough to measure idle power directly.
+    OnlineFit,
+    /// Online fallback: this low percentile of interval power over the recording. Constant
+    /// power is not the same as idle power (seed 002): on a machine that is never idle this
+    /// over-estimates static power.
+    Online {
+        /// Percentile, 0..100.
+        percentile: f64,
+    },
+}
+
+/// The split a source actually used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PowerModelUsed {
+    /// Equal power per busy CPU-ns (× activity weights).
+    Time,
+    /// Per-class watts from the regression as split weights.
+    Regression,
+}
+
+/// A regression class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClassLabel {
+    /// One process (tgid).
+    Process(u32),
+    /// Everything else, including unknown time.
+    Other,
+}
+
+/// One class of the whole-recording fit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassReport {
+    /// Which class.
+    pub label: ClassLabel,
+    /// Its watts, standard error, occupancy and identifiability.
+    pub fit: ClassFit,
+}
+
+impl ClassReport {
+    /// Whether the class kept the equal-power prior, and why.
+    pub fn fallback(&self) -> Option<NotIdentifiable> {
+        self.fit.not_identifiable
+    }
+}
+
+/// The regression of one source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegressionReport {
+    /// Fit over the whole recording (the sliding-window fits weight the split).
+    pub classes: Vec<ClassReport>,
+    /// Equal-power prior, W per busy CPU.
+    pub prior_w: f64,
+    /// Condition number of the standardised system.
+    pub condition: f64,
+    /// Rows (merged intervals) in the fit.
+    pub rows: usize,
+    /// Held-out squared error of the time model and of the regression, J².
+    pub heldout_sse_time: f64,
+    /// See `heldout_sse_time`.
+    pub heldout_sse_regression: f64,
+    /// Sliding windows fitted.
+    pub windows: usize,
+}
+
+/// One interval's books (for audits and conservation tests).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IntervalRow {
+    /// Interval start, ns.
+    pub start_ns: u64,
+    /// Interval end, ns.
+    pub end_ns: u64,
+    /// Measured delta, µJ.
+    pub measured_uj: f64,
+    /// Given to threads, µJ.
+    pub attributed_uj: f64,
+    /// Idle/static row, µJ.
+    pub idle_uj: f64,
+    /// Unknown row, µJ.
+    pub unknown_uj: f64,
+}
+
+/// Attribution of one energy source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SourceAttribution {
+    /// `EnergySource.id`.
+    pub source_id: u32,
+    /// Its domain.
+    pub domain: EnergyDomain,
+    /// Package id or GPU index.
+    pub package: u32,
+    /// Human-readable name.
+    pub name: String,
+    /// Modelled energy: label it "estimated".
+    pub estimated: bool,
+    /// Measured energy over kept intervals, µJ.
+    pub measured_uj: f64,
+    /// Given to threads, µJ.
+    pub attributed_uj: f64,
+    /// Idle/static row, µJ.
+    pub idle_uj: f64,
+    /// Unknown row, µJ.
+    pub unknown_uj: f64,
+    /// Static power used, W.
+    pub static_w: f64,
+    /// Where it came from.
+    pub static_origin: StaticOrigin,
+    /// Split actually used.
+    pub power_model: PowerModelUsed,
+    /// Why the model differs from the one asked for, when it does.
+    pub power_model_note: Option<String>,
+    /// The regression, when one was fitted.
+    pub regression: Option<RegressionReport>,
+    /// Dropped and merged intervals.
+    pub interval_stats: IntervalStats,
+    /// Every kept interval.
+    pub intervals: Vec<IntervalRow>,
+}
+
+/// Energy of one thread.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadEnergy {
+    /// Process id.
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name (empty when unknown).
+    pub comm: String,
+    /// cgroup v2 id (0 when unknown).
+    pub cgroup_id: u64,
+    /// Exact on-CPU time over the timeline, ns.
+    pub cpu_ns: u64,
+    /// Energy per domain, µJ (stack samples + `no_stack`).
+    pub energy: PerDomain,
+    /// Stack samples of the thread.
+    pub samples: u64,
+    /// Energy no stack sample could carry (no sample in its window, or GPU energy), µJ:
+    /// flamegraphs show it as a `[no stack sample]` frame under the thread.
+    pub no_stack: PerDomain,
+}
+
+/// The whole attribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attribution {
+    /// Per source.
+    pub sources: Vec<SourceAttribution>,
+    /// Per thread, most energy first.
+    pub threads: Vec<ThreadEnergy>,
+    /// Idle/static row per domain, µJ.
+    pub idle: PerDomain,
+    /// Unknown-time row per domain, µJ.
+    pub unknown: PerDomain,
+    /// Measured per domain, µJ.
+    pub measured: PerDomain,
+    /// Energy per input sample, aligned with `Input::samples`, µJ.
+    pub sample_energy: Vec<PerDomain>,
+    /// Thread of each input sample.
+    pub sample_thread: Vec<ThreadKey>,
+    /// The domains whose sum is "the" energy (no double counting).
+    pub headline: Vec<EnergyDomain>,
+    /// True when any source is modelled.
+    pub estimated: bool,
+}
+
+impl Attribution {
+    /// Measured headline energy, µJ.
+    pub fn total_uj(&self) -> f64 {
+        self.measured.sum_of(&self.headline)
+    }
+
+    /// Headline energy of a per-domain value, µJ.
+    pub fn headline_uj(&self, e: &PerDomain) -> f64 {
+        e.sum_of(&self.headline)
+    }
+
+    /// The split used by the sources: "regression" if any source used it, else "time".
+    pub fn power_model(&self) -> PowerModelUsed {
+        if self
+            .sources
+            .iter()
+            .any(|s| s.power_model == PowerModelUsed::Regression)
+        {
+            PowerModelUsed::Regression
+        } else {
+            PowerModelUsed::Time
+        }
+    }
+}
+
+/// The domains that add up to the machine's energy without double counting: PSYS when
+/// present (it contains the package and DRAM), else PACKAGE (or CORES + UNCORE) + DRAM;
+/// GPUs always; unspecified domains when nothing else is present.
+pub fn headline_domains(present: &[EnergyDomain]) -> Vec<EnergyDomain> {
+    let has = |d| present.contains(&d);
+    let mut out = Vec::new();
+    if has(EnergyDomain::Psys) {
+        out.push(EnergyDomain::Psys);
+    } else {
+        if has(EnergyDomain::Package) {
+            out.push(EnergyDomain::Package);
+        } else {
+            out.extend(
+                [EnergyDomain::Cores, EnergyDomain::Uncore]
+                    .into_iter()
+                    .filter(|&d| has(d)),
+            );
+        }
+        if has(EnergyDomain::Dram) {
+            out.push(EnergyDomain::Dram);
+        }
+    }
+    if has(EnergyDomain::Gpu) {
+        out.push(EnergyDomain::Gpu);
+    }
+    if out.is_empty() && has(EnergyDomain::DomainUnspecified) {
+        out.push(EnergyDomain::DomainUnspecified);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headline_never_double_counts() {
+        use EnergyDomain::*;
+        assert_eq!(
+            headline_domains(&[Package, Cores, Dram]),
+            vec![Package, Dram]
+        );
+        assert_eq!(
+            headline_domains(&[Psys, Package, Dram, Gpu]),
+            vec![Psys, Gpu]
+        );
+        assert_eq!(headline_domains(&[Cores, Uncore]), vec![Cores, Uncore]);
+        assert_eq!(headline_domains(&[]), Vec::<EnergyDomain>::new());
+    }
+
+    #[test]
+    fn joules_by_name_skips_empty_domains() {
+        let mut e = PerDomain::default();
+        e.add(EnergyDomain::Package, 2.5e6);
+        e.add(EnergyDomain::Dram, 5e5);
+        let m = e.joules_by_name();
+        assert_eq!(m.len(), 2);
+        assert!((m["package"] - 2.5).abs() < 1e-12 && (m["dram"] - 0.5).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,226 @@
+//! Cutting time into reading intervals for one energy source.
+//!
+//! An interval runs between two consecutive readings of a source. Intervals shorter than the
+//! counter's update period, or whose delta is zero, are merged into the next one: RAPL
+//! updates about every 1 ms (seeds 000, 004), so a shorter window reads 0 or a whole update
+//! step, and a window that read 0 must never be reported as 0 W (DESIGN.md §4, "Counters").
+//! Flagged readings (counter went backwards, implausible power) end a bad interval, which is
+//! dropped and counted — never turned into negative energy.
+
+use crate::pb::v1::EnergyReading;
+
+/// One kept interval `[start_ns, end_ns)` of a source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interval {
+    /// Start, ns.
+    pub start_ns: u64,
+    /// End (exclusive), ns.
+    pub end_ns: u64,
+    /// Measured energy, µJ (≥ 0).
+    pub energy_uj: f64,
+    /// GPU sources: per pid, Σ sm_util% × ns over the merged readings (utilisation-time).
+    pub gpu_util_ns: Vec<(u32, f64)>,
+    /// How many reading pairs were merged into this interval (1 = not merged).
+    pub pieces: u32,
+}
+
+impl Interval {
+    /// Length in ns.
+    pub fn len_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+
+    fn absorb(&mut self, next: Interval) {
+        self.end_ns = next.end_ns;
+        self.energy_uj += next.energy_uj;
+        self.pieces += next.pieces;
+        for (pid, u) in next.gpu_util_ns {
+            match self.gpu_util_ns.iter_mut().find(|(p, _)| *p == pid) {
+                Some((_, acc)) => *acc += u,
+                None => self.gpu_util_ns.push((pid, u)),
+            }
+        }
+    }
+}
+
+/// What happened to a source's readings on the way to intervals.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IntervalStats {
+    /// Intervals dropped because their closing reading was flagged or went backwards.
+    pub dropped: u64,
+    /// Time covered by dropped intervals, ns.
+    pub dropped_ns: u64,
+    /// Reading pairs merged into a neighbour (too short or zero delta).
+    pub merged: u64,
+}
+
+/// Cuts one source's readings (any order) into intervals; `min_len_ns` is the counter's
+/// update period (0 when unknown: only zero-delta merging applies).
+pub fn cut(readings: &[&EnergyReading], min_len_ns: u64) -> (Vec<Interval>, IntervalStats) {
+    let mut sorted: Vec<&EnergyReading> = readings.to_vec();
+    sorted.sort_by_key(|r| r.ts_ns);
+    let mut out: Vec<Interval> = Vec::new();
+    let mut stats = IntervalStats::default();
+    let mut pending: Option<Interval> = None;
+    for pair in sorted.windows(2) {
+        let (prev, cur) = (pair[0], pair[1]);
+        let dt = cur.ts_ns - prev.ts_ns;
+        let delta = cur.energy_uj - prev.energy_uj;
+        if !cur.flag.is_empty() || !delta.is_finite() || delta < 0.0 {
+            stats.dropped += 1;
+            stats.dropped_ns += dt;
+            // A bad interval breaks the chain: what was pending stands alone if it carries
+            // energy; a zero-energy stretch is dropped (it loses no energy).
+            if let Some(p) = pending.take() {
+                if p.energy_uj > 0.0 {
+                    out.push(p);
+                } else {
+                    stats.dropped_ns += p.len_ns();
+                }
+            }
+            continue;
+        }
+        let piece = Interval {
+            start_ns: prev.ts_ns,
+            end_ns: cur.ts_ns,
+            energy_uj: delta,
+            gpu_util_ns: cur
+                .gpu_processes
+                .iter()
+                .map(|g| (g.pid, f64::from(g.sm_util) * dt as f64))
+                .collect(),
+            pieces: 1,
+        };
+        let current = match pending.take() {
+            Some(mut p) => {
+                stats.merged += 1;
+                p.absorb(piece);
+                p
+            }
+            None => piece,
+        };
+        if current.energy_uj > 0.0 && current.len_ns() >= min_len_ns.max(1) {
+            out.push(current);
+        } else {
+            pending = Some(current);
+        }
+    }
+    if let Some(p) = pending {
+        match out.last_mut() {
+            Some(last) if last.end_ns == p.start_ns => {
+                stats.merged += 1;
+                last.absorb(p);
+            }
+            _ if p.energy_uj > 0.0 => out.push(p),
+            _ => stats.dropped_ns += p.len_ns(),
+        }
+    }
+    (out, stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(ts_ns: u64, energy_uj: f64, flag: &str) -> EnergyReading {
+        EnergyReading {
+            ts_ns,
+            energy_uj,
+            flag: flag.into(),
+            ..Default::default()
+        }
+    }
+
+    fn spans(iv: &[Interval]) -> Vec<(u64, u64, f64)> {
+        iv.iter()
+            .map(|i| (i.start_ns, i.end_ns, i.energy_uj))
+            .collect()
+    }
+
+    #[test]
+    fn plain_intervals() {
+        let rs = [r(0, 0.0, ""), r(10, 5.0, ""), r(20, 12.0, "")];
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, st) = cut(&refs, 1);
+        assert_eq!(spans(&iv), vec![(0, 10, 5.0), (10, 20, 7.0)]);
+        assert_eq!(st, IntervalStats::default());
+    }
+
+    #[test]
+    fn zero_delta_merges_into_next() {
+        let rs = [
+            r(0, 0.0, ""),
+            r(10, 0.0, ""),
+            r(20, 8.0, ""),
+            r(30, 9.0, ""),
+        ];
+        let refs: Vec<_> = rs.iter().rev().collect(); // any order
+        let (iv, st) = cut(&refs, 1);
+        assert_eq!(spans(&iv), vec![(0, 20, 8.0), (20, 30, 1.0)]);
+        assert_eq!(iv[0].pieces, 2);
+        assert_eq!(st.merged, 1);
+    }
+
+    #[test]
+    fn short_intervals_merge_until_update_period() {
+        // Update period 1000 ns: 300-ns windows merge until they reach it.
+        let rs = [
+            r(0, 0.0, ""),
+            r(300, 1.0, ""),
+            r(600, 1.0, ""),
+            r(1100, 4.0, ""),
+            r(2200, 6.0, ""),
+        ];
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, _) = cut(&refs, 1000);
+        assert_eq!(spans(&iv), vec![(0, 1100, 4.0), (1100, 2200, 2.0)]);
+    }
+
+    #[test]
+    fn trailing_zero_merges_into_previous() {
+        let rs = [r(0, 0.0, ""), r(10, 3.0, ""), r(15, 3.0, "")];
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, _) = cut(&refs, 1);
+        assert_eq!(spans(&iv), vec![(0, 15, 3.0)], "never a 0 W interval");
+    }
+
+    #[test]
+    fn flagged_and_backwards_intervals_are_dropped() {
+        let rs = [
+            r(0, 0.0, ""),
+            r(10, 2.0, ""),
+            r(20, 900.0, "power above bound"),
+            r(30, 905.0, ""),
+            r(40, 904.0, ""), // went backwards, unflagged: dropped too
+            r(50, 910.0, ""),
+        ];
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, st) = cut(&refs, 1);
+        assert_eq!(spans(&iv), vec![(0, 10, 2.0), (20, 30, 5.0), (40, 50, 6.0)]);
+        assert_eq!(st.dropped, 2);
+        assert_eq!(st.dropped_ns, 20);
+        assert!(iv.iter().all(|i| i.energy_uj >= 0.0));
+    }
+
+    #[test]
+    fn gpu_utilisation_accumulates_over_merged_readings() {
+        use crate::pb::v1::GpuProcessUsage;
+        let mut b = r(10, 0.0, "");
+        b.gpu_processes = vec![GpuProcessUsage {
+            pid: 7,
+            sm_util: 50,
+            ..Default::default()
+        }];
+        let mut c = r(30, 4.0, "");
+        c.gpu_processes = vec![GpuProcessUsage {
+            pid: 7,
+            sm_util: 20,
+            ..Default::default()
+        }];
+        let rs = [r(0, 0.0, ""), b, c];
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, _) = cut(&refs, 1);
+        assert_eq!(iv.len(), 1);
+        assert_eq!(iv[0].gpu_util_ns, vec![(7, 50.0 * 10.0 + 20.0 * 20.0)]);
+    }
+}

@@ -1,0 +1,250 @@
+//! Attribution: timeline + stack samples + energy readings + topology → joules per source,
+//! thread, process, cgroup, command and stack sample (DESIGN.md §4).
+//!
+//! PURE: no aya, sysfs, clocks or files; a function of its inputs, tested with tables and
+//! property tests and checked against the simulator ([`sim`]) for accuracy.
+//!
+//! Pipeline per energy source: cut time into reading intervals ([`interval`]); per interval,
+//! set the static share aside and split the rest across the threads that ran on the
+//! source's CPUs by activity-weighted busy time ([`split`], seed 000), optionally weighted by
+//! per-class watts fitted by regression ([`regression`], seed 003); push each thread's
+//! energy onto its stack samples ([`samples`], seed 001); aggregate with confidence
+//! intervals ([`aggregate`], [`ci`]). Conservation is the hard invariant: for every interval
+//! and domain, attributed + idle + unknown = measured.
+
+pub mod aggregate;
+mod apportion;
+pub mod attribution;
+pub mod ci;
+pub mod interval;
+mod linalg;
+pub mod regression;
+pub mod samples;
+pub mod sim;
+pub mod split;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::pb::v1::{Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, ThreadInfo};
+use crate::timeline::Timeline;
+
+pub use aggregate::{Group, GroupKey, by_cgroup, by_comm, by_process};
+pub use attribution::{
+    Attribution, ClassLabel, IntervalRow, PerDomain, PowerModelUsed, RegressionReport,
+    SourceAttribution, StaticOrigin, ThreadEnergy, domain_name,
+};
+pub use ci::{Estimate, estimate_samples};
+pub use split::ThreadKey;
+
+/// What attribution reads. All slices may be in any order.
+#[derive(Clone, Copy, Debug)]
+pub struct Input<'a> {
+    /// Who ran on each CPU when.
+    pub timeline: &'a Timeline,
+    /// Stack samples; the output's per-sample energy is aligned with this slice.
+    pub samples: &'a [Sample],
+    /// Energy sources in use.
+    pub sources: &'a [EnergySource],
+    /// Their readings (cumulative, unwrapped µJ).
+    pub readings: &'a [EnergyReading],
+    /// CPU topology (empty: every timeline CPU belongs to every domain).
+    pub cpus: &'a [Cpu],
+    /// Thread names and cgroups (may be empty).
+    pub threads: &'a [ThreadInfo],
+    /// Optional activity weight per `(cpu, tid)`, e.g. cycles per ns read at switch where
+    /// hardware counters exist; missing entries weigh 1.0 (busy time).
+    pub activity: Option<&'a ActivityWeights>,
+}
+
+/// Activity weight per `(cpu, tid)`, relative (1.0 = plain busy time).
+pub type ActivityWeights = HashMap<(u32, u32), f64>;
+
+/// Where idle/static energy goes (`--idle`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdlePolicy {
+    /// Its own row, like Kepler's idle power.
+    #[default]
+    Separate,
+    /// Spread over the busy threads by busy time, like PowerJoular.
+    Proportional,
+}
+
+/// How dynamic energy is weighted between threads (`--power-model`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PowerModel {
+    /// Equal power per busy CPU-ns.
+    Time,
+    /// Per-class watts from the regression, wherever a source can be fitted.
+    Regression,
+    /// Regression where it predicts held-out intervals better than time, else time.
+    #[default]
+    Auto,
+}
+
+/// Everything that tunes attribution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// Idle/static policy.
+    pub idle: IdlePolicy,
+    /// Static power per source id, W (calibration or config); wins over everything.
+    pub static_w_by_source: BTreeMap<u32, f64>,
+    /// Static power for every PACKAGE and PSYS source not in `static_w_by_source`, W.
+    pub static_w: Option<f64>,
+    /// Percentile of interval power used as the online static estimate, 0..100.
+    pub static_percentile: f64,
+    /// Power model.
+    pub power_model: PowerModel,
+    /// Regression classes: this many busiest processes per source, plus "other".
+    pub regression_classes: usize,
+    /// Regression rows are intervals merged to at least this long, ns (seed 003: 50 ms).
+    pub regression_row_ns: u64,
+    /// Sliding window of the regression, ns, and the stride at which it is refitted.
+    pub regression_window_ns: u64,
+    /// See `regression_window_ns`.
+    pub regression_stride_ns: u64,
+    /// Solver tuning.
+    pub fit: regression::FitOptions,
+    /// Stack windows span at least this long, ns (0: one interval).
+    pub stack_window_ns: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            idle: IdlePolicy::Separate,
+            static_w_by_source: BTreeMap::new(),
+            static_w: None,
+            static_percentile: 5.0,
+            power_model: PowerModel::Auto,
+            regression_classes: 8,
+            regression_row_ns: 50_000_000,
+            regression_window_ns: 30_000_000_000,
+            regression_stride_ns: 5_000_000_000,
+            fit: regression::FitOptions::default(),
+            stack_window_ns: 1_000_000_000,
+        }
+    }
+}
+
+/// Command-line flags of attribution, for `report`, `flamegraph` and `top`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct AttributeArgs {
+    /// Where idle/static energy goes.
+    #[arg(long, value_enum, default_value_t = IdlePolicy::Separate)]
+    pub idle: IdlePolicy,
+    /// How dynamic energy is weighted between threads: by busy time, by per-class watts
+    /// fitted by regression, or regression where it predicts held-out intervals better.
+    #[arg(long, value_enum, default_value_t = PowerModel::Auto)]
+    pub power_model: PowerModel,
+    /// Static (all-idle) power of each package, W, e.g. from `energy-bpf calibrate`;
+    /// default: an online low-percentile estimate (or the model's idle power).
+    #[arg(long, value_name = "W")]
+    pub static_power_w: Option<f64>,
+}
+
+impl AttributeArgs {
+    /// The options these flags select.
+    pub fn options(&self) -> Options {
+        Options {
+            idle: self.idle,
+            power_model: self.power_model,
+            static_w: self.static_power_w,
+            ..Options::default()
+        }
+    }
+}
+
+/// Attributes every source's energy (DESIGN.md §4).
+pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
+    let n_samples = input.samples.len();
+    let mut sample_energy = vec![PerDomain::default(); n_samples];
+    let sample_thread: Vec<ThreadKey> = input.samples.iter().map(|s| (s.tgid, s.tid)).collect();
+    let mut threads: BTreeMap<ThreadKey, ThreadEnergy> = BTreeMap::new();
+    let (mut idle, mut unknown, mut measured) = (
+        PerDomain::default(),
+        PerDomain::default(),
+        PerDomain::default(),
+    );
+    let mut sources = Vec::with_capacity(input.sources.len());
+    let mut sorted_sources: Vec<&EnergySource> = input.sources.iter().collect();
+    sorted_sources.sort_by_key(|s| s.id);
+    for source in sorted_sources {
+        let out = apportion::run_source(input, opts, source);
+        let d = out.report.domain;
+        idle.add(d, out.report.idle_uj);
+        unknown.add(d, out.report.unknown_uj);
+        measured.add(d, out.report.measured_uj);
+        for (idx, uj) in out.sample_uj {
+            sample_energy[idx].add(d, uj);
+            threads
+                .entry(sample_thread[idx])
+                .or_default()
+                .energy
+                .add(d, uj);
+        }
+        for (key, uj) in out.residual {
+            let t = threads.entry(key).or_default();
+            t.energy.add(d, uj);
+            t.no_stack.add(d, uj);
+        }
+        sources.push(out.report);
+    }
+    fill_thread_facts(input, &mut threads);
+    let present: Vec<EnergyDomain> = sources.iter().map(|s| s.domain).collect();
+    let headline = attribution::headline_domains(&present);
+    let mut threads: Vec<ThreadEnergy> = threads.into_values().collect();
+    threads.sort_by(|a, b| {
+        b.energy
+            .sum_of(&headline)
+            .total_cmp(&a.energy.sum_of(&headline))
+            .then(a.tid.cmp(&b.tid))
+    });
+    Attribution {
+        estimated: sources.iter().any(|s| s.estimated),
+        sources,
+        threads,
+        idle,
+        unknown,
+        measured,
+        sample_energy,
+        sample_thread,
+        headline,
+    }
+}
+
+/// Ids, on-CPU time, sample counts, names and cgroups of every thread seen anywhere.
+fn fill_thread_facts(input: &Input<'_>, threads: &mut BTreeMap<ThreadKey, ThreadEnergy>) {
+    let tl = input.timeline;
+    for cpu in &tl.cpus {
+        for run in cpu.runs.iter().filter(|r| r.is_busy()) {
+            let t = threads.entry((run.tgid, run.tid)).or_default();
+            t.cpu_ns += run.len_ns();
+            if run.cgroup_id != 0 {
+                t.cgroup_id = run.cgroup_id;
+            }
+        }
+    }
+    for s in input.samples {
+        if s.tid != crate::timeline::IDLE_TID && s.tid != crate::timeline::UNKNOWN_TID {
+            threads.entry((s.tgid, s.tid)).or_default().samples += 1;
+        }
+    }
+    let mut info: Vec<&ThreadInfo> = input.threads.iter().collect();
+    info.sort_by_key(|i| i.ts_ns); // the latest name wins
+    let by_tid: HashMap<u32, &ThreadInfo> = info.into_iter().map(|i| (i.tid, i)).collect();
+    for (&(tgid, tid), t) in threads.iter_mut() {
+        t.tgid = tgid;
+        t.tid = tid;
+        if let Some(i) = by_tid.get(&tid).filter(|i| i.tgid == tgid) {
+            t.comm.clone_from(&i.comm);
+            if t.cgroup_id == 0 {
+                t.cgroup_id = i.cgroup_id;
+            }
+        }
+    }
+}
