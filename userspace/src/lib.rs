@@ -9,6 +9,7 @@
 //!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
 
+pub mod analysis;
 pub mod attribute;
 pub mod capture;
 pub mod commands;
