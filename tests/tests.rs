@@ -11,3 +11,5 @@ mod capture;
 mod errors;
 // Energy readings from fake RAPL trees through the real record path.
 mod energy;
+// Attribution end to end: emulated RAPL driven by real CPU time, real probes.
+mod attribution;

@@ -1,0 +1,117 @@
+//! End to end with real eBPF: an emulated RAPL package whose energy grows with the real
+//! on-CPU time of two pinned workloads at different watts per CPU-second (read from
+//! /proc/PID/schedstat every millisecond), recorded through `--sysfs-root`, then checked:
+//! each workload's attributed energy against the emulated truth, and conservation.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use energy_bpf::energy::fake::{self, FakePowercap, ZoneSpec};
+
+use crate::util::{Recorder, Workload, process, require_root, run, text};
+
+const STATIC_W: f64 = 3.0;
+const WATTS_A: f64 = 24.0;
+const WATTS_B: f64 = 6.0;
+
+fn on_cpu_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// A busy/sleep duty cycle in Python (busy `on` ms, then sleep `off` ms, phases drifting),
+/// pinned to one CPU.
+fn duty_cycle(cpu: u32, on_ms: u32, off_ms: u32) -> Workload {
+    let script = format!(
+        "python3 -c 'import time\nwhile True:\n  t=time.monotonic()+{on}/1000\n  while time.monotonic()<t: pass\n  time.sleep({off}/1000)'",
+        on = on_ms,
+        off = off_ms
+    );
+    // exec so the pid we watch is the python process itself.
+    Workload::spawn(&format!("exec {script}"), Some(cpu))
+}
+
+#[test]
+fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
+    if !require_root("emulated_rapl_energy_follows_real_cpu_time_per_process") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sysfs = dir.path().join("sys");
+    let tree = FakePowercap::create(&sysfs, &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)])
+        .expect("fake powercap");
+    fake::topology(&sysfs, 1, 2).expect("fake topology");
+    let counter = tree.counter("intel-rapl:0").expect("package counter");
+
+    let a = duty_cycle(0, 70, 45);
+    let b = duty_cycle(1, 35, 80);
+    std::thread::sleep(Duration::from_millis(500));
+    let (pid_a, pid_b) = (a.pid(), b.pid());
+    let stop = Arc::new(AtomicBool::new(false));
+    let emulator = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let (a0, b0) = (on_cpu_ns(pid_a), on_cpu_ns(pid_b));
+            while !stop.load(Ordering::Relaxed) {
+                let dt_ns = t0.elapsed().as_nanos() as f64;
+                let da = on_cpu_ns(pid_a).saturating_sub(a0) as f64;
+                let db = on_cpu_ns(pid_b).saturating_sub(b0) as f64;
+                // W × ns = nJ; /1000 = µJ, in whole µJ like the real counter.
+                let uj = (STATIC_W * dt_ns + WATTS_A * da + WATTS_B * db) / 1000.0;
+                counter.write_raw(uj as u64).expect("write energy_uj");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let file = dir.path().join("e2e.ebpr");
+    let rec = Recorder::start(&["-o", file.to_str().expect("path"), "--sysfs-root", sysfs.to_str().expect("path")]);
+    std::thread::sleep(Duration::from_secs(12));
+    rec.stop();
+    stop.store(true, Ordering::Relaxed);
+    emulator.join().expect("emulator");
+
+    let out = run(&["report", "--format", "json", "--static-power-w", &STATIC_W.to_string(), file.to_str().expect("path")]);
+    assert!(out.status.success(), "report: {}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["estimated"], false, "a counter was read");
+    assert_eq!(report["source"], "powercap");
+
+    // Conservation: attributed + idle + unknown = measured, within 0.1%.
+    let total = report["total_j"].as_f64().expect("total_j");
+    let idle = report["idle_j"].as_f64().expect("idle_j");
+    let unknown = report["unknown_j"].as_f64().expect("unknown_j");
+    let attributed: f64 = report["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .map(|p| p["energy_j"]["package"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(total > 20.0, "about 12 s at 3-30 W was measured, got {total} J");
+    let gap = (attributed + idle + unknown - total).abs() / total;
+    assert!(gap < 0.001, "conservation: {attributed} + {idle} + {unknown} vs {total} J ({:.4}%)", gap * 100.0);
+
+    // Each workload's energy against the emulated truth: its watts × its exact CPU time.
+    for (pid, watts) in [(pid_a, WATTS_A), (pid_b, WATTS_B)] {
+        let p = process(&report, pid).unwrap_or_else(|| panic!("pid {pid} missing: {report:#}"));
+        let cpu_s = p["cpu_ns"].as_u64().expect("cpu_ns") as f64 / 1e9;
+        let joules = p["energy_j"]["package"].as_f64().expect("package J");
+        let truth = watts * cpu_s;
+        let err = (joules - truth) / truth;
+        assert!(
+            err.abs() < 0.15,
+            "pid {pid} at {watts} W/CPU-s: attributed {joules:.2} J, truth {truth:.2} J ({:+.1}%), power model {}",
+            err * 100.0,
+            report["power_model"]
+        );
+    }
+    drop((a, b));
+}
