@@ -5,11 +5,13 @@
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
 //! - [`commands`]: one module per subcommand (argument parsing and wiring only).
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
+//! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 
 pub mod capture;
 pub mod commands;
 pub mod record;
 pub mod timeline;
+pub mod tui;
 
 /// Generated protobuf types.
 pub mod pb {
