@@ -59,8 +59,11 @@ pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
     anyhow::bail!("`top`: live feed not wired (capture + energy + attribution) in this build")
 }
 
-/// Shows the snapshots arriving on `feed` until the user quits, a signal arrives, `-n`
-/// frames were shown, or (batch mode) the feed ends.
+/// Shows the snapshots arriving on `feed` until the user quits, a signal arrives, the
+/// terminal goes away, `-n` frames were shown, or (batch mode) the feed ends.
+///
+/// `feed` is dropped on return, so the thread sending snapshots sees its next `send` fail
+/// and can stop. Exit status: 0 on quit or `-n`, 128+N on signal N, 129 on hang-up.
 pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<ExitCode> {
     let mut state = State::new(args.pids.clone());
     let batch = args.batch || !io::stdout().is_terminal();
@@ -77,6 +80,7 @@ pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<Ex
         Exit::Quit | Exit::Iterations => Ok(ExitCode::SUCCESS),
         // Conventional shell status for "ended by signal N".
         Exit::Signal(signal) => Ok(ExitCode::from(128u8.saturating_add(signal as u8))),
+        Exit::Hangup => Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
         Exit::FeedClosed => anyhow::bail!(
             "`top`: the live feed stopped after {} refreshes (see the errors above)",
             state.snapshots_shown()
@@ -124,7 +128,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_rejected_with_a_reason() {
-        let err = parse(&["-i", "0"]).err().expect("0 s is rejected");
+        let err = parse(&["-i", "0"]).expect_err("0 s is rejected");
         assert!(err.to_string().contains("between 0.1 and 3600"), "{err}");
         assert!(parse(&["-i", "abc"]).is_err());
         assert!(parse(&["-n", "0"]).is_err());

@@ -5,7 +5,8 @@
 //! takes whatever snapshots are queued without blocking. It redraws only after a snapshot,
 //! a key or a resize, so an idle `top` costs a few wakeups per second and nothing else.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ pub enum Exit {
     Iterations,
     /// A stop signal arrived (its number).
     Signal(i32),
+    /// The terminal went away (window or pane closed, ssh dropped).
+    Hangup,
     /// Batch mode only: the feed ended before the requested number of frames.
     FeedClosed,
 }
@@ -45,17 +48,81 @@ pub trait EventSource {
 }
 
 /// Events of the controlling terminal.
-#[derive(Debug, Default)]
-pub struct TerminalEvents;
+///
+/// crossterm 0.29 spins forever inside `event::poll` once the terminal is gone (the tty
+/// stays readable and `read` returns 0; crossterm-rs/crossterm#793), and a job of a closed
+/// pane gets no SIGHUP. So we wait on the tty ourselves with `poll(2)` and only ask
+/// crossterm for an event when the tty is alive; a hang-up ends `top` cleanly.
+#[derive(Debug)]
+pub struct TerminalEvents {
+    /// `/dev/tty` when stdin is not the terminal (crossterm reads the same device).
+    tty: Option<std::fs::File>,
+}
+
+impl TerminalEvents {
+    /// Watches stdin when it is a terminal, else `/dev/tty`.
+    pub fn open() -> io::Result<TerminalEvents> {
+        let tty = if io::stdin().is_terminal() {
+            None
+        } else {
+            Some(std::fs::File::open("/dev/tty")?)
+        };
+        Ok(TerminalEvents { tty })
+    }
+
+    fn fd(&self) -> RawFd {
+        self.tty
+            .as_ref()
+            .map_or(libc::STDIN_FILENO, AsRawFd::as_raw_fd)
+    }
+}
 
 impl EventSource for TerminalEvents {
     fn next_event(&mut self, timeout: Duration) -> io::Result<Option<Event>> {
-        if event::poll(timeout)? {
+        // Checking for a hang-up first keeps crossterm away from a dead tty.
+        wait_tty(self.fd(), Duration::ZERO)?;
+        if event::poll(Duration::ZERO)? {
+            return event::read().map(Some);
+        }
+        if timeout.is_zero() || !wait_tty(self.fd(), timeout)? {
+            return Ok(None);
+        }
+        if event::poll(Duration::ZERO)? {
             event::read().map(Some)
         } else {
             Ok(None)
         }
     }
+}
+
+/// Waits until `fd` is readable or `timeout` passes: `Ok(true)` when there may be input
+/// (or a signal interrupted the wait), `Ok(false)` on timeout, and an `UnexpectedEof`
+/// error when the terminal hung up.
+pub fn wait_tty(fd: RawFd, timeout: Duration) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `pfd` is a valid pollfd for the duration of the call and nfds is 1.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        // A signal (SIGWINCH, SIGTERM) ends the wait early; the loop looks at it next.
+        return if err.kind() == io::ErrorKind::Interrupted {
+            Ok(true)
+        } else {
+            Err(err)
+        };
+    }
+    if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the terminal hung up",
+        ));
+    }
+    Ok(n > 0)
 }
 
 /// Counters of the loop's work, for tests and the CPU-cost measurement.
@@ -75,10 +142,11 @@ pub fn run_interactive(
     max_frames: Option<u64>,
 ) -> Result<(Exit, LoopStats), TuiError> {
     let signals = StopSignals::register()?;
+    let mut events = TerminalEvents::open().map_err(|source| TuiError::Terminal { source })?;
     let mut guard = TerminalGuard::enter()?;
     let result = event_loop(
         guard.terminal(),
-        &mut TerminalEvents,
+        &mut events,
         feed,
         state,
         &signals,
@@ -120,9 +188,9 @@ pub fn event_loop<B: Backend, E: EventSource>(
             }
         }
 
-        let mut next = events
-            .next_event(TICK)
-            .map_err(|source| TuiError::Input { source })?;
+        let Some(mut next) = next_input(events, TICK)? else {
+            return Ok((Exit::Hangup, stats));
+        };
         stats.wakeups += 1;
         // Handle every event already queued before drawing once (key repeat, paste).
         while let Some(ev) = next {
@@ -141,9 +209,10 @@ pub fn event_loop<B: Backend, E: EventSource>(
                 }
                 _ => {}
             }
-            next = events
-                .next_event(Duration::ZERO)
-                .map_err(|source| TuiError::Input { source })?;
+            let Some(queued) = next_input(events, Duration::ZERO)? else {
+                return Ok((Exit::Hangup, stats));
+            };
+            next = queued;
         }
 
         if feed_open {
@@ -165,6 +234,18 @@ pub fn event_loop<B: Backend, E: EventSource>(
                 dirty |= state.push_snapshot(snapshot);
             }
         }
+    }
+}
+
+/// The next event (`Some(None)`: none within `timeout`), or `None` when the terminal hung up.
+fn next_input<E: EventSource>(
+    events: &mut E,
+    timeout: Duration,
+) -> Result<Option<Option<Event>>, TuiError> {
+    match events.next_event(timeout) {
+        Ok(event) => Ok(Some(event)),
+        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(source) => Err(TuiError::Input { source }),
     }
 }
 

@@ -231,3 +231,59 @@ fn batch_ends_quietly_on_a_closed_pipe() {
     let exit = run_batch(&rx, &mut ClosedPipe, &mut state, None).expect("not an error");
     assert_eq!(exit, Exit::Quit);
 }
+
+#[test]
+fn a_closed_pseudo_terminal_reads_as_hangup() {
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two fds into the provided ints; the other arguments may be null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", io::Error::last_os_error());
+    assert!(
+        !wait_tty(slave, Duration::from_millis(10)).expect("a live tty waits"),
+        "no input yet"
+    );
+    // SAFETY: `master` is an fd we own and do not use afterwards.
+    unsafe { libc::close(master) };
+    let err = wait_tty(slave, Duration::from_secs(1)).expect_err("hang-up is reported");
+    assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    // SAFETY: `slave` is an fd we own and do not use afterwards.
+    unsafe { libc::close(slave) };
+}
+
+/// A terminal that hangs up on the second wait.
+struct HangsUp(u32);
+
+impl EventSource for HangsUp {
+    fn next_event(&mut self, _: Duration) -> io::Result<Option<Event>> {
+        self.0 += 1;
+        if self.0 >= 2 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(None)
+    }
+}
+
+#[test]
+fn hangup_ends_the_loop() {
+    let (_tx, rx) = mpsc::channel::<Snapshot>();
+    let mut state = State::new(Vec::new());
+    let (exit, stats) = event_loop(
+        &mut terminal(),
+        &mut HangsUp(0),
+        &rx,
+        &mut state,
+        &StopSignals::none(),
+        None,
+    )
+    .expect("a hang-up is not an error");
+    assert_eq!(exit, Exit::Hangup);
+    assert_eq!(stats.wakeups, 1);
+}

@@ -101,7 +101,7 @@ fn grouping_toggles_between_processes_and_cgroups() {
     let labels: Vec<&str> = state.rows().iter().map(|r| r.command.as_str()).collect();
     assert_eq!(labels, ["docker:0123456789ab", "/user.slice"]);
     state.apply(Action::ToggleExpand);
-    assert_eq!(ids(&state), ["2", "300", "20", "2"]);
+    assert_eq!(ids(&state), ["[2]", "300", "20", "[2]"]);
     state.apply(Action::ToggleGrouping);
     assert_eq!(state.grouping(), Grouping::Process);
     assert_eq!(ids(&state), ["300", "20", "4000", "1"]);

@@ -128,7 +128,7 @@ pub struct TableRow {
     pub key: RowKey,
     /// Nesting depth: 0 top level, 1 child, 2 grandchild.
     pub depth: u8,
-    /// First column: PID, TID, or the number of processes of a group.
+    /// First column: PID, TID, or `[n]` processes of a group.
     pub id: String,
     /// Power over the interval, W.
     pub power_w: f64,
@@ -270,7 +270,8 @@ fn group_row(cgroup: &str, members: &[&ProcessRow], opts: &ViewOptions<'_>) -> T
         expanded: opts.expanded.contains(&key),
         key,
         depth: 0,
-        id: members.len().to_string(),
+        // Bracketed so a process count never reads as a PID.
+        id: format!("[{}]", members.len()),
         power_w: members.iter().map(|p| p.power_w).sum(),
         energy_j: members.iter().map(|p| p.energy_j).sum(),
         cpu_pct: members.iter().map(|p| p.cpu_pct).sum(),

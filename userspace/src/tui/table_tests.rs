@@ -122,7 +122,7 @@ fn cgroup_grouping_sums_members_and_expands_to_processes() {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].key, RowKey::Group(docker.to_string()));
     assert_eq!(rows[0].command, "docker:0123456789ab");
-    assert_eq!(rows[0].id, "2");
+    assert_eq!(rows[0].id, "[2]");
     assert_eq!(rows[0].power_w, 28.0);
     assert_eq!(rows[0].energy_j, 35.0);
     assert_eq!(rows[0].cpu_pct, 130.0);
@@ -135,7 +135,7 @@ fn cgroup_grouping_sums_members_and_expands_to_processes() {
         Grouping::Cgroup,
         &[RowKey::Group(docker.to_string()), RowKey::Process(300)],
     );
-    assert_eq!(ids(&rows), ["2", "300", "301", "302", "20", "2"]);
+    assert_eq!(ids(&rows), ["[2]", "300", "301", "302", "20", "[2]"]);
     assert_eq!(rows[1].depth, 1);
     assert_eq!(rows[2].depth, 2);
 }
