@@ -8,6 +8,7 @@
 //! - [`energy`]: energy counters (perf PMU, powercap, MSR, hwmon, NVML) and the estimated
 //!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
+//! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 
 pub mod analysis;
 pub mod attribute;
@@ -17,6 +18,7 @@ pub mod energy;
 pub mod record;
 pub mod summary;
 pub mod timeline;
+pub mod tui;
 
 /// Generated protobuf types.
 pub mod pb {

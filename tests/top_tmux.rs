@@ -1,0 +1,313 @@
+//! `energy-bpf top` in a real terminal: tmux gives it a 200x50 pseudo-terminal, we read the
+//! screen with `capture-pane`, press keys with `send-keys`, and check that the terminal is
+//! handed back clean.
+//!
+//! Needs root (the live feed loads eBPF), `tmux` and `taskset`. Each run uses its own tmux
+//! server socket, so it never touches a user's tmux sessions.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Refresh interval passed to `top -i`, seconds.
+const INTERVAL_S: u64 = 1;
+/// Line the shell prints after `top` exits, followed by the exit status.
+const EXIT_MARK: &str = "top-exit-status=";
+/// Clears the pane before a run so the previous run's exit line is gone.
+const CLEAR: &str = r"printf '\033[H\033[2J'";
+
+/// Starts `bin top -i 1` in tmux and checks: a pinned busy process is the first table row
+/// within three refreshes; pressing `N` re-sorts the table by PID; `q` and Ctrl-C exit with
+/// status 0 and SIGTERM with 143, each leaving the primary screen, cursor and cooked mode
+/// as they were; closing the terminal ends top.
+pub fn top_in_tmux(bin: &Path) {
+    for tool in ["tmux", "taskset"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(
+            found,
+            "`{tool}` is not installed: apt-get install -y tmux util-linux"
+        );
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the top tmux test must run as root (the live feed loads eBPF)"
+    );
+    assert!(
+        bin.exists(),
+        "binary under test not found: {}",
+        bin.display()
+    );
+
+    let busy = Busy::start();
+    let tmux = Tmux::start(200, 50);
+    let line = format!(
+        "'{}' top -i {INTERVAL_S}; echo \"{EXIT_MARK}$?\"",
+        bin.display()
+    );
+    tmux.send_text(&line);
+    tmux.send_key("Enter");
+
+    // Loading the probes can take a while; the three refreshes count from the first frame.
+    let first = tmux.wait_for(Duration::from_secs(30), "the table's column titles", |s| {
+        table_rows(s).is_some()
+    });
+    assert!(
+        !first.lines().any(|l| l.trim().starts_with(EXIT_MARK)),
+        "top exited before drawing:\n{first}"
+    );
+    let deadline = Duration::from_secs(3 * INTERVAL_S) + Duration::from_millis(1500);
+    let by_power = tmux.wait_for(
+        deadline,
+        &format!("busy PID {} as the first row (sorted by power)", busy.pid()),
+        |s| table_rows(s).and_then(|rows| rows.first().copied()) == Some(busy.pid()),
+    );
+    let power_order = table_rows(&by_power).unwrap_or_default();
+
+    tmux.send_text("N");
+    let by_pid = tmux.wait_for(
+        Duration::from_secs(3),
+        "rows sorted by ascending PID after pressing N",
+        |s| {
+            table_rows(s).is_some_and(|rows| {
+                rows.len() >= 2 && rows.windows(2).all(|w| w[0] < w[1]) && rows != power_order
+            })
+        },
+    );
+    assert!(
+        by_pid.contains("PID▲"),
+        "the PID column should carry the ascending sort mark:\n{by_pid}"
+    );
+
+    tmux.send_text("q");
+    expect_clean_exit(&tmux, "0", "q");
+
+    // Ctrl-C arrives as a key in raw mode: same clean exit.
+    tmux.send_text(&format!("{CLEAR}; {line}"));
+    tmux.send_key("Enter");
+    tmux.wait_for(Duration::from_secs(30), "top's table (second run)", |s| {
+        table_rows(s).is_some()
+    });
+    tmux.send_key("C-c");
+    expect_clean_exit(&tmux, "0", "Ctrl-C");
+
+    // SIGTERM: the terminal is restored and the status says which signal (128 + 15).
+    tmux.send_text(&format!("{CLEAR}; {line}"));
+    tmux.send_key("Enter");
+    tmux.wait_for(Duration::from_secs(30), "top's table (third run)", |s| {
+        table_rows(s).is_some()
+    });
+    let shell = tmux.format("#{pane_pid}");
+    let top_pid = child_of(&shell);
+    let killed = Command::new("kill").args(["-TERM", &top_pid]).status();
+    assert!(
+        killed.is_ok_and(|s| s.success()),
+        "cannot send SIGTERM to top ({top_pid})"
+    );
+    expect_clean_exit(&tmux, "143", "SIGTERM");
+    drop(tmux);
+
+    // Closing the terminal under top (pane killed, ssh dropped) must end it, not leave it
+    // spinning on a dead tty.
+    let tmux = Tmux::start(200, 50);
+    tmux.send_text(&format!("exec '{}' top -i {INTERVAL_S}", bin.display()));
+    tmux.send_key("Enter");
+    tmux.wait_for(Duration::from_secs(30), "top's table (hang-up run)", |s| {
+        table_rows(s).is_some()
+    });
+    let top_pid = tmux.format("#{pane_pid}");
+    drop(tmux);
+    let start = Instant::now();
+    while is_running(&top_pid) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "top (PID {top_pid}) still runs 5 s after its terminal was closed"
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Checks that top exited with `status` after `how`, leaving the primary screen, a visible
+/// cursor and a cooked tty behind.
+fn expect_clean_exit(tmux: &Tmux, status: &str, how: &str) {
+    let after = tmux.wait_for(
+        Duration::from_secs(5),
+        &format!("the shell printing top's exit status after {how}"),
+        |s| s.lines().any(|l| l.trim().starts_with(EXIT_MARK)),
+    );
+    let got = after
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(EXIT_MARK))
+        .unwrap_or("?");
+    assert_eq!(got, status, "top's exit status after {how}:\n{after}");
+    assert!(
+        table_rows(&after).is_none() && !after.contains("energy-bpf top - "),
+        "the table is still on screen after {how} (alternate screen not left):\n{after}"
+    );
+    assert_eq!(
+        tmux.format("#{alternate_on}"),
+        "0",
+        "the pane is still on the alternate screen after {how}"
+    );
+    assert_eq!(
+        tmux.format("#{cursor_flag}"),
+        "1",
+        "the cursor is still hidden after {how}"
+    );
+    tmux.send_text(
+        "case \"$(stty -a)\" in *-icanon*) echo RAW-MODE-LEFT-ON;; *) echo TTY-COOKED;; esac",
+    );
+    tmux.send_key("Enter");
+    let tty = tmux.wait_for(Duration::from_secs(5), "the stty check", |s| {
+        s.lines()
+            .any(|l| l == "TTY-COOKED" || l == "RAW-MODE-LEFT-ON")
+    });
+    assert!(
+        tty.lines().any(|l| l == "TTY-COOKED"),
+        "top left the terminal in raw mode after {how}:\n{tty}"
+    );
+}
+
+/// The single child process of `pid` (top, started by the pane's shell).
+fn child_of(pid: &str) -> String {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_else(|e| panic!("cannot list the children of the pane shell {pid}: {e}"));
+    let first = children.split_whitespace().next();
+    first
+        .unwrap_or_else(|| panic!("the pane shell {pid} has no child: top is not running"))
+        .to_string()
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn is_running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next());
+        state != Some("Z")
+    })
+}
+
+/// PIDs of the table's lines, top to bottom; `None` when no table is on screen.
+fn table_rows(screen: &str) -> Option<Vec<u32>> {
+    let mut lines = screen.lines();
+    lines.find(|l| {
+        l.split_whitespace()
+            .next()
+            .is_some_and(|w| w.starts_with("PID"))
+            && l.contains("Command")
+    })?;
+    Some(
+        lines
+            .map_while(|l| l.split_whitespace().next()?.parse().ok())
+            .collect(),
+    )
+}
+
+/// A shell loop pinned to CPU 0, killed on drop.
+struct Busy(Child);
+
+impl Busy {
+    fn start() -> Busy {
+        let child = Command::new("taskset")
+            .args(["-c", "0", "sh", "-c", "while :; do :; done"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the pinned busy loop with taskset: {e}"));
+        Busy(child)
+    }
+
+    /// taskset execs the shell, so the child's PID is the busy loop's.
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A private tmux server with one detached session running `sh`; killed on drop.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(width: u16, height: u16) -> Tmux {
+        static SERVERS: AtomicU32 = AtomicU32::new(0);
+        let n = SERVERS.fetch_add(1, Ordering::Relaxed);
+        let tmux = Tmux {
+            socket: format!("energy-bpf-top-test-{}-{n}", std::process::id()),
+        };
+        let (w, h) = (width.to_string(), height.to_string());
+        tmux.run(&["new-session", "-d", "-s", "top", "-x", &w, "-y", &h, "sh"]);
+        tmux
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let output = Command::new("tmux")
+            .args(["-L", &self.socket])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tmux {args:?}: {e}"));
+        assert!(
+            output.status.success(),
+            "tmux {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    }
+
+    /// Types `text` literally.
+    fn send_text(&self, text: &str) {
+        self.run(&["send-keys", "-t", "top", "-l", text]);
+    }
+
+    /// Presses a named key (`Enter`, `Escape`).
+    fn send_key(&self, key: &str) {
+        self.run(&["send-keys", "-t", "top", key]);
+    }
+
+    fn capture(&self) -> String {
+        let out = self.run(&["capture-pane", "-p", "-t", "top"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn format(&self, format: &str) -> String {
+        let out = self.run(&["display-message", "-p", "-t", "top", format]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Polls the screen until `ready` holds; panics with the last screen after `timeout`.
+    fn wait_for(&self, timeout: Duration, what: &str, ready: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let screen = self.capture();
+            if ready(&screen) {
+                return screen;
+            }
+            if start.elapsed() > timeout {
+                panic!("waited {timeout:?} for {what}; the screen shows:\n{screen}");
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+    }
+}

@@ -1,0 +1,145 @@
+//! Plain-text frames, like `top -b`: for pipes, logs and scripts.
+//!
+//! Each frame is the three header lines, a blank line, a column-title line and every
+//! visible table line (not only what would fit a screen), then a blank line. ASCII only,
+//! fixed-width columns, so `awk '$1 == 1234'` works on it.
+
+use std::io::{self, Write};
+
+use super::format::{column_title, command_cell, estimated, numeric_cells};
+use super::format::{power_line, summary_line, view_line};
+use super::state::State;
+use super::table::SortColumn;
+
+/// Writes one frame of `state` to `out`.
+pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
+    let est = estimated(state);
+    writeln!(out, "{}", summary_line(state))?;
+    writeln!(out, "{}", power_line(state))?;
+    writeln!(out, "{}", view_line(state))?;
+    writeln!(out)?;
+    let widths = SortColumn::ALL.map(|c| column_title(c, est).len().max(7));
+    let titles = SortColumn::ALL.map(|c| column_title(c, est));
+    for i in 0..5 {
+        write!(out, "{:>w$} ", titles[i], w = widths[i])?;
+    }
+    writeln!(out, "{}", titles[5])?;
+    for row in state.rows() {
+        let cells = numeric_cells(row, est);
+        for (cell, w) in cells.iter().zip(widths) {
+            write!(out, "{cell:>w$} ")?;
+        }
+        writeln!(out, "{}", command_cell(row, true))?;
+    }
+    writeln!(out)?;
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tui::snapshot::{DomainPower, Header, ProcessRow, Snapshot};
+
+    fn snapshot(estimated: bool) -> Snapshot {
+        Snapshot {
+            ts_ns: 5_000_000_000,
+            interval_s: 1.0,
+            header: Header {
+                domains: vec![
+                    DomainPower {
+                        name: "package-0".into(),
+                        watts: 30.0,
+                    },
+                    DomainPower {
+                        name: "gpu-0".into(),
+                        watts: 12.5,
+                    },
+                ],
+                idle_w: 10.0,
+                total_w: 42.5,
+                source: if estimated { "model" } else { "powercap" }.into(),
+                estimated,
+                sample_hz: 49,
+                lost_events: 3,
+                cpus: 2,
+            },
+            rows: vec![
+                ProcessRow {
+                    pid: 7,
+                    comm: "small".into(),
+                    cmdline: "/bin/small".into(),
+                    power_w: 1.25,
+                    energy_j: 2.5,
+                    cpu_pct: 3.0,
+                    share: 0.03,
+                    ..ProcessRow::default()
+                },
+                ProcessRow {
+                    pid: 1234,
+                    comm: "busy".into(),
+                    cmdline: String::new(),
+                    power_w: 20.0,
+                    energy_j: 100.25,
+                    cpu_pct: 99.5,
+                    share: 0.47,
+                    ..ProcessRow::default()
+                },
+            ],
+        }
+    }
+
+    fn frame(estimated: bool) -> String {
+        let mut state = State::new(Vec::new());
+        state.push_snapshot(snapshot(estimated));
+        let mut out = Vec::new();
+        write_frame(&mut out, &state).expect("writing to a Vec cannot fail");
+        String::from_utf8(out).expect("frames are UTF-8")
+    }
+
+    #[test]
+    fn frame_has_header_titles_and_rows_in_power_order() {
+        let text = frame(false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "energy-bpf top - source: powercap - sampling 49 Hz - lost events 3 - 2 CPUs - interval 1.00 s"
+        );
+        assert_eq!(
+            lines[1],
+            "Power: total 42.50 W | package-0 30.00 W | GPU gpu-0 12.50 W | idle/static 10.00 W (23.5%)"
+        );
+        assert_eq!(
+            lines[2],
+            "Sort: power (descending) | group by: process | 2 lines, 2 processes"
+        );
+        assert_eq!(lines[3], "");
+        assert_eq!(lines[4], "    PID Power W Energy J   CPU % Share % Command");
+        assert_eq!(lines[5], "   1234   20.00    100.2    99.5    47.0 [busy]");
+        assert_eq!(
+            lines[6],
+            "      7    1.25      2.5     3.0     3.0 /bin/small"
+        );
+        assert_eq!(lines[7], "");
+        assert_eq!(lines.len(), 8);
+    }
+
+    #[test]
+    fn estimated_frames_are_labelled_everywhere() {
+        let text = frame(true);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].contains("source: model (estimated)"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].starts_with("Power (estimated): total"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[4].contains("Power W (estimated)"), "{}", lines[4]);
+        assert!(lines[4].contains("Energy J (estimated)"), "{}", lines[4]);
+        let busy: Vec<&str> = lines[5].split_whitespace().collect();
+        assert_eq!(busy[..3], ["1234", "~20.00", "~100.2"]);
+    }
+}

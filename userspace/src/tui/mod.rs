@@ -1,0 +1,68 @@
+//! `energy-bpf top`: the live per-process power view and its `top -b` style batch output.
+//!
+//! Collection and display meet at one seam: the feed sends [`Snapshot`]s over a
+//! `std::sync::mpsc` channel; [`run_interactive`] or [`run_batch`] consume them.
+//! - [`snapshot`]: the seam types (header figures, process and thread rows).
+//! - [`table`]: pure view model: filter, group by cgroup, sort, expand to threads.
+//! - [`state`]: pure session state and how each user [`Action`] changes it.
+//! - [`input`]: key bindings.
+//! - [`render`]: pure drawing into a ratatui frame (tested with `TestBackend`).
+//! - [`batch`]: plain-text frames.
+//! - [`app`]: the run loops; [`terminal`]: raw mode, alternate screen, panic hook, signals.
+
+pub mod app;
+pub mod batch;
+pub mod format;
+pub mod input;
+pub mod render;
+pub mod snapshot;
+pub mod state;
+pub mod table;
+pub mod terminal;
+
+#[cfg(test)]
+mod fixtures;
+
+pub use app::{Exit, LoopStats, run_batch, run_interactive};
+pub use input::Action;
+pub use snapshot::{DomainPower, Header, ProcessRow, Snapshot, ThreadRow};
+pub use state::State;
+
+use std::io;
+
+/// What can go wrong while showing `top`.
+#[derive(Debug, thiserror::Error)]
+pub enum TuiError {
+    /// The terminal could not be put into full-screen mode.
+    #[error(
+        "cannot take over the terminal (raw mode / alternate screen): {source}; use --batch for plain output"
+    )]
+    Terminal {
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Key input could not be read.
+    #[error("cannot read keys from the terminal: {source}")]
+    Input {
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Drawing failed.
+    #[error("cannot draw on the terminal: {0}")]
+    Draw(String),
+    /// Batch output could not be written.
+    #[error("cannot write batch output: {source}")]
+    Output {
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// Signal handlers could not be installed.
+    #[error("cannot install SIGTERM/SIGINT/SIGHUP handlers: {source}")]
+    Signals {
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A thread panicked while the terminal was in full-screen mode (message above).
+    #[error("a thread panicked while top was running (see the message above)")]
+    Panicked,
+}

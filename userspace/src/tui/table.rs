@@ -1,0 +1,337 @@
+//! The table's view model: which lines are visible, in which order.
+//!
+//! A pure function of a snapshot's rows and the view options (sort, filter, grouping,
+//! expanded entries, `-p` PIDs). Both the full-screen renderer and the batch printer draw
+//! the same [`TableRow`]s, so what `top -b` prints is what the screen shows.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::snapshot::{ProcessRow, ThreadRow};
+
+/// A column the table can be sorted by, in display order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SortColumn {
+    /// Process or thread id (ascending by default).
+    Pid,
+    /// Power over the interval.
+    Power,
+    /// Energy since start.
+    Energy,
+    /// CPU use over the interval.
+    Cpu,
+    /// Share of machine power.
+    Share,
+    /// Command line, alphabetically (ascending by default).
+    Command,
+}
+
+impl SortColumn {
+    /// All columns, left to right.
+    pub const ALL: [SortColumn; 6] = [
+        SortColumn::Pid,
+        SortColumn::Power,
+        SortColumn::Energy,
+        SortColumn::Cpu,
+        SortColumn::Share,
+        SortColumn::Command,
+    ];
+
+    /// Lower-case name used in the status line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SortColumn::Pid => "pid",
+            SortColumn::Power => "power",
+            SortColumn::Energy => "energy",
+            SortColumn::Cpu => "cpu",
+            SortColumn::Share => "share",
+            SortColumn::Command => "command",
+        }
+    }
+
+    /// Whether a fresh sort on this column puts the largest first: numbers that mean
+    /// "cost" are read biggest first, identifiers in natural order (like top).
+    pub fn default_descending(self) -> bool {
+        !matches!(self, SortColumn::Pid | SortColumn::Command)
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|c| *c == self).unwrap_or(0)
+    }
+
+    /// The column to the right, wrapping around.
+    pub fn next(self) -> SortColumn {
+        Self::ALL[(self.index() + 1) % Self::ALL.len()]
+    }
+
+    /// The column to the left, wrapping around.
+    pub fn prev(self) -> SortColumn {
+        Self::ALL[(self.index() + Self::ALL.len() - 1) % Self::ALL.len()]
+    }
+}
+
+/// Sort column and direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sort {
+    /// The column.
+    pub column: SortColumn,
+    /// Largest (or last) first.
+    pub descending: bool,
+}
+
+impl Sort {
+    /// Sort on `column` in its natural direction.
+    pub fn by(column: SortColumn) -> Sort {
+        Sort {
+            column,
+            descending: column.default_descending(),
+        }
+    }
+}
+
+impl Default for Sort {
+    fn default() -> Self {
+        Sort::by(SortColumn::Power)
+    }
+}
+
+/// What the top-level rows are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Grouping {
+    /// One row per process, expandable to its threads.
+    #[default]
+    Process,
+    /// One row per cgroup (container), expandable to its processes.
+    Cgroup,
+}
+
+/// Identity of a line, stable across snapshots (selection and expansion follow it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RowKey {
+    /// A cgroup group (full cgroup path).
+    Group(String),
+    /// A process.
+    Process(u32),
+    /// A thread of a process.
+    Thread {
+        /// Owning process.
+        pid: u32,
+        /// The thread.
+        tid: u32,
+    },
+}
+
+/// One visible line of the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableRow {
+    /// Identity of the line.
+    pub key: RowKey,
+    /// Nesting depth: 0 top level, 1 child, 2 grandchild.
+    pub depth: u8,
+    /// First column: PID, TID, or `[n]` processes of a group.
+    pub id: String,
+    /// Power over the interval, W.
+    pub power_w: f64,
+    /// Energy since start, J.
+    pub energy_j: f64,
+    /// CPU use, percent of one CPU.
+    pub cpu_pct: f64,
+    /// Share of machine power, 0..=1.
+    pub share: f64,
+    /// Command line (process), thread name (thread), or cgroup label (group).
+    pub command: String,
+    /// Has children that can be shown.
+    pub expandable: bool,
+    /// Children are shown below.
+    pub expanded: bool,
+}
+
+/// The options that decide the visible lines.
+#[derive(Debug, Clone, Copy)]
+pub struct ViewOptions<'a> {
+    /// Sort column and direction (applies at every level).
+    pub sort: Sort,
+    /// Case-insensitive substring of comm, command line or cgroup; empty shows all.
+    pub filter: &'a str,
+    /// Process or cgroup rows at the top level.
+    pub grouping: Grouping,
+    /// Processes and groups whose children are shown.
+    pub expanded: &'a BTreeSet<RowKey>,
+    /// Only these PIDs (`-p`); empty shows all.
+    pub pids: &'a [u32],
+}
+
+/// Builds the visible lines from a snapshot's process rows.
+pub fn build_rows(processes: &[ProcessRow], opts: &ViewOptions<'_>) -> Vec<TableRow> {
+    let needle = opts.filter.to_lowercase();
+    let selected: Vec<&ProcessRow> = processes
+        .iter()
+        .filter(|p| opts.pids.is_empty() || opts.pids.contains(&p.pid))
+        .filter(|p| matches_filter(p, &needle))
+        .collect();
+    let mut out = Vec::with_capacity(selected.len());
+    match opts.grouping {
+        Grouping::Process => push_processes(&mut out, selected, 0, opts),
+        Grouping::Cgroup => {
+            let mut groups: BTreeMap<&str, Vec<&ProcessRow>> = BTreeMap::new();
+            for p in selected {
+                groups.entry(p.cgroup.as_str()).or_default().push(p);
+            }
+            let mut rows: Vec<(TableRow, Vec<&ProcessRow>)> = groups
+                .into_iter()
+                .map(|(cgroup, members)| (group_row(cgroup, &members, opts), members))
+                .collect();
+            rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
+            for (row, members) in rows {
+                let expanded = row.expanded;
+                out.push(row);
+                if expanded {
+                    push_processes(&mut out, members, 1, opts);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn matches_filter(p: &ProcessRow, needle: &str) -> bool {
+    needle.is_empty()
+        || p.comm.to_lowercase().contains(needle)
+        || p.cmdline.to_lowercase().contains(needle)
+        || p.cgroup.to_lowercase().contains(needle)
+}
+
+fn push_processes(
+    out: &mut Vec<TableRow>,
+    processes: Vec<&ProcessRow>,
+    depth: u8,
+    opts: &ViewOptions<'_>,
+) {
+    let mut rows: Vec<(TableRow, &ProcessRow)> = processes
+        .into_iter()
+        .map(|p| (process_row(p, depth, opts), p))
+        .collect();
+    rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
+    for (row, p) in rows {
+        let expanded = row.expanded;
+        out.push(row);
+        if expanded {
+            let mut threads: Vec<TableRow> = p
+                .threads
+                .iter()
+                .map(|t| thread_row(p.pid, t, depth + 1))
+                .collect();
+            threads.sort_by(|a, b| compare(a, b, opts.sort));
+            out.extend(threads);
+        }
+    }
+}
+
+fn process_row(p: &ProcessRow, depth: u8, opts: &ViewOptions<'_>) -> TableRow {
+    let key = RowKey::Process(p.pid);
+    let expandable = !p.threads.is_empty();
+    TableRow {
+        expanded: expandable && opts.expanded.contains(&key),
+        key,
+        depth,
+        id: p.pid.to_string(),
+        power_w: p.power_w,
+        energy_j: p.energy_j,
+        cpu_pct: p.cpu_pct,
+        share: p.share,
+        // Kernel threads have no command line; show the name in brackets like ps/top.
+        command: if p.cmdline.is_empty() {
+            format!("[{}]", p.comm)
+        } else {
+            p.cmdline.clone()
+        },
+        expandable,
+    }
+}
+
+fn thread_row(pid: u32, t: &ThreadRow, depth: u8) -> TableRow {
+    TableRow {
+        key: RowKey::Thread { pid, tid: t.tid },
+        depth,
+        id: t.tid.to_string(),
+        power_w: t.power_w,
+        energy_j: t.energy_j,
+        cpu_pct: t.cpu_pct,
+        share: t.share,
+        command: t.comm.clone(),
+        expandable: false,
+        expanded: false,
+    }
+}
+
+fn group_row(cgroup: &str, members: &[&ProcessRow], opts: &ViewOptions<'_>) -> TableRow {
+    let key = RowKey::Group(cgroup.to_string());
+    TableRow {
+        expanded: opts.expanded.contains(&key),
+        key,
+        depth: 0,
+        // Bracketed so a process count never reads as a PID.
+        id: format!("[{}]", members.len()),
+        power_w: members.iter().map(|p| p.power_w).sum(),
+        energy_j: members.iter().map(|p| p.energy_j).sum(),
+        cpu_pct: members.iter().map(|p| p.cpu_pct).sum(),
+        share: members.iter().map(|p| p.share).sum(),
+        command: cgroup_label(cgroup),
+        expandable: true,
+    }
+}
+
+/// A readable name for a cgroup path: container scopes become `runtime:<12-hex id>`,
+/// anything else is shown as its path.
+pub fn cgroup_label(cgroup: &str) -> String {
+    if cgroup.is_empty() {
+        return "(unknown cgroup)".to_string();
+    }
+    let last = cgroup.rsplit('/').next().unwrap_or(cgroup);
+    let stem = last.strip_suffix(".scope").unwrap_or(last);
+    // Scope names written by the common runtimes' systemd cgroup drivers.
+    for (prefix, runtime) in [
+        ("docker-", "docker"),
+        ("cri-containerd-", "containerd"),
+        ("crio-", "cri-o"),
+        ("libpod-", "podman"),
+    ] {
+        if let Some(id) = stem.strip_prefix(prefix)
+            && id.len() >= 12
+            && id.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return format!("{runtime}:{}", &id[..12]);
+        }
+    }
+    cgroup.to_string()
+}
+
+/// Orders two lines of the same level; ties fall back to the id so the order is stable.
+fn compare(a: &TableRow, b: &TableRow, sort: Sort) -> Ordering {
+    let primary = match sort.column {
+        SortColumn::Pid => compare_ids(a, b),
+        SortColumn::Power => a.power_w.total_cmp(&b.power_w),
+        SortColumn::Energy => a.energy_j.total_cmp(&b.energy_j),
+        SortColumn::Cpu => a.cpu_pct.total_cmp(&b.cpu_pct),
+        SortColumn::Share => a.share.total_cmp(&b.share),
+        SortColumn::Command => a.command.cmp(&b.command),
+    };
+    let primary = if sort.descending {
+        primary.reverse()
+    } else {
+        primary
+    };
+    primary.then_with(|| compare_ids(a, b))
+}
+
+/// Numeric ids compare as numbers; groups compare by label.
+fn compare_ids(a: &TableRow, b: &TableRow) -> Ordering {
+    match (&a.key, &b.key) {
+        (RowKey::Group(_), RowKey::Group(_)) => a.command.cmp(&b.command),
+        _ => a.key.cmp(&b.key),
+    }
+}
+
+#[cfg(test)]
+#[path = "table_tests.rs"]
+mod tests;
