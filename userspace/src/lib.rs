@@ -5,10 +5,16 @@
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
 //! - [`commands`]: one module per subcommand (argument parsing and wiring only).
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
+//! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
+//! - [`profile`]: the one typed profile model every output reads.
+//! - [`output`]: exporters (SVG, collapsed, pprof, speedscope) and report tables.
 
 pub mod capture;
 pub mod commands;
+pub mod output;
+pub mod profile;
 pub mod record;
+pub mod symbolize;
 pub mod timeline;
 
 /// Generated protobuf types.
