@@ -34,7 +34,11 @@ pub fn build_burn(dir: &Path) -> PathBuf {
 
 /// Installs a Debian package when `probe` is not on PATH (CI runs as root).
 fn ensure_tool(probe: &str, package: &str) {
-    if Command::new("sh").args(["-c", &format!("command -v {probe}")]).output().is_ok_and(|o| o.status.success()) {
+    if Command::new("sh")
+        .args(["-c", &format!("command -v {probe}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         return;
     }
     eprintln!("{probe} missing: installing Debian package {package}");
@@ -42,7 +46,10 @@ fn ensure_tool(probe: &str, package: &str) {
         .args(["-c", &format!("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {package}")])
         .status()
         .is_ok_and(|s| s.success());
-    assert!(ok, "cannot install {package}: run `apt-get install -y {package}` as root");
+    assert!(
+        ok,
+        "cannot install {package}: run `apt-get install -y {package}` as root"
+    );
 }
 
 /// `go tool pprof -top FILE` succeeds and lists every one of `functions`.
@@ -65,7 +72,10 @@ pub fn assert_pprof_lists(pprof_file: &Path, functions: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
     for f in functions {
-        assert!(text.contains(f), "go tool pprof -top does not list {f}:\n{text}");
+        assert!(
+            text.contains(f),
+            "go tool pprof -top does not list {f}:\n{text}"
+        );
     }
 }
 
@@ -99,9 +109,14 @@ pub fn assert_svg_opens(svg_file: &Path, functions: &[&str], png: &Path) {
     let url = format!("file://{}", abs.display());
     let dom = chromium(&["--dump-dom"], &url);
     let dom_text = String::from_utf8_lossy(&dom.stdout);
-    assert!(dom.status.success(), "chromium --dump-dom failed: {}", String::from_utf8_lossy(&dom.stderr));
     assert!(
-        !dom_text.contains("parsererror") && !dom_text.contains("This page contains the following errors"),
+        dom.status.success(),
+        "chromium --dump-dom failed: {}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    assert!(
+        !dom_text.contains("parsererror")
+            && !dom_text.contains("This page contains the following errors"),
         "Chromium reports an XML error in {}",
         svg_file.display()
     );
@@ -110,15 +125,26 @@ pub fn assert_svg_opens(svg_file: &Path, functions: &[&str], png: &Path) {
     }
     let shot = format!("--screenshot={}", png.display());
     let out = chromium(&[&shot, "--window-size=1200,800"], &url);
-    assert!(out.status.success(), "chromium screenshot failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "chromium screenshot failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bytes = std::fs::read(png).expect("screenshot written");
     assert!(bytes.starts_with(b"\x89PNG"), "screenshot is not a PNG");
-    assert!(bytes.len() > 10_000, "screenshot of {} bytes looks blank", bytes.len());
+    assert!(
+        bytes.len() > 10_000,
+        "screenshot of {} bytes looks blank",
+        bytes.len()
+    );
 }
 
 /// Runs `energy-bpf flamegraph` on a recording in every format and checks each output names
 /// `functions` (SVG in Chromium, pprof in go tool pprof). `dir` receives the files.
-#[allow(dead_code, reason = "called by the end-to-end test once `record` writes files")]
+#[allow(
+    dead_code,
+    reason = "called by the end-to-end test once `record` writes files"
+)]
 pub fn check_recording(recording: &Path, functions: &[&str], dir: &Path) {
     let exe = env!("CARGO_BIN_EXE_energy-bpf");
     for (format, name) in [
@@ -140,7 +166,10 @@ pub fn check_recording(recording: &Path, functions: &[&str], dir: &Path) {
             String::from_utf8_lossy(&out.stderr)
         );
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&out_path).expect("output written").permissions().mode();
+        let mode = std::fs::metadata(&out_path)
+            .expect("output written")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "{name} must be private");
         match format {
             "pprof" => assert_pprof_lists(&out_path, functions),
@@ -171,24 +200,44 @@ fn synthetic_burn_recording(bin: &Path) -> Recording {
     }
     child.kill().expect("kill burn");
     child.wait().expect("reap burn");
-    let m = maps.iter().find(|m| Path::new(&m.path) == exe).expect("burn mapped").clone();
+    let m = maps
+        .iter()
+        .find(|m| Path::new(&m.path) == exe)
+        .expect("burn mapped")
+        .clone();
     let nm = Command::new("nm").arg(bin).output().expect("nm");
     let nm = String::from_utf8_lossy(&nm.stdout);
     let sym = |name: &str| -> u64 {
         let v = nm
             .lines()
-            .find_map(|l| l.ends_with(&format!(" {name}")).then(|| l.split(' ').next()).flatten())
+            .find_map(|l| {
+                l.ends_with(&format!(" {name}"))
+                    .then(|| l.split(' ').next())
+                    .flatten()
+            })
             .unwrap_or_else(|| panic!("{name} in nm"));
         // gcc's PIE text segment has file offset == vaddr: addr = start + vaddr - offset.
         m.start + u64::from_str_radix(v, 16).expect("hex") - m.file_offset
     };
     let (heavy, light, main) = (sym("hot_heavy") + 8, sym("hot_light") + 8, sym("main") + 20);
     let mut rec = Recording {
-        header: Header { sample_hz: 99, hostname: "test".into(), ..Header::default() },
+        header: Header {
+            sample_hz: 99,
+            hostname: "test".into(),
+            ..Header::default()
+        },
         end_ns: 1_000_000_000,
         ..Recording::default()
     };
-    rec.threads.insert(pid, ThreadInfo { tid: pid, tgid: pid, comm: "burn".into(), ..ThreadInfo::default() });
+    rec.threads.insert(
+        pid,
+        ThreadInfo {
+            tid: pid,
+            tgid: pid,
+            comm: "burn".into(),
+            ..ThreadInfo::default()
+        },
+    );
     rec.mappings.insert(pid, maps);
     for i in 0..40u64 {
         let leaf = if i % 4 == 3 { light } else { heavy };
@@ -209,23 +258,48 @@ fn burn_profile_opens_in_go_pprof_and_chromium() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = build_burn(dir.path());
     let rec = synthetic_burn_recording(&bin);
-    let p = profile::build(&rec, &SampleValues::cpu_time(&rec), &mut Symbolizer::with_kallsyms(None), &Filter::default());
+    let p = profile::build(
+        &rec,
+        &SampleValues::cpu_time(&rec),
+        &mut Symbolizer::with_kallsyms(None),
+        &Filter::default(),
+    );
 
     let mut folded = Vec::new();
-    collapsed::Collapsed { value: "cpu".into() }.write_profile(&p, &mut folded).expect("collapsed");
+    collapsed::Collapsed {
+        value: "cpu".into(),
+    }
+    .write_profile(&p, &mut folded)
+    .expect("collapsed");
     let folded = String::from_utf8(folded).expect("utf-8");
     // 30 heavy and 10 light samples of 1e9/99 ns each.
-    assert!(folded.contains("burn;main;hot_heavy 303030303\n"), "{folded}");
-    assert!(folded.contains("burn;main;hot_light 101010101\n"), "{folded}");
+    assert!(
+        folded.contains("burn;main;hot_heavy 303030303\n"),
+        "{folded}"
+    );
+    assert!(
+        folded.contains("burn;main;hot_light 101010101\n"),
+        "{folded}"
+    );
 
     let pb = dir.path().join("burn.pb.gz");
     let mut f = std::fs::File::create(&pb).expect("create");
-    pprof::Pprof { default_value: Some("cpu".into()) }.write_profile(&p, &mut f).expect("pprof");
+    pprof::Pprof {
+        default_value: Some("cpu".into()),
+    }
+    .write_profile(&p, &mut f)
+    .expect("pprof");
     assert_pprof_lists(&pb, &BURN_FUNCTIONS);
 
     let svg_path = dir.path().join("burn.svg");
     let mut f = std::fs::File::create(&svg_path).expect("create");
-    svg::Svg { value: "cpu".into(), width: Some(1200) }.write_profile(&p, &mut f).expect("svg");
-    let png = std::env::var_os("ENERGY_BPF_SCREENSHOT").map_or_else(|| dir.path().join("burn.png"), PathBuf::from);
+    svg::Svg {
+        value: "cpu".into(),
+        width: Some(1200),
+    }
+    .write_profile(&p, &mut f)
+    .expect("svg");
+    let png = std::env::var_os("ENERGY_BPF_SCREENSHOT")
+        .map_or_else(|| dir.path().join("burn.png"), PathBuf::from);
     assert_svg_opens(&svg_path, &BURN_FUNCTIONS, &png);
 }

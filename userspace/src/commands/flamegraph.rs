@@ -90,7 +90,8 @@ pub fn weights(rec: &Recording) -> SampleValues {
 /// `[kernel]+0xADDR` rather than get another kernel's names.
 pub fn symbolizer_for(rec: &Recording) -> Symbolizer {
     let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let same_kernel = rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;
+    let same_kernel =
+        rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;
     Symbolizer::with_kallsyms(same_kernel.then(|| PathBuf::from("/proc/kallsyms")))
 }
 
@@ -99,7 +100,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rec = record::read_file(&args.file)
         .with_context(|| format!("cannot read recording {}", args.file.display()))?;
     let weights = weights(&rec);
-    let filter = Filter { pids: args.pids.clone(), comms: args.comms.clone() };
+    let filter = Filter {
+        pids: args.pids.clone(),
+        comms: args.comms.clone(),
+    };
     let mut symbolizer = symbolizer_for(&rec);
     let profile = profile::build(&rec, &weights, &mut symbolizer, &filter);
 
@@ -112,14 +116,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!(
             "{} has no {value} values; pick another --domain (this recording has: {})",
             args.file.display(),
-            profile.value_types.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", ")
+            profile
+                .value_types
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let mut sink: Box<dyn ProfileSink> = match args.format {
-        Format::Svg => Box::new(svg::Svg { value: value.to_string(), width: args.width }),
-        Format::Collapsed => Box::new(collapsed::Collapsed { value: value.to_string() }),
-        Format::Pprof => Box::new(pprof::Pprof { default_value: Some(value.to_string()) }),
-        Format::Speedscope => Box::new(speedscope::Speedscope { value: value.to_string() }),
+        Format::Svg => Box::new(svg::Svg {
+            value: value.to_string(),
+            width: args.width,
+        }),
+        Format::Collapsed => Box::new(collapsed::Collapsed {
+            value: value.to_string(),
+        }),
+        Format::Pprof => Box::new(pprof::Pprof {
+            default_value: Some(value.to_string()),
+        }),
+        Format::Speedscope => Box::new(speedscope::Speedscope {
+            value: value.to_string(),
+        }),
     };
     if rec.truncated {
         eprintln!(
@@ -132,7 +150,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let mut file = create_private(path)?;
             sink.write_profile(&profile, &mut file)
                 .with_context(|| format!("cannot write {}", path.display()))?;
-            file.flush().with_context(|| format!("cannot write {}", path.display()))?;
+            file.flush()
+                .with_context(|| format!("cannot write {}", path.display()))?;
         }
         None => {
             let stdout = std::io::stdout();
@@ -140,7 +159,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 bail!("pprof output is binary; write it to a file with -o FILE.pb.gz");
             }
             let mut out = std::io::BufWriter::new(stdout.lock());
-            sink.write_profile(&profile, &mut out).context("cannot write to standard output")?;
+            sink.write_profile(&profile, &mut out)
+                .context("cannot write to standard output")?;
             out.flush().context("cannot write to standard output")?;
         }
     }
@@ -156,7 +176,12 @@ fn create_private(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::Fil
         .truncate(true)
         .mode(0o600)
         .open(path)
-        .with_context(|| format!("cannot create {} (check the directory exists and is writable)", path.display()))?;
+        .with_context(|| {
+            format!(
+                "cannot create {} (check the directory exists and is writable)",
+                path.display()
+            )
+        })?;
     // An existing file keeps its old mode through open(); tighten it.
     file.set_permissions(std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot set permissions of {}", path.display()))?;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use super::{OutputError, ProfileSink, flame_name, root_first, value_index};
+use super::{OutputError, ProfileSink, flame_name, unique_stacks, value_index};
 use crate::profile::Profile;
 
 /// Writes collapsed stacks weighted by one value.
@@ -20,24 +20,14 @@ pub struct Collapsed {
 pub fn fold(profile: &Profile, value: usize) -> BTreeMap<String, f64> {
     let names: Vec<String> = profile.frames.iter().map(flame_name).collect();
     let mut folded: BTreeMap<String, f64> = BTreeMap::new();
-    let mut line = String::new();
-    for s in &profile.samples {
-        let v = s.values.get(value).copied().unwrap_or(0.0);
-        if v == 0.0 {
-            continue;
-        }
-        line.clear();
-        line.push_str(&s.labels.comm.replace([';', '\n', ' '], "_"));
-        for id in root_first(s) {
+    for (comm, frames, v) in unique_stacks(profile, value) {
+        let mut line = comm.replace([';', '\n', ' '], "_");
+        for &id in frames.iter().rev() {
             line.push(';');
             line.push_str(names.get(id as usize).map_or("[bad frame]", String::as_str));
         }
-        match folded.get_mut(line.as_str()) {
-            Some(total) => *total += v,
-            None => {
-                folded.insert(line.clone(), v);
-            }
-        }
+        // Distinct frames can share a name (same function, other line): merge them.
+        *folded.entry(line).or_insert(0.0) += v;
     }
     folded
 }
@@ -71,9 +61,11 @@ mod tests {
     #[test]
     fn matches_golden_file() {
         let mut out = Vec::new();
-        Collapsed { value: "energy_package".into() }
-            .write_profile(&testdata::profile(), &mut out)
-            .expect("write");
+        Collapsed {
+            value: "energy_package".into(),
+        }
+        .write_profile(&testdata::profile(), &mut out)
+        .expect("write");
         testdata::assert_golden("collapsed.txt", &out);
     }
 
@@ -83,9 +75,11 @@ mod tests {
         let idx = p.value_index("energy_package").expect("value");
         let sum: f64 = fold(&p, idx).values().sum();
         assert!((sum - p.meta.totals[idx]).abs() < 1e-6);
-        let err = Collapsed { value: "energy_gpu".into() }
-            .write_profile(&p, &mut Vec::new())
-            .expect_err("no gpu values");
+        let err = Collapsed {
+            value: "energy_gpu".into(),
+        }
+        .write_profile(&p, &mut Vec::new())
+        .expect_err("no gpu values");
         assert!(err.to_string().contains("energy_package"), "{err}");
     }
 }

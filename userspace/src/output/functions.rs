@@ -27,7 +27,11 @@ pub fn wilson(n: u64, total: u64, z: f64) -> (f64, f64) {
     let centre = (p + z2 / (2.0 * t)) / denom;
     let half = z * (p * (1.0 - p) / t + z2 / (4.0 * t * t)).sqrt() / denom;
     // At n = 0 the lower bound is 0 exactly (the formula leaves rounding noise).
-    let lo = if n == 0.0 { 0.0 } else { (centre - half).max(0.0) };
+    let lo = if n == 0.0 {
+        0.0
+    } else {
+        (centre - half).max(0.0)
+    };
     (lo, (centre + half).min(1.0))
 }
 
@@ -71,7 +75,11 @@ impl WeightSums {
         }
         let n = self.n as f64;
         let mean = self.sum / n;
-        let var = if self.n > 1 { ((self.sum_sq - n * mean * mean) / (n - 1.0)).max(0.0) } else { 0.0 };
+        let var = if self.n > 1 {
+            ((self.sum_sq - n * mean * mean) / (n - 1.0)).max(0.0)
+        } else {
+            0.0
+        };
         let half = Z95 * var.sqrt() / n.sqrt();
         let (p_lo, p_hi) = wilson(self.n, total_samples, Z95);
         let t = total_samples as f64;
@@ -82,7 +90,6 @@ impl WeightSums {
     }
 }
 
-#[derive(Default)]
 struct Acc {
     module: String,
     cpu_ns: f64,
@@ -96,43 +103,69 @@ struct Acc {
 /// Self energy comes from samples whose leaf is the function; total energy from samples
 /// with the function anywhere on the stack (counted once per sample under recursion).
 pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
-    let value_idx: Vec<Option<usize>> =
-        domains.iter().map(|d| profile.value_index(&format!("energy_{d}"))).collect();
+    let value_idx: Vec<Option<usize>> = domains
+        .iter()
+        .map(|d| profile.value_index(&format!("energy_{d}")))
+        .collect();
     let cpu_idx = profile.value_index(crate::profile::CPU);
     let nd = domains.len();
-    let mut accs: HashMap<&str, Acc> = HashMap::new();
-    let mut seen: Vec<&str> = Vec::new();
+    // One slot per function name; frames map to slots once, so the per-sample loop only
+    // touches integers.
+    let mut slot_of_name: HashMap<&str, usize> = HashMap::new();
+    let mut accs: Vec<(&str, Acc)> = Vec::new();
+    let frame_slot: Vec<usize> = profile
+        .frames
+        .iter()
+        .map(|f| {
+            *slot_of_name.entry(f.function.as_str()).or_insert_with(|| {
+                accs.push((
+                    f.function.as_str(),
+                    Acc {
+                        module: f.module.rsplit('/').next().unwrap_or(&f.module).to_string(),
+                        cpu_ns: 0.0,
+                        self_w: vec![WeightSums::default(); nd],
+                        total_w: vec![WeightSums::default(); nd],
+                    },
+                ));
+                accs.len() - 1
+            })
+        })
+        .collect();
+    // last_seen[slot] = 1 + index of the last sample that counted the slot's total.
+    let mut last_seen = vec![0usize; accs.len()];
     let mut total_samples = 0u64;
     let count_idx = profile.value_index(crate::profile::SAMPLES);
-    for s in &profile.samples {
+    let mut weights = vec![0.0; nd];
+    for (i, s) in profile.samples.iter().enumerate() {
         // Residual entries (count 0) carry exact energy, not a sample.
-        let sampled = count_idx.and_then(|i| s.values.get(i)).is_none_or(|&c| c > 0.0);
+        let sampled = count_idx
+            .and_then(|i| s.values.get(i))
+            .is_none_or(|&c| c > 0.0);
         total_samples += u64::from(sampled);
-        let weights: Vec<f64> = value_idx
-            .iter()
-            .map(|i| i.and_then(|i| s.values.get(i)).copied().unwrap_or(0.0) / 1e6)
-            .collect();
-        seen.clear();
-        for (depth, &fid) in s.frames.iter().enumerate() {
-            let Some(frame) = profile.frames.get(fid as usize) else { continue };
-            let name = frame.function.as_str();
-            let acc = accs.entry(name).or_insert_with(|| Acc {
-                module: frame.module.rsplit('/').next().unwrap_or(&frame.module).to_string(),
-                self_w: vec![WeightSums::default(); nd],
-                total_w: vec![WeightSums::default(); nd],
-                ..Acc::default()
-            });
-            if depth == 0 {
-                acc.cpu_ns += cpu_idx.and_then(|i| s.values.get(i)).copied().unwrap_or(0.0);
-                for (ws, w) in acc.self_w.iter_mut().zip(&weights) {
-                    if sampled { ws.add(*w) } else { ws.add_exact(*w) }
-                }
+        for (w, idx) in weights.iter_mut().zip(&value_idx) {
+            *w = idx.and_then(|i| s.values.get(i)).copied().unwrap_or(0.0) / 1e6;
+        }
+        let add = |sums: &mut [WeightSums], weights: &[f64]| {
+            for (ws, &w) in sums.iter_mut().zip(weights) {
+                if sampled { ws.add(w) } else { ws.add_exact(w) }
             }
-            if !seen.contains(&name) {
-                seen.push(name);
-                for (ws, w) in acc.total_w.iter_mut().zip(&weights) {
-                    if sampled { ws.add(*w) } else { ws.add_exact(*w) }
-                }
+        };
+        for (depth, &fid) in s.frames.iter().enumerate() {
+            let Some(&slot) = frame_slot.get(fid as usize) else {
+                continue;
+            };
+            let acc = &mut accs[slot].1;
+            if depth == 0 {
+                acc.cpu_ns += cpu_idx
+                    .and_then(|i| s.values.get(i))
+                    .copied()
+                    .unwrap_or(0.0);
+                add(&mut acc.self_w, &weights);
+            }
+            // Recursion: a function counts once per sample in its total.
+            if last_seen[slot] != i + 1 {
+                last_seen[slot] = i + 1;
+                add(&mut acc.total_w, &weights);
             }
         }
     }
@@ -145,21 +178,33 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
     let secs = profile.meta.duration_ns as f64 / 1e9;
     let cell = |ws: &WeightSums| {
         let (ci_low, ci_high) = ws.interval(total_samples);
-        EnergyCell { joules: ws.total(), ci_low, ci_high }
+        EnergyCell {
+            joules: ws.total(),
+            ci_low,
+            ci_high,
+        }
     };
     let rows = accs
         .into_iter()
+        .filter(|(_, acc)| acc.total_w.first().is_none_or(|w| w.n > 0 || w.exact > 0.0))
         .map(|(name, acc)| {
             let energy: Vec<EnergyCell> = acc.self_w.iter().map(cell).collect();
             let first = energy.first().map_or(0.0, |e| e.joules);
             ReportRow {
-                key: RowKey::Function { name: name.to_string(), module: acc.module },
+                key: RowKey::Function {
+                    name: name.to_string(),
+                    module: acc.module,
+                },
                 cpu_ns: acc.cpu_ns,
                 samples: acc.self_w.first().map_or(0, |w| w.n),
                 total_energy: Some(acc.total_w.iter().map(cell).collect()),
                 energy,
                 power_w: if secs > 0.0 { first / secs } else { 0.0 },
-                share: if first_total > 0.0 { first / first_total } else { 0.0 },
+                share: if first_total > 0.0 {
+                    first / first_total
+                } else {
+                    0.0
+                },
             }
         })
         .collect();
@@ -182,7 +227,10 @@ mod tests {
     fn wilson_matches_known_values() {
         // 10 of 100 at 95%: (0.0552, 0.1744), e.g. from R's prop.test without correction.
         let (lo, hi) = wilson(10, 100, Z95);
-        assert!((lo - 0.05523).abs() < 1e-4 && (hi - 0.17437).abs() < 1e-4, "{lo} {hi}");
+        assert!(
+            (lo - 0.05523).abs() < 1e-4 && (hi - 0.17437).abs() < 1e-4,
+            "{lo} {hi}"
+        );
         assert_eq!(wilson(0, 0, Z95), (0.0, 0.0));
         let (lo, hi) = wilson(0, 50, Z95);
         assert_eq!(lo, 0.0);
@@ -221,17 +269,25 @@ mod tests {
         assert!((total - 0.6000002).abs() < 1e-9);
         assert_eq!(heavy.samples, 1);
         assert!((row("hot_light").energy[0].joules - 0.2).abs() < 1e-9);
-        assert!((row("main").total_energy.as_ref().expect("total")[0].joules - 0.8000002).abs() < 1e-9);
+        assert!(
+            (row("main").total_energy.as_ref().expect("total")[0].joules - 0.8000002).abs() < 1e-9
+        );
         assert_eq!(row("main").energy[0].joules, 0.0);
         assert!((heavy.power_w - 0.1499999).abs() < 1e-6);
         assert!(report.estimated);
         // Residual energy is exact: no interval, no sample.
         let residual = row(crate::profile::NO_STACK_SAMPLE);
         assert_eq!(residual.samples, 0);
-        assert_eq!((residual.energy[0].ci_low, residual.energy[0].ci_high), (0.05, 0.05));
+        assert_eq!(
+            (residual.energy[0].ci_low, residual.energy[0].ci_high),
+            (0.05, 0.05)
+        );
 
         let mut out = Vec::new();
-        let opts = RenderOptions { sort: Some("total_package".into()), limit: Some(3) };
+        let opts = RenderOptions {
+            sort: Some("total_package".into()),
+            limit: Some(3),
+        };
         render(&report, &opts, Format::Table, &mut out).expect("render");
         testdata::assert_golden("functions_table.txt", &out);
         let mut out = Vec::new();

@@ -11,6 +11,7 @@ pub mod speedscope;
 pub mod svg;
 pub mod table;
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use crate::profile::{Frame, Profile, ProfileSample};
@@ -53,15 +54,17 @@ pub trait ProfileSink {
 
 /// Index of the value named `name`, or a clear error listing those present.
 pub fn value_index(profile: &Profile, name: &str) -> Result<usize, OutputError> {
-    profile.value_index(name).ok_or_else(|| OutputError::NoSuchValue {
-        name: name.to_string(),
-        available: profile
-            .value_types
-            .iter()
-            .map(|v| v.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-    })
+    profile
+        .value_index(name)
+        .ok_or_else(|| OutputError::NoSuchValue {
+            name: name.to_string(),
+            available: profile
+                .value_types
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// How a frame is named in flamegraph-style outputs: inferno's `_[k]` suffix marks kernel
@@ -79,6 +82,30 @@ pub fn flame_name(frame: &Frame) -> String {
 /// Frame ids of a sample from the root (the process) to the leaf.
 pub fn root_first(sample: &ProfileSample) -> impl Iterator<Item = u32> + '_ {
     sample.frames.iter().rev().copied()
+}
+
+/// Samples merged by (process name, stack), with the summed value; zero values skipped.
+///
+/// Keys borrow the profile's frame slices, so folding 100k samples hashes integers, not
+/// the (often long, demangled) frame names.
+pub fn unique_stacks(profile: &Profile, value: usize) -> Vec<(&str, &[u32], f64)> {
+    let mut index: foldhash::HashMap<(&str, &[u32]), usize> = Default::default();
+    let mut out: Vec<(&str, &[u32], f64)> = Vec::new();
+    for s in &profile.samples {
+        let v = s.values.get(value).copied().unwrap_or(0.0);
+        if v == 0.0 {
+            continue;
+        }
+        let key = (&*s.labels.comm, s.frames.as_slice());
+        match index.get(&key) {
+            Some(&i) => out[i].2 += v,
+            None => {
+                index.insert(key, out.len());
+                out.push((key.0, key.1, v));
+            }
+        }
+    }
+    out
 }
 
 /// Human-readable energy in J with a power in W over `duration_ns`.

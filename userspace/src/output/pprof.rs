@@ -27,7 +27,10 @@ struct Strings {
 
 impl Strings {
     fn new() -> Self {
-        Self { table: vec![String::new()], index: HashMap::from([(String::new(), 0)]) }
+        Self {
+            table: vec![String::new()],
+            index: HashMap::from([(String::new(), 0)]),
+        }
     }
 
     fn id(&mut self, s: &str) -> i64 {
@@ -48,7 +51,10 @@ pub fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profil
         sample_type: profile
             .value_types
             .iter()
-            .map(|v| pprof::ValueType { r#type: strings.id(&v.name), unit: strings.id(&v.unit) })
+            .map(|v| pprof::ValueType {
+                r#type: strings.id(&v.name),
+                unit: strings.id(&v.unit),
+            })
             .collect(),
         ..Default::default()
     };
@@ -98,23 +104,63 @@ pub fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profil
     }
 
     let keys = ["pid", "tid", "comm", "cpu", "cgroup"].map(|k| strings.id(k));
+    // Samples with the same stack and labels merge (values summed), as pprof itself does:
+    // far fewer, smaller messages to encode and compress.
+    type Key<'p> = (&'p [u32], u32, u32, &'p str, Option<u32>, u64);
+    let mut merged: foldhash::HashMap<Key<'_>, usize> = Default::default();
+    let mut sums: Vec<(Key<'_>, Vec<f64>)> = Vec::new();
     for s in &profile.samples {
-        let mut label = vec![
-            pprof::Label { key: keys[0], num: i64::from(s.labels.pid), ..Default::default() },
-            pprof::Label { key: keys[1], num: i64::from(s.labels.tid), ..Default::default() },
-            pprof::Label { key: keys[2], str: strings.id(&s.labels.comm), ..Default::default() },
-        ];
-        if let Some(cpu) = s.labels.cpu {
-            label.push(pprof::Label { key: keys[3], num: i64::from(cpu), ..Default::default() });
+        let l = &s.labels;
+        let key = (s.frames.as_slice(), l.pid, l.tid, &*l.comm, l.cpu, l.cgroup);
+        match merged.get(&key) {
+            Some(&i) => {
+                for (t, v) in sums[i].1.iter_mut().zip(&s.values) {
+                    *t += v;
+                }
+            }
+            None => {
+                merged.insert(key, sums.len());
+                sums.push((key, s.values.clone()));
+            }
         }
-        if s.labels.cgroup != 0 {
+    }
+    for ((frames, pid, tid, comm, cpu, cgroup), values) in sums {
+        let mut label = vec![
+            pprof::Label {
+                key: keys[0],
+                num: i64::from(pid),
+                ..Default::default()
+            },
+            pprof::Label {
+                key: keys[1],
+                num: i64::from(tid),
+                ..Default::default()
+            },
+            pprof::Label {
+                key: keys[2],
+                str: strings.id(comm),
+                ..Default::default()
+            },
+        ];
+        if let Some(cpu) = cpu {
+            label.push(pprof::Label {
+                key: keys[3],
+                num: i64::from(cpu),
+                ..Default::default()
+            });
+        }
+        if cgroup != 0 {
             // cgroup ids are inode numbers: a string keeps all 64 bits.
-            let cgroup = strings.id(&s.labels.cgroup.to_string());
-            label.push(pprof::Label { key: keys[4], str: cgroup, ..Default::default() });
+            let cgroup = strings.id(&cgroup.to_string());
+            label.push(pprof::Label {
+                key: keys[4],
+                str: cgroup,
+                ..Default::default()
+            });
         }
         out.sample.push(pprof::Sample {
-            location_id: s.frames.iter().map(|&f| u64::from(f) + 1).collect(),
-            value: s.values.iter().map(|v| v.round() as i64).collect(),
+            location_id: frames.iter().map(|&f| u64::from(f) + 1).collect(),
+            value: values.iter().map(|v| v.round() as i64).collect(),
             label,
         });
     }
@@ -127,14 +173,21 @@ pub fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profil
     }
     let default = default_value
         .and_then(|name| profile.value_index(name))
-        .or_else(|| profile.value_types.iter().position(|v| v.unit == "microjoules"));
+        .or_else(|| {
+            profile
+                .value_types
+                .iter()
+                .position(|v| v.unit == "microjoules")
+        });
     if let Some(d) = default {
         out.default_sample_type = out.sample_type[d].r#type;
     }
     if profile.meta.estimated {
-        out.comment.push(strings.id("energy is estimated (modelled, not measured)"));
+        out.comment
+            .push(strings.id("energy is estimated (modelled, not measured)"));
     }
-    out.comment.push(strings.id(&format!("source: {}", profile.meta.source)));
+    out.comment
+        .push(strings.id(&format!("source: {}", profile.meta.source)));
     out.string_table = strings.table;
     out
 }
@@ -159,14 +212,23 @@ mod tests {
     fn round_trips_through_gzip_and_matches_golden() {
         let p = testdata::profile();
         let mut out = Vec::new();
-        Pprof { default_value: None }.write_profile(&p, &mut out).expect("write");
+        Pprof {
+            default_value: None,
+        }
+        .write_profile(&p, &mut out)
+        .expect("write");
         assert_eq!(&out[..2], &[0x1f, 0x8b], "gzip magic");
         let mut raw = Vec::new();
-        flate2::read::GzDecoder::new(&out[..]).read_to_end(&mut raw).expect("gunzip");
+        flate2::read::GzDecoder::new(&out[..])
+            .read_to_end(&mut raw)
+            .expect("gunzip");
         let back = pprof::Profile::decode(&raw[..]).expect("decode");
         let st = |i: i64| back.string_table[i as usize].as_str();
-        let types: Vec<(&str, &str)> =
-            back.sample_type.iter().map(|v| (st(v.r#type), st(v.unit))).collect();
+        let types: Vec<(&str, &str)> = back
+            .sample_type
+            .iter()
+            .map(|v| (st(v.r#type), st(v.unit)))
+            .collect();
         assert_eq!(
             types,
             vec![
@@ -182,11 +244,23 @@ mod tests {
         // Leaf first: the inlined `square` inside `hot_heavy`.
         let leaf = &back.location[back.sample[0].location_id[0] as usize - 1];
         let func = &back.function[leaf.line[0].function_id as usize - 1];
-        assert_eq!((st(func.name), st(func.filename), leaf.line[0].line), ("square", "/src/burn.c", 8));
+        assert_eq!(
+            (st(func.name), st(func.filename), leaf.line[0].line),
+            ("square", "/src/burn.c", 8)
+        );
         let labels: Vec<(&str, String)> = back.sample[2]
             .label
             .iter()
-            .map(|l| (st(l.key), if l.str != 0 { st(l.str).to_string() } else { l.num.to_string() }))
+            .map(|l| {
+                (
+                    st(l.key),
+                    if l.str != 0 {
+                        st(l.str).to_string()
+                    } else {
+                        l.num.to_string()
+                    },
+                )
+            })
             .collect();
         assert_eq!(
             labels,

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
-use super::{OutputError, ProfileSink, root_first, svg, value_index};
+use super::{OutputError, ProfileSink, svg, unique_stacks, value_index};
 use crate::profile::Profile;
 
 /// Writes a speedscope file weighted by one value.
@@ -60,24 +60,27 @@ impl ProfileSink for Speedscope {
         let mut frames: Vec<FrameJson<'_>> = profile
             .frames
             .iter()
-            .map(|f| FrameJson { name: &f.function, file: f.file.as_deref(), line: f.line })
+            .map(|f| FrameJson {
+                name: &f.function,
+                file: f.file.as_deref(),
+                line: f.line,
+            })
             .collect();
         // Process names become root frames after the code frames.
         let mut comm_frames: HashMap<&str, usize> = HashMap::new();
         let mut stacks: BTreeMap<Vec<usize>, f64> = BTreeMap::new();
-        for s in &profile.samples {
-            let v = s.values.get(value).copied().unwrap_or(0.0);
-            if v == 0.0 {
-                continue;
-            }
-            let comm: &str = &s.labels.comm;
+        for (comm, ids, v) in unique_stacks(profile, value) {
             let root = *comm_frames.entry(comm).or_insert_with(|| {
-                frames.push(FrameJson { name: comm, file: None, line: None });
+                frames.push(FrameJson {
+                    name: comm,
+                    file: None,
+                    line: None,
+                });
                 frames.len() - 1
             });
-            let mut stack = Vec::with_capacity(s.frames.len() + 1);
+            let mut stack = Vec::with_capacity(ids.len() + 1);
             stack.push(root);
-            stack.extend(root_first(s).map(|f| f as usize));
+            stack.extend(ids.iter().rev().map(|&f| f as usize));
             *stacks.entry(stack).or_insert(0.0) += v;
         }
         if stacks.is_empty() {
@@ -121,14 +124,21 @@ mod tests {
     #[test]
     fn matches_golden_file() {
         let mut out = Vec::new();
-        Speedscope { value: "energy_package".into() }
-            .write_profile(&testdata::profile(), &mut out)
-            .expect("write");
+        Speedscope {
+            value: "energy_package".into(),
+        }
+        .write_profile(&testdata::profile(), &mut out)
+        .expect("write");
         let v: serde_json::Value = serde_json::from_slice(&out).expect("valid JSON");
         let p = &v["profiles"][0];
         assert_eq!(p["type"], "sampled");
         assert_eq!(p["samples"].as_array().map(Vec::len), Some(5));
-        let weights: f64 = p["weights"].as_array().expect("weights").iter().filter_map(|w| w.as_f64()).sum();
+        let weights: f64 = p["weights"]
+            .as_array()
+            .expect("weights")
+            .iter()
+            .filter_map(|w| w.as_f64())
+            .sum();
         assert!((weights - 950_000.2).abs() < 1e-6);
         testdata::assert_golden("speedscope.json", &out);
     }

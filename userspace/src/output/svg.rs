@@ -22,7 +22,10 @@ pub fn title(profile: &Profile, value: usize) -> (String, String) {
         "microjoules" => {
             let domain = vt.name.strip_prefix("energy_").unwrap_or(&vt.name);
             (
-                format!("Energy ({domain}): {}", joules_and_watts(total, profile.meta.duration_ns)),
+                format!(
+                    "Energy ({domain}): {}",
+                    joules_and_watts(total, profile.meta.duration_ns)
+                ),
                 "µJ",
             )
         }
@@ -34,7 +37,10 @@ pub fn title(profile: &Profile, value: usize) -> (String, String) {
     } else {
         ""
     };
-    (format!("{} — {what}{estimated}", profile.meta.title), count_name.to_string())
+    (
+        format!("{} — {what}{estimated}", profile.meta.title),
+        count_name.to_string(),
+    )
 }
 
 impl ProfileSink for Svg {
@@ -68,14 +74,20 @@ mod tests {
     #[test]
     fn matches_golden_file_and_names_functions() {
         let mut out = Vec::new();
-        Svg { value: "energy_package".into(), width: Some(1200) }
-            .write_profile(&testdata::profile(), &mut out)
-            .expect("write");
+        Svg {
+            value: "energy_package".into(),
+            width: Some(1200),
+        }
+        .write_profile(&testdata::profile(), &mut out)
+        .expect("write");
         let text = String::from_utf8(out.clone()).expect("utf-8");
         assert!(text.contains("hot_heavy"));
         assert!(text.contains("hot_light"));
         // 0.95 J over 2 s.
-        assert!(text.contains("Energy (package): 0.950 J, 0.48 W average (estimated)"), "title");
+        assert!(
+            text.contains("Energy (package): 0.950 J, 0.48 W average (estimated)"),
+            "title"
+        );
         testdata::assert_golden("flamegraph.svg", &out);
     }
 
@@ -84,9 +96,12 @@ mod tests {
         let mut p = testdata::profile();
         p.samples.clear();
         p.recompute_totals();
-        let err = Svg { value: "cpu".into(), width: None }
-            .write_profile(&p, &mut Vec::new())
-            .expect_err("nothing to draw");
+        let err = Svg {
+            value: "cpu".into(),
+            width: None,
+        }
+        .write_profile(&p, &mut Vec::new())
+        .expect_err("nothing to draw");
         assert!(matches!(err, OutputError::Empty));
     }
 }

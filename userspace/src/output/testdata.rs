@@ -26,10 +26,10 @@ pub(crate) fn profile() -> Profile {
         frame("main", Some("/src/burn.c"), Some(40), "/opt/burn"), // 0
         frame("hot_heavy", Some("/src/burn.c"), Some(12), "/opt/burn"), // 1
         frame("hot_light", Some("/src/burn.c"), Some(22), "/opt/burn"), // 2
-        inlined,                                                    // 3
-        kernel,                                                     // 4
+        inlined,                                                   // 3
+        kernel,                                                    // 4
         Frame::unresolved("/usr/lib/libc.so.6", 0x1234, false),    // 5
-        Frame::synthetic(crate::profile::NO_STACK_SAMPLE),          // 6
+        Frame::synthetic(crate::profile::NO_STACK_SAMPLE),         // 6
     ];
     let labels = |pid, tid, comm: &str, cpu| Labels {
         pid,
@@ -38,7 +38,11 @@ pub(crate) fn profile() -> Profile {
         cpu,
         cgroup: 7,
     };
-    let s = |frames: Vec<u32>, values: Vec<f64>, labels| ProfileSample { frames, values, labels };
+    let s = |frames: Vec<u32>, values: Vec<f64>, labels| ProfileSample {
+        frames,
+        values,
+        labels,
+    };
     let mut p = Profile {
         meta: ProfileMeta {
             title: "energy-bpf on testbox".into(),
@@ -57,11 +61,31 @@ pub(crate) fn profile() -> Profile {
         ],
         frames,
         samples: vec![
-            s(vec![3, 1, 0], vec![1.0, 1e7, 300_000.4, 30_000.0], labels(100, 100, "burn", Some(0))),
-            s(vec![1, 0], vec![1.0, 1e7, 299_999.8, 30_000.0], labels(100, 100, "burn", Some(0))),
-            s(vec![2, 0], vec![1.0, 1e7, 200_000.0, 20_000.0], labels(100, 101, "burn", Some(1))),
-            s(vec![4, 5], vec![1.0, 1e7, 100_000.0, 10_000.0], labels(200, 200, "sshd", Some(1))),
-            s(vec![6], vec![0.0, 0.0, 50_000.0, 0.0], labels(200, 201, "sshd", None)),
+            s(
+                vec![3, 1, 0],
+                vec![1.0, 1e7, 300_000.4, 30_000.0],
+                labels(100, 100, "burn", Some(0)),
+            ),
+            s(
+                vec![1, 0],
+                vec![1.0, 1e7, 299_999.8, 30_000.0],
+                labels(100, 100, "burn", Some(0)),
+            ),
+            s(
+                vec![2, 0],
+                vec![1.0, 1e7, 200_000.0, 20_000.0],
+                labels(100, 101, "burn", Some(1)),
+            ),
+            s(
+                vec![4, 5],
+                vec![1.0, 1e7, 100_000.0, 10_000.0],
+                labels(200, 200, "sshd", Some(1)),
+            ),
+            s(
+                vec![6],
+                vec![0.0, 0.0, 50_000.0, 0.0],
+                labels(200, 201, "sshd", None),
+            ),
         ],
     };
     p.recompute_totals();
@@ -70,13 +94,19 @@ pub(crate) fn profile() -> Profile {
 
 /// Compares `got` with `golden/<name>`; `UPDATE_GOLDEN=1` rewrites the file instead.
 pub(crate) fn assert_golden(name: &str, got: &[u8]) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/output/golden").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("src/output/golden")
+        .join(name);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, got).expect("write golden file");
         return;
     }
-    let want = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1 to create it)", path.display()));
+    let want = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
     assert!(
         want == got,
         "{} differs from output:\n{}",

@@ -1,7 +1,6 @@
 //! Building a [`Profile`] from a recording: filter samples, symbolize stacks (cached per
 //! unique address), intern frames, attach weights.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{
@@ -11,6 +10,9 @@ use super::{
 use crate::pb::v1::Mapping;
 use crate::record::Recording;
 use crate::symbolize::Symbolizer;
+
+/// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
+type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// Which samples to keep. Empty lists keep everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,18 +26,17 @@ pub struct Filter {
 impl Filter {
     fn keeps(&self, tgid: u32, comm: &str, process_comm: &str) -> bool {
         (self.pids.is_empty() || self.pids.contains(&tgid))
-            && (self.comms.is_empty()
-                || self.comms.iter().any(|c| c == comm || c == process_comm))
+            && (self.comms.is_empty() || self.comms.iter().any(|c| c == comm || c == process_comm))
     }
 }
 
 /// Interns frames and caches the frame ids of each address.
 struct Interner<'a> {
     symbolizer: &'a mut Symbolizer,
-    ids: HashMap<Frame, FrameId>,
+    ids: FastMap<Frame, FrameId>,
     frames: Vec<Frame>,
-    user: HashMap<(u32, u64), Vec<FrameId>>,
-    kernel: HashMap<u64, Vec<FrameId>>,
+    user: FastMap<(u32, u64), Vec<FrameId>>,
+    kernel: FastMap<u64, Vec<FrameId>>,
 }
 
 impl Interner<'_> {
@@ -87,43 +88,60 @@ pub fn build(
     value_types.extend(weights.value_types.iter().cloned());
     let n_weights = weights.value_types.len();
 
-    let mut comms: HashMap<u32, Arc<str>> = HashMap::new();
-    let mut comm_of = |tid: u32| -> Arc<str> {
-        comms
+    let comm_of = |tid: u32| -> Arc<str> {
+        match rec.threads.get(&tid) {
+            Some(t) if !t.comm.is_empty() => Arc::from(t.comm.as_str()),
+            _ if tid == 0 => Arc::from("[idle]"),
+            _ => Arc::from("[unknown]"),
+        }
+    };
+    // Per thread: its name and whether the filter keeps it (decided once).
+    let mut threads: FastMap<u32, (Arc<str>, bool)> = FastMap::default();
+    let mut thread = |tid: u32, tgid: u32| -> (Arc<str>, bool) {
+        threads
             .entry(tid)
-            .or_insert_with(|| match rec.threads.get(&tid) {
-                Some(t) if !t.comm.is_empty() => Arc::from(t.comm.as_str()),
-                _ if tid == 0 => Arc::from("[idle]"),
-                _ => Arc::from("[unknown]"),
+            .or_insert_with(|| {
+                let comm = comm_of(tid);
+                let keep = filter.keeps(tgid, &comm, &comm_of(tgid));
+                (comm, keep)
             })
             .clone()
     };
 
     let mut interner = Interner {
         symbolizer,
-        ids: HashMap::new(),
+        ids: FastMap::default(),
         frames: Vec::new(),
-        user: HashMap::new(),
-        kernel: HashMap::new(),
+        user: FastMap::default(),
+        kernel: FastMap::default(),
     };
     let no_mappings: Vec<Mapping> = Vec::new();
+    // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
+    let mut stacks: FastMap<(u32, &[u64], &[u64]), Vec<FrameId>> = FastMap::default();
     let mut samples = Vec::with_capacity(rec.samples.len());
     for (i, s) in rec.samples.iter().enumerate() {
-        let comm = comm_of(s.tid);
-        let process_comm = comm_of(s.tgid);
-        if !filter.keeps(s.tgid, &comm, &process_comm) {
+        let (comm, keep) = thread(s.tid, s.tgid);
+        if !keep {
             continue;
         }
-        let mut frames = Vec::with_capacity(s.kernel_stack.len() + s.user_stack.len());
-        for (depth, &addr) in s.kernel_stack.iter().enumerate() {
-            interner.kernel(caller_adjusted(addr, depth), &mut frames);
-        }
-        let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
-        // With a kernel stack, the first user address is where the thread entered the
-        // kernel: still a leaf-like address of its own frame.
-        for (depth, &addr) in s.user_stack.iter().enumerate() {
-            interner.user(s.tgid, caller_adjusted(addr, depth), mappings, &mut frames);
-        }
+        let key = (s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice());
+        let frames = match stacks.get(&key) {
+            Some(frames) => frames.clone(),
+            None => {
+                let mut frames = Vec::with_capacity(s.kernel_stack.len() + s.user_stack.len());
+                for (depth, &addr) in s.kernel_stack.iter().enumerate() {
+                    interner.kernel(caller_adjusted(addr, depth), &mut frames);
+                }
+                let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
+                // With a kernel stack, the first user address is where the thread entered
+                // the kernel: still a leaf-like address of its own frame.
+                for (depth, &addr) in s.user_stack.iter().enumerate() {
+                    interner.user(s.tgid, caller_adjusted(addr, depth), mappings, &mut frames);
+                }
+                stacks.insert(key, frames.clone());
+                frames
+            }
+        };
         let mut values = Vec::with_capacity(1 + n_weights);
         values.push(1.0);
         let row = weights.row(i);
@@ -144,9 +162,8 @@ pub fn build(
     let residual_frame = interner.intern(Frame::synthetic(NO_STACK_SAMPLE));
     let mut any_residual = false;
     for r in &weights.residuals {
-        let comm = comm_of(r.tid);
-        let process_comm = comm_of(r.tgid);
-        if !filter.keeps(r.tgid, &comm, &process_comm) {
+        let (comm, keep) = thread(r.tid, r.tgid);
+        if !keep {
             continue;
         }
         any_residual = true;
@@ -157,7 +174,13 @@ pub fn build(
         samples.push(ProfileSample {
             frames: vec![residual_frame],
             values,
-            labels: Labels { pid: r.tgid, tid: r.tid, comm, cpu: None, cgroup },
+            labels: Labels {
+                pid: r.tgid,
+                tid: r.tid,
+                comm,
+                cpu: None,
+                cgroup,
+            },
         });
     }
     let mut frames = interner.frames;
@@ -189,7 +212,11 @@ pub fn build(
 }
 
 fn caller_adjusted(addr: u64, depth: usize) -> u64 {
-    if depth == 0 { addr } else { addr.saturating_sub(1) }
+    if depth == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
 }
 
 #[cfg(test)]
@@ -200,16 +227,34 @@ mod tests {
 
     fn rec() -> Recording {
         let mut rec = Recording {
-            header: Header { sample_hz: 100, hostname: "box".into(), ..Header::default() },
+            header: Header {
+                sample_hz: 100,
+                hostname: "box".into(),
+                ..Header::default()
+            },
             end_ns: 2_000_000_000,
             ..Recording::default()
         };
         for (tid, tgid, comm) in [(10, 10, "app"), (11, 10, "worker"), (20, 20, "other")] {
-            rec.threads.insert(tid, ThreadInfo { tid, tgid, comm: comm.into(), ..Default::default() });
+            rec.threads.insert(
+                tid,
+                ThreadInfo {
+                    tid,
+                    tgid,
+                    comm: comm.into(),
+                    ..Default::default()
+                },
+            );
         }
         rec.mappings.insert(
             10,
-            vec![Mapping { tgid: 10, start: 0x1000, end: 0x2000, path: "/nonexistent/app".into(), ..Default::default() }],
+            vec![Mapping {
+                tgid: 10,
+                start: 0x1000,
+                end: 0x2000,
+                path: "/nonexistent/app".into(),
+                ..Default::default()
+            }],
         );
         let sample = |tid, tgid, user: Vec<u64>, kernel: Vec<u64>| Sample {
             tid,
@@ -232,17 +277,28 @@ mod tests {
     fn builds_interned_leaf_first_stacks_with_cpu_time() {
         let rec = rec();
         let mut sym = Symbolizer::with_kallsyms(None);
-        let p = build(&rec, &SampleValues::cpu_time(&rec), &mut sym, &Filter::default());
+        let p = build(
+            &rec,
+            &SampleValues::cpu_time(&rec),
+            &mut sym,
+            &Filter::default(),
+        );
         assert_eq!(p.value_types[0], ValueType::new("samples", "count"));
         assert_eq!(p.value_types[1], ValueType::new("cpu", "nanoseconds"));
         assert_eq!(p.samples.len(), 3);
         assert_eq!(p.meta.totals, vec![3.0, 3e7]);
         let names = |s: &ProfileSample| -> Vec<&str> {
-            s.frames.iter().map(|&f| p.frames[f as usize].function.as_str()).collect()
+            s.frames
+                .iter()
+                .map(|&f| p.frames[f as usize].function.as_str())
+                .collect()
         };
         // Unresolvable file: module+offset, caller looked up at addr - 1.
         assert_eq!(names(&p.samples[0]), vec!["app+0x10", "app+0x100"]);
-        assert_eq!(names(&p.samples[1]), vec!["[kernel]+0xffff0000", "app+0x10", "app+0x100"]);
+        assert_eq!(
+            names(&p.samples[1]),
+            vec!["[kernel]+0xffff0000", "app+0x10", "app+0x100"]
+        );
         assert_eq!(names(&p.samples[2]), vec!["[unknown]+0x5000"]);
         assert_eq!(p.samples[0].frames, p.samples[1].frames[1..]);
         assert_eq!(p.frames.len(), 4, "frames are interned");
@@ -256,9 +312,20 @@ mod tests {
         let rec = rec();
         let mut sym = Symbolizer::with_kallsyms(None);
         let mut w = SampleValues::cpu_time(&rec);
-        w.residuals.push(Residual { tgid: 10, tid: 11, values: vec![5e6] });
-        w.residuals.push(Residual { tgid: 20, tid: 20, values: vec![7e6] });
-        let by_pid = Filter { pids: vec![10], comms: vec![] };
+        w.residuals.push(Residual {
+            tgid: 10,
+            tid: 11,
+            values: vec![5e6],
+        });
+        w.residuals.push(Residual {
+            tgid: 20,
+            tid: 20,
+            values: vec![7e6],
+        });
+        let by_pid = Filter {
+            pids: vec![10],
+            comms: vec![],
+        };
         let p = build(&rec, &w, &mut sym, &by_pid);
         assert_eq!(p.samples.len(), 3);
         let last = &p.samples[2];
@@ -266,9 +333,15 @@ mod tests {
         assert_eq!(last.values, vec![0.0, 5e6]);
         assert_eq!(p.meta.totals, vec![2.0, 2.5e7]);
         // A process name selects all its threads.
-        let by_comm = Filter { pids: vec![], comms: vec!["app".into()] };
+        let by_comm = Filter {
+            pids: vec![],
+            comms: vec!["app".into()],
+        };
         assert_eq!(build(&rec, &w, &mut sym, &by_comm).samples.len(), 3);
-        let none = Filter { pids: vec![99], comms: vec![] };
+        let none = Filter {
+            pids: vec![99],
+            comms: vec![],
+        };
         let p = build(&rec, &w, &mut sym, &none);
         assert!(p.samples.is_empty());
         assert!(p.frames.is_empty());

@@ -79,7 +79,10 @@ pub struct ValueType {
 impl ValueType {
     /// A value type from its name and unit.
     pub fn new(name: &str, unit: &str) -> Self {
-        Self { name: name.to_string(), unit: unit.to_string() }
+        Self {
+            name: name.to_string(),
+            unit: unit.to_string(),
+        }
     }
 
     /// The value type of energy in one domain (`package`, `dram`, `gpu`, ...), in µJ.

@@ -58,9 +58,12 @@ pub(crate) fn parse_maps_line(line: &str) -> Option<MapsLine<'_>> {
 /// path later. A file without a build-id gets an empty `build_id`.
 pub fn process_mappings(tgid: u32, ts_ns: u64) -> io::Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{tgid}/maps"))?;
-    Ok(mappings_from_maps(tgid, ts_ns, &text, &mut |key: &FileKey| {
-        cached_build_id(key)
-    }))
+    Ok(mappings_from_maps(
+        tgid,
+        ts_ns,
+        &text,
+        &mut |key: &FileKey| cached_build_id(key),
+    ))
 }
 
 /// Builds mappings from the text of a maps file; `build_id` supplies each file's build-id.
@@ -73,7 +76,10 @@ pub(crate) fn mappings_from_maps(
     text.lines()
         .filter_map(parse_maps_line)
         .filter(|l| {
-            l.executable && l.inode != 0 && l.path.starts_with('/') && !l.path.ends_with(" (deleted)")
+            l.executable
+                && l.inode != 0
+                && l.path.starts_with('/')
+                && !l.path.ends_with(" (deleted)")
         })
         .map(|l| {
             let key = (l.dev.to_string(), l.inode, l.path.to_string());
@@ -151,7 +157,10 @@ mod tests {
         assert_eq!(calls, 1);
         assert_eq!(got.len(), 1);
         let m = &got[0];
-        assert_eq!((m.tgid, m.ts_ns, m.start, m.end), (7, 99, 0x55d000001000, 0x55d000002000));
+        assert_eq!(
+            (m.tgid, m.ts_ns, m.start, m.end),
+            (7, 99, 0x55d000001000, 0x55d000002000)
+        );
         assert_eq!(m.file_offset, 0x1000);
         assert_eq!(m.path, "/opt/my prog");
         assert_eq!(m.build_id, vec![0xab, 0xcd]);

@@ -85,7 +85,11 @@ impl Symbolizer {
     /// given the mappings recorded for its process.
     pub fn user(&mut self, addr: u64, mappings: &[Mapping]) -> Vec<Frame> {
         // The latest recorded mapping wins (a later exec replaces earlier ones).
-        let Some(m) = mappings.iter().rev().find(|m| m.start <= addr && addr < m.end) else {
+        let Some(m) = mappings
+            .iter()
+            .rev()
+            .find(|m| m.start <= addr && addr < m.end)
+        else {
             self.stats.unresolved += 1;
             return vec![Frame::unresolved("[unknown]", addr, false)];
         };
@@ -182,10 +186,7 @@ impl Symbolizer {
 /// Leaf-first frames of one blazesym symbol: innermost inlined function first.
 fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str, kernel: bool) -> Vec<Frame> {
     let code = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| match info {
-        Some(ci) => (
-            Some(ci.to_path().to_string_lossy().into_owned()),
-            ci.line,
-        ),
+        Some(ci) => (Some(ci.to_path().to_string_lossy().into_owned()), ci.line),
         None => (None, None),
     };
     let mut frames = Vec::with_capacity(1 + sym.inlined.len());

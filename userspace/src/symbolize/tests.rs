@@ -33,10 +33,16 @@ fn symbol_file_offset(bin: &Path, name: &str) -> u64 {
         .find_map(|l| {
             let mut f = l.split_whitespace();
             let (v, _, n) = (f.next()?, f.next()?, f.next()?);
-            (n == name).then(|| u64::from_str_radix(v, 16).ok()).flatten()
+            (n == name)
+                .then(|| u64::from_str_radix(v, 16).ok())
+                .flatten()
         })
         .unwrap_or_else(|| panic!("{name} not in nm output"));
-    let re = Command::new("readelf").args(["-lW"]).arg(bin).output().expect("run readelf");
+    let re = Command::new("readelf")
+        .args(["-lW"])
+        .arg(bin)
+        .output()
+        .expect("run readelf");
     let text = String::from_utf8_lossy(&re.stdout);
     for l in text.lines().filter(|l| l.trim_start().starts_with("LOAD")) {
         let f: Vec<&str> = l.split_whitespace().collect();
@@ -57,7 +63,11 @@ fn source_lines(name: &str) -> (u32, u32) {
         .iter()
         .position(|l| l.contains(&format!("void {name}(void)")))
         .expect("function in source");
-    let end = start + lines[start..].iter().position(|l| *l == "}").expect("closing brace");
+    let end = start
+        + lines[start..]
+            .iter()
+            .position(|l| *l == "}")
+            .expect("closing brace");
     (start as u32 + 1, end as u32 + 1)
 }
 
@@ -94,10 +104,16 @@ fn resolves_workload_functions_live_and_after_exit() {
             let frames = sym.user(addr_of(name), &maps);
             let f = last_frame(&frames);
             assert_eq!(f.function, name);
-            assert!(f.file.as_deref().is_some_and(|p| p.ends_with("burn.c")), "{f:?}");
+            assert!(
+                f.file.as_deref().is_some_and(|p| p.ends_with("burn.c")),
+                "{f:?}"
+            );
             let (first, last) = source_lines(name);
             let line = f.line.expect("DWARF line");
-            assert!((first..=last).contains(&line), "{name} line {line} not in {first}..={last}");
+            assert!(
+                (first..=last).contains(&line),
+                "{name} line {line} not in {first}..={last}"
+            );
             assert_eq!(f.module, m.path);
             assert!(!f.kernel && !f.inlined);
         }
@@ -106,7 +122,11 @@ fn resolves_workload_functions_live_and_after_exit() {
     check(&mut sym);
     assert_eq!(sym.stats().resolved, 2);
     check(&mut sym);
-    assert_eq!(sym.stats().resolved, 2, "second lookup comes from the cache");
+    assert_eq!(
+        sym.stats().resolved,
+        2,
+        "second lookup comes from the cache"
+    );
 
     child.kill().expect("kill burn");
     child.wait().expect("reap burn");
@@ -134,13 +154,19 @@ fn falls_back_to_module_offset() {
     // Same file, recorded build-id differs (binary rebuilt since): no wrong names.
     let wrong = vec![mapping(&bin, vec![1, 2, 3, 4])];
     let frames = sym.user(0x10_0000 + off, &wrong);
-    assert_eq!(frames, vec![Frame::unresolved(&bin.to_string_lossy(), off, false)]);
+    assert_eq!(
+        frames,
+        vec![Frame::unresolved(&bin.to_string_lossy(), off, false)]
+    );
     assert_eq!(last_frame(&frames).function, format!("burn+{off:#x}"));
     assert_eq!(sym.stats().build_id_mismatches, 1);
 
     // An offset inside the ELF header is no function.
     let right = vec![mapping(&bin, read_build_id(&bin))];
-    assert_eq!(last_frame(&sym.user(0x10_0000 + 0x10, &right)).function, "burn+0x10");
+    assert_eq!(
+        last_frame(&sym.user(0x10_0000 + 0x10, &right)).function,
+        "burn+0x10"
+    );
 
     // Stripped copy: the build-id still matches, the names are gone.
     let stripped = dir.path().join("burn-stripped");
@@ -152,13 +178,26 @@ fn falls_back_to_module_offset() {
         .expect("run strip");
     assert!(ok.success());
     let maps = vec![mapping(&stripped, read_build_id(&stripped))];
-    assert_eq!(maps[0].build_id, read_build_id(&bin), "strip keeps the build-id note");
-    assert_eq!(last_frame(&sym.user(0x10_0000 + off, &maps)).function, format!("burn-stripped+{off:#x}"));
+    assert_eq!(
+        maps[0].build_id,
+        read_build_id(&bin),
+        "strip keeps the build-id note"
+    );
+    assert_eq!(
+        last_frame(&sym.user(0x10_0000 + off, &maps)).function,
+        format!("burn-stripped+{off:#x}")
+    );
 
     // No mapping at all, and a file that vanished.
-    assert_eq!(last_frame(&sym.user(0x42, &right)).function, "[unknown]+0x42");
+    assert_eq!(
+        last_frame(&sym.user(0x42, &right)).function,
+        "[unknown]+0x42"
+    );
     let gone = vec![mapping(&dir.path().join("nope"), vec![])];
-    assert_eq!(last_frame(&sym.user(0x10_0000 + 0x99, &gone)).function, "nope+0x99");
+    assert_eq!(
+        last_frame(&sym.user(0x10_0000 + 0x99, &gone)).function,
+        "nope+0x99"
+    );
 }
 
 #[test]
@@ -174,7 +213,13 @@ fn kernel_frames_from_kallsyms() {
     let frames = sym.kernel(0xffff_ffff_8100_0150);
     assert_eq!(last_frame(&frames).function, "do_syscall_64");
     assert!(last_frame(&frames).kernel);
-    assert_eq!(last_frame(&sym.kernel(0xffff_ffff_8100_0210)).function, "schedule");
+    assert_eq!(
+        last_frame(&sym.kernel(0xffff_ffff_8100_0210)).function,
+        "schedule"
+    );
     let mut none = Symbolizer::with_kallsyms(None);
-    assert_eq!(last_frame(&none.kernel(0xffff_ffff_8100_0150)).function, "[kernel]+0xffffffff81000150");
+    assert_eq!(
+        last_frame(&none.kernel(0xffff_ffff_8100_0150)).function,
+        "[kernel]+0xffffffff81000150"
+    );
 }

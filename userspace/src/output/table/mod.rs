@@ -163,7 +163,11 @@ fn columns(report: &Report) -> Vec<String> {
         By::Function => vec!["function".into(), "module".into()],
     };
     cols.extend(["cpu_s".to_string(), "samples".to_string()]);
-    let prefix = if report.by == By::Function { "self_" } else { "" };
+    let prefix = if report.by == By::Function {
+        "self_"
+    } else {
+        ""
+    };
     for d in &report.domains {
         cols.push(format!("{prefix}{d}_j"));
         cols.push(format!("{prefix}{d}_ci95"));
@@ -187,7 +191,9 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
             Cell::Int(u64::from(*tid)),
             Cell::Text(comm.clone()),
         ],
-        RowKey::Function { name, module } => vec![Cell::Text(name.clone()), Cell::Text(module.clone())],
+        RowKey::Function { name, module } => {
+            vec![Cell::Text(name.clone()), Cell::Text(module.clone())]
+        }
     };
     c.push(Cell::Num(row.cpu_ns / 1e9, 3));
     c.push(Cell::Int(row.samples));
@@ -198,7 +204,12 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
     }
     if report.by == By::Function {
         for i in 0..report.domains.len() {
-            let total = row.total_energy.as_ref().and_then(|t| t.get(i)).copied().unwrap_or_default();
+            let total = row
+                .total_energy
+                .as_ref()
+                .and_then(|t| t.get(i))
+                .copied()
+                .unwrap_or_default();
             c.push(Cell::Num(total.joules, 3));
         }
     }
@@ -215,10 +226,15 @@ fn sort_column(cols: &[String], name: &str) -> Result<usize, OutputError> {
     if let Some(i) = cols.iter().position(|c| *c == name) {
         return Ok(i);
     }
-    let matches: Vec<usize> = (0..cols.len()).filter(|&i| cols[i].starts_with(&name)).collect();
+    let matches: Vec<usize> = (0..cols.len())
+        .filter(|&i| cols[i].starts_with(&name))
+        .collect();
     match matches.as_slice() {
         [i] => Ok(*i),
-        _ => Err(OutputError::NoSuchColumn { name, available: cols.join(", ") }),
+        _ => Err(OutputError::NoSuchColumn {
+            name,
+            available: cols.join(", "),
+        }),
     }
 }
 
@@ -230,7 +246,10 @@ pub fn render(
     out: &mut dyn Write,
 ) -> Result<(), OutputError> {
     let cols = columns(report);
-    let default_sort = cols.iter().position(|c| c.ends_with("_j")).or_else(|| cols.iter().position(|c| c == "cpu_s"));
+    let default_sort = cols
+        .iter()
+        .position(|c| c.ends_with("_j"))
+        .or_else(|| cols.iter().position(|c| c == "cpu_s"));
     let sort = match &opts.sort {
         Some(name) => Some(sort_column(&cols, name)?),
         None => default_sort,
@@ -248,19 +267,40 @@ pub fn render(
     }
 }
 
-fn table(report: &Report, cols: &[String], rows: &[Vec<Cell>], out: &mut dyn Write) -> Result<(), OutputError> {
+fn table(
+    report: &Report,
+    cols: &[String],
+    rows: &[Vec<Cell>],
+    out: &mut dyn Write,
+) -> Result<(), OutputError> {
     let tag = if report.estimated { " [estimated]" } else { "" };
     writeln!(out, "{}{tag}", report.title)?;
     let header: Vec<String> = cols.iter().map(|c| c.to_ascii_uppercase()).collect();
-    let texts: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(Cell::text).collect()).collect();
+    let texts: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(Cell::text).collect())
+        .collect();
     let widths: Vec<usize> = (0..cols.len())
-        .map(|i| texts.iter().map(|r| r[i].chars().count()).chain([header[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            texts
+                .iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let line = |cells: &[String], numeric: &dyn Fn(usize) -> bool| -> String {
         let parts: Vec<String> = cells
             .iter()
             .enumerate()
-            .map(|(i, s)| if numeric(i) { format!("{s:>w$}", w = widths[i]) } else { format!("{s:<w$}", w = widths[i]) })
+            .map(|(i, s)| {
+                if numeric(i) {
+                    format!("{s:>w$}", w = widths[i])
+                } else {
+                    format!("{s:<w$}", w = widths[i])
+                }
+            })
             .collect();
         parts.join("  ").trim_end().to_string()
     };
@@ -270,12 +310,20 @@ fn table(report: &Report, cols: &[String], rows: &[Vec<Cell>], out: &mut dyn Wri
         writeln!(out, "{}", line(r, &is_num))?;
     }
     if report.estimated {
-        writeln!(out, "energy is estimated (modelled, not measured); intervals are 95%")?;
+        writeln!(
+            out,
+            "energy is estimated (modelled, not measured); intervals are 95%"
+        )?;
     }
     Ok(())
 }
 
-fn json_doc(report: &Report, cols: &[String], rows: &[Vec<Cell>], out: &mut dyn Write) -> Result<(), OutputError> {
+fn json_doc(
+    report: &Report,
+    cols: &[String],
+    rows: &[Vec<Cell>],
+    out: &mut dyn Write,
+) -> Result<(), OutputError> {
     let rows: Vec<Value> = rows
         .iter()
         .map(|r| {

@@ -2,10 +2,17 @@ use super::*;
 
 fn report(estimated: bool) -> Report {
     let row = |pid, comm: &str, j: f64, share| ReportRow {
-        key: RowKey::Process { pid, comm: comm.into() },
+        key: RowKey::Process {
+            pid,
+            comm: comm.into(),
+        },
         cpu_ns: j * 1e9,
         samples: (j * 100.0) as u64,
-        energy: vec![EnergyCell { joules: j, ci_low: j * 0.9, ci_high: j * 1.1 }],
+        energy: vec![EnergyCell {
+            joules: j,
+            ci_low: j * 0.9,
+            ci_high: j * 1.1,
+        }],
         total_energy: None,
         power_w: j / 10.0,
         share,
@@ -13,7 +20,11 @@ fn report(estimated: bool) -> Report {
     Report {
         by: By::Process,
         domains: vec!["package".into()],
-        rows: vec![row(1, "init", 1.0, 0.1), row(42, "burn, \"x\"", 6.0, 0.6), row(7, "sshd", 3.0, 0.3)],
+        rows: vec![
+            row(1, "init", 1.0, 0.1),
+            row(42, "burn, \"x\"", 6.0, 0.6),
+            row(7, "sshd", 3.0, 0.3),
+        ],
         estimated,
         title: "energy-bpf on box, 10.0 s, model".into(),
     }
@@ -41,7 +52,10 @@ energy is estimated (modelled, not measured); intervals are 95%
 
 #[test]
 fn sort_by_named_column_and_limit() {
-    let opts = RenderOptions { sort: Some("comm".into()), limit: Some(2) };
+    let opts = RenderOptions {
+        sort: Some("comm".into()),
+        limit: Some(2),
+    };
     let text = render_str(&report(false), &opts, Format::Csv);
     let want = "\
 pid,comm,cpu_s,samples,package_j,package_ci_low,package_ci_high,power_w,share_pct
@@ -49,9 +63,16 @@ pid,comm,cpu_s,samples,package_j,package_ci_low,package_ci_high,power_w,share_pc
 1,init,1,100,1,0.9,1.1,0.1,10
 ";
     assert_eq!(text, want);
-    let opts = RenderOptions { sort: Some("pid".into()), limit: None };
+    let opts = RenderOptions {
+        sort: Some("pid".into()),
+        limit: None,
+    };
     let text = render_str(&report(false), &opts, Format::Csv);
-    let pids: Vec<&str> = text.lines().skip(1).filter_map(|l| l.split(',').next()).collect();
+    let pids: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split(',').next())
+        .collect();
     assert_eq!(pids, vec!["42", "7", "1"]);
 }
 
@@ -59,7 +80,10 @@ pid,comm,cpu_s,samples,package_j,package_ci_low,package_ci_high,power_w,share_pc
 fn unknown_or_ambiguous_sort_column_is_an_error() {
     let mut out = Vec::new();
     for bad in ["watts", "package"] {
-        let opts = RenderOptions { sort: Some(bad.into()), limit: None };
+        let opts = RenderOptions {
+            sort: Some(bad.into()),
+            limit: None,
+        };
         let err = render(&report(false), &opts, Format::Table, &mut out).expect_err(bad);
         assert!(err.to_string().contains("columns are pid, comm"), "{err}");
     }
@@ -71,7 +95,10 @@ fn json_has_meta_and_rows() {
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     assert_eq!(v["estimated"], true);
     assert_eq!(v["rows"][0]["pid"], 42);
-    assert_eq!(v["rows"][0]["package_ci95"], serde_json::json!([5.4, 6.6000000000000005]));
+    assert_eq!(
+        v["rows"][0]["package_ci95"],
+        serde_json::json!([5.4, 6.6000000000000005])
+    );
     assert_eq!(v["rows"].as_array().map(Vec::len), Some(3));
 }
 
@@ -82,7 +109,11 @@ fn thread_rows_without_energy_sort_by_cpu() {
         domains: vec![],
         rows: vec![
             ReportRow {
-                key: RowKey::Thread { pid: 1, tid: 2, comm: "a".into() },
+                key: RowKey::Thread {
+                    pid: 1,
+                    tid: 2,
+                    comm: "a".into(),
+                },
                 cpu_ns: 1e9,
                 samples: 10,
                 energy: vec![],
@@ -91,7 +122,11 @@ fn thread_rows_without_energy_sort_by_cpu() {
                 share: 0.0,
             },
             ReportRow {
-                key: RowKey::Thread { pid: 1, tid: 3, comm: "b".into() },
+                key: RowKey::Thread {
+                    pid: 1,
+                    tid: 3,
+                    comm: "b".into(),
+                },
                 cpu_ns: 2e9,
                 samples: 20,
                 energy: vec![],
