@@ -187,3 +187,54 @@ fn create_private(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::Fil
         .with_context(|| format!("cannot set permissions of {}", path.display()))?;
     Ok(std::io::BufWriter::new(file))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn output_files_are_private_even_when_they_existed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.svg");
+        std::fs::write(&path, "old contents that are longer").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let mut f = create_private(&path).expect("create");
+        f.write_all(b"new").expect("write");
+        drop(f);
+        let meta = std::fs::metadata(&path).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read(&path).expect("read"), b"new");
+        let err = create_private(&dir.path().join("no/such/dir/x")).expect_err("no dir");
+        assert!(
+            format!("{err:#}").contains("check the directory exists"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn domains_name_profile_values() {
+        assert_eq!(Domain::Package.value_name(), "energy_package");
+        assert_eq!(Domain::Dram.value_name(), "energy_dram");
+        assert_eq!(Domain::Gpu.value_name(), "energy_gpu");
+        assert_eq!(Domain::CpuTime.value_name(), "cpu");
+    }
+
+    #[test]
+    fn missing_recording_is_a_one_line_error() {
+        let args = Args {
+            file: PathBuf::from("/nonexistent/rec.ebpf"),
+            format: Format::Svg,
+            domain: None,
+            pids: vec![],
+            comms: vec![],
+            output: None,
+            width: None,
+        };
+        let err = run(args).expect_err("missing file");
+        assert!(
+            format!("{err:#}").contains("/nonexistent/rec.ebpf"),
+            "{err:#}"
+        );
+    }
+}

@@ -11,7 +11,6 @@ pub mod speedscope;
 pub mod svg;
 pub mod table;
 
-use std::collections::HashMap;
 use std::io::Write;
 
 use crate::profile::{Frame, Profile, ProfileSample};

@@ -14,6 +14,9 @@ use crate::symbolize::Symbolizer;
 /// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
 type FastMap<K, V> = foldhash::HashMap<K, V>;
 
+/// A raw stack as recorded: (tgid, kernel addresses, user addresses).
+type StackKey<'r> = (u32, &'r [u64], &'r [u64]);
+
 /// Which samples to keep. Empty lists keep everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Filter {
@@ -117,7 +120,7 @@ pub fn build(
     };
     let no_mappings: Vec<Mapping> = Vec::new();
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
-    let mut stacks: FastMap<(u32, &[u64], &[u64]), Vec<FrameId>> = FastMap::default();
+    let mut stacks: FastMap<StackKey<'_>, Vec<FrameId>> = FastMap::default();
     let mut samples = Vec::with_capacity(rec.samples.len());
     for (i, s) in rec.samples.iter().enumerate() {
         let (comm, keep) = thread(s.tid, s.tgid);
