@@ -13,3 +13,5 @@ mod errors;
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
 mod attribution;
+// Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
+mod outputs;

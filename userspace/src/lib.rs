@@ -9,14 +9,20 @@
 //!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
+//! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
+//! - [`profile`]: the one typed profile model every output reads.
+//! - [`output`]: exporters (SVG, collapsed, pprof, speedscope) and report tables.
 
 pub mod analysis;
 pub mod attribute;
 pub mod capture;
 pub mod commands;
 pub mod energy;
+pub mod output;
+pub mod profile;
 pub mod record;
 pub mod summary;
+pub mod symbolize;
 pub mod timeline;
 pub mod tui;
 

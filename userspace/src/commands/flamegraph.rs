@@ -1,11 +1,240 @@
-//! `energy-bpf flamegraph` (being built; see the issue for this command).
+//! `energy-bpf flamegraph FILE`: an energy-weighted flamegraph (SVG, collapsed, pprof or
+//! speedscope) from a recording. Reading, weighting, symbolizing and exporting are library
+//! work; this module parses arguments and wires them.
+use std::fs::OpenOptions;
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+
+use crate::output::{ProfileSink, collapsed, pprof, speedscope, svg};
+use crate::profile::{self, Filter, SampleValues};
+use crate::record::{self, Recording};
+use crate::symbolize::Symbolizer;
+
+/// Output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Interactive flamegraph SVG (inferno).
+    Svg,
+    /// Collapsed stacks, `comm;frame;... COUNT` (flamegraph.pl, inferno, speedscope).
+    Collapsed,
+    /// gzip-compressed pprof protobuf (`go tool pprof`, Pyroscope, Parca).
+    Pprof,
+    /// speedscope JSON.
+    Speedscope,
+}
+
+/// What the widths measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Domain {
+    /// CPU package energy (RAPL package, or the model).
+    Package,
+    /// DRAM energy.
+    Dram,
+    /// GPU energy.
+    Gpu,
+    /// On-CPU time instead of energy.
+    CpuTime,
+}
+
+impl Domain {
+    /// Name of the profile value this domain selects.
+    pub fn value_name(self) -> &'static str {
+        match self {
+            Domain::Package => "energy_package",
+            Domain::Dram => "energy_dram",
+            Domain::Gpu => "energy_gpu",
+            Domain::CpuTime => profile::CPU,
+        }
+    }
+}
 
 /// Arguments of `energy-bpf flamegraph`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Recording made by `energy-bpf record`.
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Svg)]
+    pub format: Format,
+    /// What the widths measure (default: package energy when recorded, else CPU time).
+    #[arg(long, value_enum)]
+    pub domain: Option<Domain>,
+    /// Only these process ids (repeatable).
+    #[arg(long = "pid")]
+    pub pids: Vec<u32>,
+    /// Only threads or processes with this name (repeatable).
+    #[arg(long = "comm")]
+    pub comms: Vec<String>,
+    /// Write here instead of standard output (created with mode 0600).
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// SVG width in pixels.
+    #[arg(long)]
+    pub width: Option<usize>,
+}
+
+/// Per-sample weights of a recording.
+///
+/// CPU time for now; energy per domain comes from the attribution module and is appended
+/// here (same `SampleValues` shape), so exporters and this command need no change.
+pub fn weights(rec: &Recording) -> SampleValues {
+    SampleValues::cpu_time(rec)
+}
+
+/// A symbolizer whose kernel symbols are those of the recorded kernel: /proc/kallsyms only
+/// when the recording was made on the running kernel, else kernel frames stay
+/// `[kernel]+0xADDR` rather than get another kernel's names.
+pub fn symbolizer_for(rec: &Recording) -> Symbolizer {
+    let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let same_kernel =
+        rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;
+    Symbolizer::with_kallsyms(same_kernel.then(|| PathBuf::from("/proc/kallsyms")))
+}
 
 /// Runs the command.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`flamegraph` is not available in this build yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rec = record::read_file(&args.file)
+        .with_context(|| format!("cannot read recording {}", args.file.display()))?;
+    let weights = weights(&rec);
+    let filter = Filter {
+        pids: args.pids.clone(),
+        comms: args.comms.clone(),
+    };
+    let mut symbolizer = symbolizer_for(&rec);
+    let profile = profile::build(&rec, &weights, &mut symbolizer, &filter);
+
+    let value = match args.domain {
+        Some(d) => d.value_name(),
+        None if profile.value_index("energy_package").is_some() => "energy_package",
+        None => profile::CPU,
+    };
+    if profile.value_index(value).is_none() {
+        bail!(
+            "{} has no {value} values; pick another --domain (this recording has: {})",
+            args.file.display(),
+            profile
+                .value_types
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut sink: Box<dyn ProfileSink> = match args.format {
+        Format::Svg => Box::new(svg::Svg {
+            value: value.to_string(),
+            width: args.width,
+        }),
+        Format::Collapsed => Box::new(collapsed::Collapsed {
+            value: value.to_string(),
+        }),
+        Format::Pprof => Box::new(pprof::Pprof {
+            default_value: Some(value.to_string()),
+        }),
+        Format::Speedscope => Box::new(speedscope::Speedscope {
+            value: value.to_string(),
+        }),
+    };
+    if rec.truncated {
+        eprintln!(
+            "energy-bpf: warning: {} was cut short (no trailer); showing what it holds",
+            args.file.display()
+        );
+    }
+    match &args.output {
+        Some(path) => {
+            let mut file = create_private(path)?;
+            sink.write_profile(&profile, &mut file)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            file.flush()
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        None => {
+            let stdout = std::io::stdout();
+            if args.format == Format::Pprof && stdout.is_terminal() {
+                bail!("pprof output is binary; write it to a file with -o FILE.pb.gz");
+            }
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            sink.write_profile(&profile, &mut out)
+                .context("cannot write to standard output")?;
+            out.flush().context("cannot write to standard output")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates (or truncates) `path` readable by its owner only: profiles name processes and
+/// command lines.
+fn create_private(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot create {} (check the directory exists and is writable)",
+                path.display()
+            )
+        })?;
+    // An existing file keeps its old mode through open(); tighten it.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot set permissions of {}", path.display()))?;
+    Ok(std::io::BufWriter::new(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn output_files_are_private_even_when_they_existed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.svg");
+        std::fs::write(&path, "old contents that are longer").expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let mut f = create_private(&path).expect("create");
+        f.write_all(b"new").expect("write");
+        drop(f);
+        let meta = std::fs::metadata(&path).expect("stat");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read(&path).expect("read"), b"new");
+        let err = create_private(&dir.path().join("no/such/dir/x")).expect_err("no dir");
+        assert!(
+            format!("{err:#}").contains("check the directory exists"),
+            "{err:#}"
+        );
+    }
+
+    #[test]
+    fn domains_name_profile_values() {
+        assert_eq!(Domain::Package.value_name(), "energy_package");
+        assert_eq!(Domain::Dram.value_name(), "energy_dram");
+        assert_eq!(Domain::Gpu.value_name(), "energy_gpu");
+        assert_eq!(Domain::CpuTime.value_name(), "cpu");
+    }
+
+    #[test]
+    fn missing_recording_is_a_one_line_error() {
+        let args = Args {
+            file: PathBuf::from("/nonexistent/rec.ebpf"),
+            format: Format::Svg,
+            domain: None,
+            pids: vec![],
+            comms: vec![],
+            output: None,
+            width: None,
+        };
+        let err = run(args).expect_err("missing file");
+        assert!(
+            format!("{err:#}").contains("/nonexistent/rec.ebpf"),
+            "{err:#}"
+        );
+    }
 }

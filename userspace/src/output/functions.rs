@@ -1,0 +1,297 @@
+//! `report --by function`: self and total (inclusive) energy per function name from a
+//! [`Profile`], with 95% confidence intervals from the per-sample weights.
+//!
+//! Interval (ALEA, seed 001, §"Bounds and Confidence", eq. 9-17): a function's energy is
+//! E = N·p·w̄ with p = n/N its share of the N samples and w̄ the mean weight of its n
+//! samples. The bounds multiply the interval of p (Wilson score, which stays sane for rare
+//! functions where eq. 9's normal approximation does not) by the interval of the mean
+//! weight w̄ ± z·s/√n (eq. 13-15).
+
+use std::collections::HashMap;
+
+use super::table::{By, EnergyCell, Report, ReportRow, RowKey};
+use crate::profile::Profile;
+
+/// z for a two-sided 95% interval.
+const Z95: f64 = 1.959_963_984_540_054;
+
+/// Wilson score interval of a proportion `n / total` (two-sided, `z`).
+pub fn wilson(n: u64, total: u64, z: f64) -> (f64, f64) {
+    if total == 0 {
+        return (0.0, 0.0);
+    }
+    let (n, t) = (n as f64, total as f64);
+    let p = n / t;
+    let z2 = z * z;
+    let denom = 1.0 + z2 / t;
+    let centre = (p + z2 / (2.0 * t)) / denom;
+    let half = z * (p * (1.0 - p) / t + z2 / (4.0 * t * t)).sqrt() / denom;
+    // At n = 0 the lower bound is 0 exactly (the formula leaves rounding noise).
+    let lo = if n == 0.0 {
+        0.0
+    } else {
+        (centre - half).max(0.0)
+    };
+    (lo, (centre + half).min(1.0))
+}
+
+/// Running sums of one function's sample weights in one domain.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WeightSums {
+    /// Samples.
+    pub n: u64,
+    /// Σ w.
+    pub sum: f64,
+    /// Σ w².
+    pub sum_sq: f64,
+    /// Energy known exactly (residual thread energy without a stack sample): no sampling
+    /// error, added to both ends of the interval.
+    pub exact: f64,
+}
+
+impl WeightSums {
+    /// Adds one sample's weight.
+    pub fn add(&mut self, w: f64) {
+        self.n += 1;
+        self.sum += w;
+        self.sum_sq += w * w;
+    }
+
+    /// Adds energy that was not sampled.
+    pub fn add_exact(&mut self, w: f64) {
+        self.exact += w;
+    }
+
+    /// Estimate: sampled plus exact energy.
+    pub fn total(&self) -> f64 {
+        self.sum + self.exact
+    }
+
+    /// The 95% interval of the energy of these `n` samples out of `total_samples`
+    /// (ALEA eq. 17); equal to `sum` at both ends when every sample was charged.
+    pub fn interval(&self, total_samples: u64) -> (f64, f64) {
+        if self.n == 0 {
+            return (self.exact, self.exact);
+        }
+        let n = self.n as f64;
+        let mean = self.sum / n;
+        let var = if self.n > 1 {
+            ((self.sum_sq - n * mean * mean) / (n - 1.0)).max(0.0)
+        } else {
+            0.0
+        };
+        let half = Z95 * var.sqrt() / n.sqrt();
+        let (p_lo, p_hi) = wilson(self.n, total_samples, Z95);
+        let t = total_samples as f64;
+        (
+            self.exact + t * p_lo * (mean - half).max(0.0),
+            self.exact + t * p_hi * (mean + half),
+        )
+    }
+}
+
+struct Acc {
+    module: String,
+    cpu_ns: f64,
+    self_w: Vec<WeightSums>,
+    total_w: Vec<WeightSums>,
+}
+
+/// Per-function rows of `profile` for the energy values named in `domains` (e.g.
+/// `["package", "dram"]` for `energy_package`, `energy_dram`); energies in J.
+///
+/// Self energy comes from samples whose leaf is the function; total energy from samples
+/// with the function anywhere on the stack (counted once per sample under recursion).
+pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
+    let value_idx: Vec<Option<usize>> = domains
+        .iter()
+        .map(|d| profile.value_index(&format!("energy_{d}")))
+        .collect();
+    let cpu_idx = profile.value_index(crate::profile::CPU);
+    let nd = domains.len();
+    // One slot per function name; frames map to slots once, so the per-sample loop only
+    // touches integers.
+    let mut slot_of_name: HashMap<&str, usize> = HashMap::new();
+    let mut accs: Vec<(&str, Acc)> = Vec::new();
+    let frame_slot: Vec<usize> = profile
+        .frames
+        .iter()
+        .map(|f| {
+            *slot_of_name.entry(f.function.as_str()).or_insert_with(|| {
+                accs.push((
+                    f.function.as_str(),
+                    Acc {
+                        module: f.module.rsplit('/').next().unwrap_or(&f.module).to_string(),
+                        cpu_ns: 0.0,
+                        self_w: vec![WeightSums::default(); nd],
+                        total_w: vec![WeightSums::default(); nd],
+                    },
+                ));
+                accs.len() - 1
+            })
+        })
+        .collect();
+    // last_seen[slot] = 1 + index of the last sample that counted the slot's total.
+    let mut last_seen = vec![0usize; accs.len()];
+    let mut total_samples = 0u64;
+    let count_idx = profile.value_index(crate::profile::SAMPLES);
+    let mut weights = vec![0.0; nd];
+    for (i, s) in profile.samples.iter().enumerate() {
+        // Residual entries (count 0) carry exact energy, not a sample.
+        let sampled = count_idx
+            .and_then(|i| s.values.get(i))
+            .is_none_or(|&c| c > 0.0);
+        total_samples += u64::from(sampled);
+        for (w, idx) in weights.iter_mut().zip(&value_idx) {
+            *w = idx.and_then(|i| s.values.get(i)).copied().unwrap_or(0.0) / 1e6;
+        }
+        let add = |sums: &mut [WeightSums], weights: &[f64]| {
+            for (ws, &w) in sums.iter_mut().zip(weights) {
+                if sampled { ws.add(w) } else { ws.add_exact(w) }
+            }
+        };
+        for (depth, &fid) in s.frames.iter().enumerate() {
+            let Some(&slot) = frame_slot.get(fid as usize) else {
+                continue;
+            };
+            let acc = &mut accs[slot].1;
+            if depth == 0 {
+                acc.cpu_ns += cpu_idx
+                    .and_then(|i| s.values.get(i))
+                    .copied()
+                    .unwrap_or(0.0);
+                add(&mut acc.self_w, &weights);
+            }
+            // Recursion: a function counts once per sample in its total.
+            if last_seen[slot] != i + 1 {
+                last_seen[slot] = i + 1;
+                add(&mut acc.total_w, &weights);
+            }
+        }
+    }
+    let first_total = value_idx
+        .first()
+        .copied()
+        .flatten()
+        .and_then(|i| profile.meta.totals.get(i))
+        .map_or(0.0, |t| t / 1e6);
+    let secs = profile.meta.duration_ns as f64 / 1e9;
+    let cell = |ws: &WeightSums| {
+        let (ci_low, ci_high) = ws.interval(total_samples);
+        EnergyCell {
+            joules: ws.total(),
+            ci_low,
+            ci_high,
+        }
+    };
+    let rows = accs
+        .into_iter()
+        .filter(|(_, acc)| acc.total_w.first().is_none_or(|w| w.n > 0 || w.exact > 0.0))
+        .map(|(name, acc)| {
+            let energy: Vec<EnergyCell> = acc.self_w.iter().map(cell).collect();
+            let first = energy.first().map_or(0.0, |e| e.joules);
+            ReportRow {
+                key: RowKey::Function {
+                    name: name.to_string(),
+                    module: acc.module,
+                },
+                cpu_ns: acc.cpu_ns,
+                samples: acc.self_w.first().map_or(0, |w| w.n),
+                total_energy: Some(acc.total_w.iter().map(cell).collect()),
+                energy,
+                power_w: if secs > 0.0 { first / secs } else { 0.0 },
+                share: if first_total > 0.0 {
+                    first / first_total
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect();
+    Report {
+        by: By::Function,
+        domains: domains.to_vec(),
+        rows,
+        estimated: profile.meta.estimated,
+        title: profile.meta.title.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::table::{Format, RenderOptions, render};
+    use crate::output::testdata;
+
+    #[test]
+    fn wilson_matches_known_values() {
+        // 10 of 100 at 95%: (0.0552, 0.1744), e.g. from R's prop.test without correction.
+        let (lo, hi) = wilson(10, 100, Z95);
+        assert!(
+            (lo - 0.05523).abs() < 1e-4 && (hi - 0.17437).abs() < 1e-4,
+            "{lo} {hi}"
+        );
+        assert_eq!(wilson(0, 0, Z95), (0.0, 0.0));
+        let (lo, hi) = wilson(0, 50, Z95);
+        assert_eq!(lo, 0.0);
+        assert!(hi > 0.0 && hi < 0.1);
+    }
+
+    #[test]
+    fn interval_brackets_the_estimate() {
+        let mut ws = WeightSums::default();
+        for w in [1.0, 1.2, 0.8, 1.0] {
+            ws.add(w);
+        }
+        let (lo, hi) = ws.interval(40);
+        assert!(lo < ws.sum && ws.sum < hi, "{lo} {} {hi}", ws.sum);
+        assert_eq!(WeightSums::default().interval(40), (0.0, 0.0));
+        ws.add_exact(2.0);
+        let (lo2, hi2) = ws.interval(40);
+        assert!((lo2 - lo - 2.0).abs() < 1e-12 && (hi2 - hi - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn self_and_total_energy_per_function() {
+        let p = testdata::profile();
+        let report = by_function(&p, &["package".to_string()]);
+        let row = |name: &str| {
+            report
+                .rows
+                .iter()
+                .find(|r| matches!(&r.key, RowKey::Function { name: n, .. } if n == name))
+                .unwrap_or_else(|| panic!("no row for {name}"))
+        };
+        let heavy = row("hot_heavy");
+        // Self: only the sample whose leaf is hot_heavy; total: both stacks through it.
+        assert!((heavy.energy[0].joules - 0.2999998).abs() < 1e-9);
+        let total = heavy.total_energy.as_ref().expect("total")[0].joules;
+        assert!((total - 0.6000002).abs() < 1e-9);
+        assert_eq!(heavy.samples, 1);
+        assert!((row("hot_light").energy[0].joules - 0.2).abs() < 1e-9);
+        assert!(
+            (row("main").total_energy.as_ref().expect("total")[0].joules - 0.8000002).abs() < 1e-9
+        );
+        assert_eq!(row("main").energy[0].joules, 0.0);
+        assert!((heavy.power_w - 0.1499999).abs() < 1e-6);
+        assert!(report.estimated);
+        // Residual energy is exact: no interval, no sample.
+        let residual = row(crate::profile::NO_STACK_SAMPLE);
+        assert_eq!(residual.samples, 0);
+        assert_eq!(
+            (residual.energy[0].ci_low, residual.energy[0].ci_high),
+            (0.05, 0.05)
+        );
+
+        let mut out = Vec::new();
+        let opts = RenderOptions {
+            sort: Some("total_package".into()),
+            limit: Some(3),
+        };
+        render(&report, &opts, Format::Table, &mut out).expect("render");
+        testdata::assert_golden("functions_table.txt", &out);
+        let mut out = Vec::new();
+        render(&report, &RenderOptions::default(), Format::Csv, &mut out).expect("render");
+        testdata::assert_golden("functions.csv", &out);
+    }
+}

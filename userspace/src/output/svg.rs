@@ -1,0 +1,107 @@
+//! Energy flamegraph SVG via inferno: widths in µJ (or ns for CPU time), title with the
+//! total and the average power, and `estimated` when the energy is modelled.
+
+use std::io::Write;
+
+use super::{OutputError, ProfileSink, collapsed, joules_and_watts, value_index};
+use crate::profile::Profile;
+
+/// Writes an interactive flamegraph SVG weighted by one value.
+pub struct Svg {
+    /// Name of the value to weight by (e.g. `energy_package`, `cpu`).
+    pub value: String,
+    /// Image width in pixels (inferno's default when `None`).
+    pub width: Option<usize>,
+}
+
+/// The flamegraph title: what is measured, its total, average power, and `estimated`.
+pub fn title(profile: &Profile, value: usize) -> (String, String) {
+    let vt = &profile.value_types[value];
+    let total = profile.meta.totals.get(value).copied().unwrap_or(0.0);
+    let (what, count_name) = match vt.unit.as_str() {
+        "microjoules" => {
+            let domain = vt.name.strip_prefix("energy_").unwrap_or(&vt.name);
+            (
+                format!(
+                    "Energy ({domain}): {}",
+                    joules_and_watts(total, profile.meta.duration_ns)
+                ),
+                "µJ",
+            )
+        }
+        "nanoseconds" => (format!("CPU time: {:.3} s", total / 1e9), "ns"),
+        unit => (format!("{}: {total:.0} {unit}", vt.name), "samples"),
+    };
+    let estimated = if profile.meta.estimated && vt.unit == "microjoules" {
+        " (estimated)"
+    } else {
+        ""
+    };
+    (
+        format!("{} — {what}{estimated}", profile.meta.title),
+        count_name.to_string(),
+    )
+}
+
+impl ProfileSink for Svg {
+    fn write_profile(&mut self, profile: &Profile, out: &mut dyn Write) -> Result<(), OutputError> {
+        let value = value_index(profile, &self.value)?;
+        let lines = collapsed::lines(profile, value);
+        if lines.is_empty() {
+            return Err(OutputError::Empty);
+        }
+        let (title, count_name) = title(profile, value);
+        let mut opts = inferno::flamegraph::Options::default();
+        opts.title = title;
+        opts.count_name = count_name;
+        opts.image_width = self.width;
+        // Same input, same colours: golden files and diffs of two runs stay stable.
+        opts.deterministic = true;
+        opts.hash = true;
+        if !profile.meta.source.is_empty() {
+            opts.subtitle = Some(format!("source: {}", profile.meta.source));
+        }
+        inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::testdata;
+
+    #[test]
+    fn matches_golden_file_and_names_functions() {
+        let mut out = Vec::new();
+        Svg {
+            value: "energy_package".into(),
+            width: Some(1200),
+        }
+        .write_profile(&testdata::profile(), &mut out)
+        .expect("write");
+        let text = String::from_utf8(out.clone()).expect("utf-8");
+        assert!(text.contains("hot_heavy"));
+        assert!(text.contains("hot_light"));
+        // 0.95 J over 2 s.
+        assert!(
+            text.contains("Energy (package): 0.950 J, 0.48 W average (estimated)"),
+            "title"
+        );
+        testdata::assert_golden("flamegraph.svg", &out);
+    }
+
+    #[test]
+    fn empty_profile_is_a_clear_error() {
+        let mut p = testdata::profile();
+        p.samples.clear();
+        p.recompute_totals();
+        let err = Svg {
+            value: "cpu".into(),
+            width: None,
+        }
+        .write_profile(&p, &mut Vec::new())
+        .expect_err("nothing to draw");
+        assert!(matches!(err, OutputError::Empty));
+    }
+}

@@ -1,0 +1,352 @@
+//! Building a [`Profile`] from a recording: filter samples, symbolize stacks (cached per
+//! unique address), intern frames, attach weights.
+
+use std::sync::Arc;
+
+use super::{
+    Frame, FrameId, Labels, NO_STACK_SAMPLE, Profile, ProfileMeta, ProfileSample, SAMPLES,
+    SampleValues, ValueType,
+};
+use crate::pb::v1::Mapping;
+use crate::record::Recording;
+use crate::symbolize::Symbolizer;
+
+/// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
+type FastMap<K, V> = foldhash::HashMap<K, V>;
+
+/// A raw stack as recorded: (tgid, kernel addresses, user addresses).
+type StackKey<'r> = (u32, &'r [u64], &'r [u64]);
+
+/// Which samples to keep. Empty lists keep everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// Keep only these process ids (tgid).
+    pub pids: Vec<u32>,
+    /// Keep only threads whose name, or whose process's name, is one of these.
+    pub comms: Vec<String>,
+}
+
+impl Filter {
+    fn keeps(&self, tgid: u32, comm: &str, process_comm: &str) -> bool {
+        (self.pids.is_empty() || self.pids.contains(&tgid))
+            && (self.comms.is_empty() || self.comms.iter().any(|c| c == comm || c == process_comm))
+    }
+}
+
+/// Interns frames and caches the frame ids of each address.
+struct Interner<'a> {
+    symbolizer: &'a mut Symbolizer,
+    ids: FastMap<Frame, FrameId>,
+    frames: Vec<Frame>,
+    user: FastMap<(u32, u64), Vec<FrameId>>,
+    kernel: FastMap<u64, Vec<FrameId>>,
+}
+
+impl Interner<'_> {
+    fn intern(&mut self, frame: Frame) -> FrameId {
+        if let Some(id) = self.ids.get(&frame) {
+            return *id;
+        }
+        let id = FrameId::try_from(self.frames.len()).unwrap_or(FrameId::MAX);
+        self.frames.push(frame.clone());
+        self.ids.insert(frame, id);
+        id
+    }
+
+    fn user(&mut self, tgid: u32, addr: u64, mappings: &[Mapping], out: &mut Vec<FrameId>) {
+        if let Some(ids) = self.user.get(&(tgid, addr)) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let frames = self.symbolizer.user(addr, mappings);
+        let ids: Vec<FrameId> = frames.into_iter().map(|f| self.intern(f)).collect();
+        out.extend_from_slice(&ids);
+        self.user.insert((tgid, addr), ids);
+    }
+
+    fn kernel(&mut self, addr: u64, out: &mut Vec<FrameId>) {
+        if let Some(ids) = self.kernel.get(&addr) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let frames = self.symbolizer.kernel(addr);
+        let ids: Vec<FrameId> = frames.into_iter().map(|f| self.intern(f)).collect();
+        out.extend_from_slice(&ids);
+        self.kernel.insert(addr, ids);
+    }
+}
+
+/// Builds the profile of `rec` weighted by `weights` (one row per `rec.samples[i]`).
+///
+/// Values are `samples/count` followed by `weights.value_types`. Caller addresses (every
+/// frame but the leaf) are looked up at `addr - 1`: a return address points after the call,
+/// possibly into the next line or function (as perf does).
+pub fn build(
+    rec: &Recording,
+    weights: &SampleValues,
+    symbolizer: &mut Symbolizer,
+    filter: &Filter,
+) -> Profile {
+    let mut value_types = vec![ValueType::new(SAMPLES, "count")];
+    value_types.extend(weights.value_types.iter().cloned());
+    let n_weights = weights.value_types.len();
+
+    let comm_of = |tid: u32| -> Arc<str> {
+        match rec.threads.get(&tid) {
+            Some(t) if !t.comm.is_empty() => Arc::from(t.comm.as_str()),
+            _ if tid == 0 => Arc::from("[idle]"),
+            _ => Arc::from("[unknown]"),
+        }
+    };
+    // Per thread: its name and whether the filter keeps it (decided once).
+    let mut threads: FastMap<u32, (Arc<str>, bool)> = FastMap::default();
+    let mut thread = |tid: u32, tgid: u32| -> (Arc<str>, bool) {
+        threads
+            .entry(tid)
+            .or_insert_with(|| {
+                let comm = comm_of(tid);
+                let keep = filter.keeps(tgid, &comm, &comm_of(tgid));
+                (comm, keep)
+            })
+            .clone()
+    };
+
+    let mut interner = Interner {
+        symbolizer,
+        ids: FastMap::default(),
+        frames: Vec::new(),
+        user: FastMap::default(),
+        kernel: FastMap::default(),
+    };
+    let no_mappings: Vec<Mapping> = Vec::new();
+    // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
+    let mut stacks: FastMap<StackKey<'_>, Vec<FrameId>> = FastMap::default();
+    let mut samples = Vec::with_capacity(rec.samples.len());
+    for (i, s) in rec.samples.iter().enumerate() {
+        let (comm, keep) = thread(s.tid, s.tgid);
+        if !keep {
+            continue;
+        }
+        let key = (s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice());
+        let frames = match stacks.get(&key) {
+            Some(frames) => frames.clone(),
+            None => {
+                let mut frames = Vec::with_capacity(s.kernel_stack.len() + s.user_stack.len());
+                for (depth, &addr) in s.kernel_stack.iter().enumerate() {
+                    interner.kernel(caller_adjusted(addr, depth), &mut frames);
+                }
+                let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
+                // With a kernel stack, the first user address is where the thread entered
+                // the kernel: still a leaf-like address of its own frame.
+                for (depth, &addr) in s.user_stack.iter().enumerate() {
+                    interner.user(s.tgid, caller_adjusted(addr, depth), mappings, &mut frames);
+                }
+                stacks.insert(key, frames.clone());
+                frames
+            }
+        };
+        let mut values = Vec::with_capacity(1 + n_weights);
+        values.push(1.0);
+        let row = weights.row(i);
+        values.extend((0..n_weights).map(|k| row.get(k).copied().unwrap_or(0.0)));
+        samples.push(ProfileSample {
+            frames,
+            values,
+            labels: Labels {
+                pid: s.tgid,
+                tid: s.tid,
+                comm,
+                cpu: Some(s.cpu),
+                cgroup: s.cgroup_id,
+            },
+        });
+    }
+
+    let residual_frame = interner.intern(Frame::synthetic(NO_STACK_SAMPLE));
+    let mut any_residual = false;
+    for r in &weights.residuals {
+        let (comm, keep) = thread(r.tid, r.tgid);
+        if !keep {
+            continue;
+        }
+        any_residual = true;
+        let mut values = Vec::with_capacity(1 + n_weights);
+        values.push(0.0);
+        values.extend((0..n_weights).map(|k| r.values.get(k).copied().unwrap_or(0.0)));
+        let cgroup = rec.threads.get(&r.tid).map_or(0, |t| t.cgroup_id);
+        samples.push(ProfileSample {
+            frames: vec![residual_frame],
+            values,
+            labels: Labels {
+                pid: r.tgid,
+                tid: r.tid,
+                comm,
+                cpu: None,
+                cgroup,
+            },
+        });
+    }
+    let mut frames = interner.frames;
+    if !any_residual && residual_frame as usize + 1 == frames.len() {
+        // Interned last and unused: keep the frame table to what samples use.
+        frames.pop();
+    }
+
+    let mut profile = Profile {
+        meta: ProfileMeta {
+            title: if rec.header.hostname.is_empty() {
+                "energy-bpf".to_string()
+            } else {
+                format!("energy-bpf on {}", rec.header.hostname)
+            },
+            totals: Vec::new(),
+            duration_ns: rec.duration_ns(),
+            estimated: weights.estimated,
+            source: weights.source.clone(),
+            sample_hz: rec.header.sample_hz,
+            start_unix_ns: rec.header.start_unix_ns,
+        },
+        value_types,
+        frames,
+        samples,
+    };
+    profile.recompute_totals();
+    profile
+}
+
+fn caller_adjusted(addr: u64, depth: usize) -> u64 {
+    if depth == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::v1::{Header, Sample, ThreadInfo};
+    use crate::profile::Residual;
+
+    fn rec() -> Recording {
+        let mut rec = Recording {
+            header: Header {
+                sample_hz: 100,
+                hostname: "box".into(),
+                ..Header::default()
+            },
+            end_ns: 2_000_000_000,
+            ..Recording::default()
+        };
+        for (tid, tgid, comm) in [(10, 10, "app"), (11, 10, "worker"), (20, 20, "other")] {
+            rec.threads.insert(
+                tid,
+                ThreadInfo {
+                    tid,
+                    tgid,
+                    comm: comm.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        rec.mappings.insert(
+            10,
+            vec![Mapping {
+                tgid: 10,
+                start: 0x1000,
+                end: 0x2000,
+                path: "/nonexistent/app".into(),
+                ..Default::default()
+            }],
+        );
+        let sample = |tid, tgid, user: Vec<u64>, kernel: Vec<u64>| Sample {
+            tid,
+            tgid,
+            cpu: 1,
+            cgroup_id: 5,
+            user_stack: user,
+            kernel_stack: kernel,
+            ..Default::default()
+        };
+        rec.samples = vec![
+            sample(10, 10, vec![0x1010, 0x1101], vec![]),
+            sample(11, 10, vec![0x1010, 0x1101], vec![0xffff_0000]),
+            sample(20, 20, vec![0x5000], vec![]),
+        ];
+        rec
+    }
+
+    #[test]
+    fn builds_interned_leaf_first_stacks_with_cpu_time() {
+        let rec = rec();
+        let mut sym = Symbolizer::with_kallsyms(None);
+        let p = build(
+            &rec,
+            &SampleValues::cpu_time(&rec),
+            &mut sym,
+            &Filter::default(),
+        );
+        assert_eq!(p.value_types[0], ValueType::new("samples", "count"));
+        assert_eq!(p.value_types[1], ValueType::new("cpu", "nanoseconds"));
+        assert_eq!(p.samples.len(), 3);
+        assert_eq!(p.meta.totals, vec![3.0, 3e7]);
+        let names = |s: &ProfileSample| -> Vec<&str> {
+            s.frames
+                .iter()
+                .map(|&f| p.frames[f as usize].function.as_str())
+                .collect()
+        };
+        // Unresolvable file: module+offset, caller looked up at addr - 1.
+        assert_eq!(names(&p.samples[0]), vec!["app+0x10", "app+0x100"]);
+        assert_eq!(
+            names(&p.samples[1]),
+            vec!["[kernel]+0xffff0000", "app+0x10", "app+0x100"]
+        );
+        assert_eq!(names(&p.samples[2]), vec!["[unknown]+0x5000"]);
+        assert_eq!(p.samples[0].frames, p.samples[1].frames[1..]);
+        assert_eq!(p.frames.len(), 4, "frames are interned");
+        assert_eq!(&*p.samples[1].labels.comm, "worker");
+        assert_eq!(p.samples[1].labels.cpu, Some(1));
+        assert_eq!(p.samples[1].labels.cgroup, 5);
+    }
+
+    #[test]
+    fn filters_by_pid_and_comm_and_adds_residuals() {
+        let rec = rec();
+        let mut sym = Symbolizer::with_kallsyms(None);
+        let mut w = SampleValues::cpu_time(&rec);
+        w.residuals.push(Residual {
+            tgid: 10,
+            tid: 11,
+            values: vec![5e6],
+        });
+        w.residuals.push(Residual {
+            tgid: 20,
+            tid: 20,
+            values: vec![7e6],
+        });
+        let by_pid = Filter {
+            pids: vec![10],
+            comms: vec![],
+        };
+        let p = build(&rec, &w, &mut sym, &by_pid);
+        assert_eq!(p.samples.len(), 3);
+        let last = &p.samples[2];
+        assert_eq!(p.frames[last.frames[0] as usize].function, NO_STACK_SAMPLE);
+        assert_eq!(last.values, vec![0.0, 5e6]);
+        assert_eq!(p.meta.totals, vec![2.0, 2.5e7]);
+        // A process name selects all its threads.
+        let by_comm = Filter {
+            pids: vec![],
+            comms: vec!["app".into()],
+        };
+        assert_eq!(build(&rec, &w, &mut sym, &by_comm).samples.len(), 3);
+        let none = Filter {
+            pids: vec![99],
+            comms: vec![],
+        };
+        let p = build(&rec, &w, &mut sym, &none);
+        assert!(p.samples.is_empty());
+        assert!(p.frames.is_empty());
+    }
+}

@@ -1,0 +1,214 @@
+//! The one typed profile model every output reads (DESIGN.md §2, STYLE.md "one sink").
+//!
+//! A [`Profile`] holds interned [`Frame`]s and [`ProfileSample`]s (leaf-first frame ids, one
+//! value per [`ValueType`], labels). [`build`] makes one from a [`Recording`] plus
+//! per-sample weights ([`SampleValues`]): CPU time now, energy per domain once attribution
+//! provides it — the builder does not care which.
+
+mod build;
+
+pub use build::{Filter, build};
+
+use std::sync::Arc;
+
+use crate::record::Recording;
+
+/// Index of a frame in [`Profile::frames`].
+pub type FrameId = u32;
+
+/// Name of the value every profile carries first: 1 per stack sample.
+pub const SAMPLES: &str = "samples";
+/// Name of the CPU-time value.
+pub const CPU: &str = "cpu";
+/// Function name of the synthetic frame carrying thread energy without a stack sample.
+pub const NO_STACK_SAMPLE: &str = "[no stack sample]";
+
+/// One code location (a symbol, an inlined call, or an unresolved `module+0xOFFSET`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Demangled function name, or `module+0xOFFSET` / `[kernel]+0xADDR` when unresolved.
+    pub function: String,
+    /// Source file, when DWARF knows it.
+    pub file: Option<String>,
+    /// Source line, when DWARF knows it.
+    pub line: Option<u32>,
+    /// Path of the mapped file (`[kernel]` for kernel frames).
+    pub module: String,
+    /// True for a function inlined into the next frame (its caller).
+    pub inlined: bool,
+    /// True for kernel frames.
+    pub kernel: bool,
+}
+
+impl Frame {
+    /// The frame of an address nothing could resolve: `module+0xOFFSET`, module's file name.
+    pub fn unresolved(module: &str, offset: u64, kernel: bool) -> Self {
+        let name = module.rsplit('/').next().unwrap_or(module);
+        Self {
+            function: format!("{name}+0x{offset:x}"),
+            file: None,
+            line: None,
+            module: module.to_string(),
+            inlined: false,
+            kernel,
+        }
+    }
+
+    /// A synthetic frame (e.g. [`NO_STACK_SAMPLE`]).
+    pub fn synthetic(function: &str) -> Self {
+        Self {
+            function: function.to_string(),
+            file: None,
+            line: None,
+            module: "[energy-bpf]".to_string(),
+            inlined: false,
+            kernel: false,
+        }
+    }
+}
+
+/// What a value measures, pprof style: e.g. (`energy_package`, `microjoules`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValueType {
+    /// `samples`, `cpu`, `energy_package`, `energy_dram`, `energy_gpu`, ...
+    pub name: String,
+    /// `count`, `nanoseconds`, `microjoules`.
+    pub unit: String,
+}
+
+impl ValueType {
+    /// A value type from its name and unit.
+    pub fn new(name: &str, unit: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            unit: unit.to_string(),
+        }
+    }
+
+    /// The value type of energy in one domain (`package`, `dram`, `gpu`, ...), in µJ.
+    pub fn energy(domain: &str) -> Self {
+        Self::new(&format!("energy_{domain}"), "microjoules")
+    }
+}
+
+/// Who a sample belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Labels {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name.
+    pub comm: Arc<str>,
+    /// CPU the sample was taken on (`None` for residual entries).
+    pub cpu: Option<u32>,
+    /// cgroup id (0 when unknown).
+    pub cgroup: u64,
+}
+
+/// One weighted stack.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileSample {
+    /// Frame ids, leaf first (kernel frames, then user frames).
+    pub frames: Vec<FrameId>,
+    /// One value per [`Profile::value_types`].
+    pub values: Vec<f64>,
+    /// Process, thread, CPU, cgroup.
+    pub labels: Labels,
+}
+
+/// Facts about the whole profile, for titles and headers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProfileMeta {
+    /// Short title, e.g. the host name.
+    pub title: String,
+    /// Sum of each value over all samples (same order as the value types).
+    pub totals: Vec<f64>,
+    /// Capture length, ns.
+    pub duration_ns: u64,
+    /// True when any energy is modelled: every output says `estimated`.
+    pub estimated: bool,
+    /// Energy source description (e.g. "powercap", "model").
+    pub source: String,
+    /// Stack sampling rate, Hz.
+    pub sample_hz: u32,
+    /// Wall-clock start of the capture, ns since the epoch.
+    pub start_unix_ns: u64,
+}
+
+/// A symbolized, weighted profile.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Profile {
+    /// Title, totals, duration, estimated flag.
+    pub meta: ProfileMeta,
+    /// What each sample value measures; `samples/count` first.
+    pub value_types: Vec<ValueType>,
+    /// Interned frames.
+    pub frames: Vec<Frame>,
+    /// Weighted stacks.
+    pub samples: Vec<ProfileSample>,
+}
+
+impl Profile {
+    /// Index of the value named `name` (e.g. `energy_package`).
+    pub fn value_index(&self, name: &str) -> Option<usize> {
+        self.value_types.iter().position(|v| v.name == name)
+    }
+
+    /// Recomputes [`ProfileMeta::totals`] from the samples.
+    pub fn recompute_totals(&mut self) {
+        let mut totals = vec![0.0; self.value_types.len()];
+        for s in &self.samples {
+            for (t, v) in totals.iter_mut().zip(&s.values) {
+                *t += v;
+            }
+        }
+        self.meta.totals = totals;
+    }
+}
+
+/// Thread energy (or other values) with no stack sample to carry it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Residual {
+    /// Process id.
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// One value per [`SampleValues::value_types`].
+    pub values: Vec<f64>,
+}
+
+/// Per-sample weights that a profile is built from (attribution's output, or CPU time).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampleValues {
+    /// What each value measures (not including `samples/count`, which the builder adds).
+    pub value_types: Vec<ValueType>,
+    /// `values[i * value_types.len() + k]` = value k of `rec.samples[i]`.
+    pub values: Vec<f64>,
+    /// Thread values without samples, shown as `[no stack sample]` under the thread.
+    pub residuals: Vec<Residual>,
+    /// True when any value is modelled energy.
+    pub estimated: bool,
+    /// Energy source description for titles.
+    pub source: String,
+}
+
+impl SampleValues {
+    /// CPU-time weights: each sample stands for one sampling period, 1e9 / sample_hz ns.
+    pub fn cpu_time(rec: &Recording) -> Self {
+        let period_ns = 1e9 / f64::from(rec.header.sample_hz.max(1));
+        Self {
+            value_types: vec![ValueType::new(CPU, "nanoseconds")],
+            values: vec![period_ns; rec.samples.len()],
+            residuals: Vec::new(),
+            estimated: false,
+            source: "cpu time".to_string(),
+        }
+    }
+
+    /// Values of sample `i` (empty when the weights do not cover it).
+    pub fn row(&self, i: usize) -> &[f64] {
+        let n = self.value_types.len();
+        self.values.get(i * n..(i + 1) * n).unwrap_or(&[])
+    }
+}

@@ -1,0 +1,217 @@
+//! Symbolization: raw stack addresses to function, file, line and inlined frames.
+//!
+//! User addresses are normalised with the recording's mappings (DESIGN.md §3): file offset =
+//! addr - start + file_offset, then the file is symbolized by path at that offset with
+//! blazesym (ELF symbols + DWARF) — so reports work after the process exited. The file's
+//! build-id must still match the recorded one; otherwise names would be wrong, so the frame
+//! falls back to `module+0xOFFSET`. Kernel addresses resolve through kallsyms. Results are
+//! cached per (file, offset) and per kernel address. A frame never comes out as a bare
+//! address or an error.
+
+mod maps;
+
+pub use maps::{process_mappings, read_build_id};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use blazesym::MaybeDefault;
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized};
+
+use crate::pb::v1::Mapping;
+use crate::profile::Frame;
+
+/// Counts of how symbolization went, for reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SymbolizeStats {
+    /// Unique addresses resolved to a symbol.
+    pub resolved: u64,
+    /// Unique addresses left as `module+0xOFFSET` or `[kernel]+0xADDR`.
+    pub unresolved: u64,
+    /// Files whose build-id no longer matches the recording (rebuilt or replaced).
+    pub build_id_mismatches: u64,
+}
+
+/// Symbolizes user and kernel addresses, with caches; one per report.
+pub struct Symbolizer {
+    inner: blazesym::symbolize::Symbolizer,
+    /// kallsyms file to use; `None` disables kernel symbols.
+    kallsyms: Option<PathBuf>,
+    /// Whether each file on disk still has the recorded build-id, per (path, recorded id).
+    build_id_ok: HashMap<(String, Vec<u8>), bool>,
+    /// Frames per file path and file offset, leaf first.
+    user_cache: HashMap<String, HashMap<u64, Vec<Frame>>>,
+    kernel_cache: HashMap<u64, Vec<Frame>>,
+    stats: SymbolizeStats,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Symbolizer {
+    /// A symbolizer using the running kernel's `/proc/kallsyms`.
+    pub fn new() -> Self {
+        Self::with_kallsyms(Some(PathBuf::from("/proc/kallsyms")))
+    }
+
+    /// A symbolizer using the given kallsyms file (`None`: kernel frames stay unresolved).
+    pub fn with_kallsyms(kallsyms: Option<PathBuf>) -> Self {
+        let inner = blazesym::symbolize::Symbolizer::builder()
+            // Files are not expected to change during one report; skip a stat per lookup.
+            .enable_auto_reload(false)
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .build();
+        Self {
+            inner,
+            kallsyms,
+            build_id_ok: HashMap::new(),
+            user_cache: HashMap::new(),
+            kernel_cache: HashMap::new(),
+            stats: SymbolizeStats::default(),
+        }
+    }
+
+    /// How symbolization went so far.
+    pub fn stats(&self) -> SymbolizeStats {
+        self.stats
+    }
+
+    /// Frames (leaf first, inlined callees before their caller) of user address `addr`,
+    /// given the mappings recorded for its process.
+    pub fn user(&mut self, addr: u64, mappings: &[Mapping]) -> Vec<Frame> {
+        // The latest recorded mapping wins (a later exec replaces earlier ones).
+        let Some(m) = mappings
+            .iter()
+            .rev()
+            .find(|m| m.start <= addr && addr < m.end)
+        else {
+            self.stats.unresolved += 1;
+            return vec![Frame::unresolved("[unknown]", addr, false)];
+        };
+        let offset = addr - m.start + m.file_offset;
+        if let Some(frames) = self.user_cache.get(&m.path).and_then(|c| c.get(&offset)) {
+            return frames.clone();
+        }
+        let frames = self.resolve_user(m, offset);
+        self.user_cache
+            .entry(m.path.clone())
+            .or_default()
+            .insert(offset, frames.clone());
+        frames
+    }
+
+    /// Frames of kernel address `addr`.
+    pub fn kernel(&mut self, addr: u64) -> Vec<Frame> {
+        if let Some(frames) = self.kernel_cache.get(&addr) {
+            return frames.clone();
+        }
+        let frames = self.resolve_kernel(addr);
+        self.kernel_cache.insert(addr, frames.clone());
+        frames
+    }
+
+    fn build_id_matches(&mut self, m: &Mapping) -> bool {
+        if m.build_id.is_empty() {
+            // Nothing recorded to compare with: trust the path.
+            return true;
+        }
+        let key = (m.path.clone(), m.build_id.clone());
+        if let Some(ok) = self.build_id_ok.get(&key) {
+            return *ok;
+        }
+        let ok = read_build_id(Path::new(&m.path)) == m.build_id;
+        if !ok {
+            self.stats.build_id_mismatches += 1;
+        }
+        self.build_id_ok.insert(key, ok);
+        ok
+    }
+
+    fn resolve_user(&mut self, m: &Mapping, offset: u64) -> Vec<Frame> {
+        let module = m.path.as_str();
+        if !self.build_id_matches(m) {
+            self.stats.unresolved += 1;
+            return vec![Frame::unresolved(module, offset, false)];
+        }
+        let src = Source::Elf(Elf::new(&m.path));
+        let resolved = self
+            .inner
+            .symbolize(&src, Input::FileOffset(&[offset]))
+            .ok()
+            .and_then(|mut v| v.pop());
+        match resolved {
+            Some(Symbolized::Sym(sym)) => {
+                self.stats.resolved += 1;
+                frames_of(&sym, module, false)
+            }
+            _ => {
+                self.stats.unresolved += 1;
+                vec![Frame::unresolved(module, offset, false)]
+            }
+        }
+    }
+
+    fn resolve_kernel(&mut self, addr: u64) -> Vec<Frame> {
+        let resolved = self.kallsyms.as_ref().and_then(|path| {
+            let src = Source::Kernel(Kernel {
+                kallsyms: MaybeDefault::Some(path.clone()),
+                // vmlinux discovery scans the disk; kallsyms has what a profile needs.
+                vmlinux: MaybeDefault::None,
+                debug_syms: false,
+                ..Kernel::default()
+            });
+            self.inner
+                .symbolize(&src, Input::AbsAddr(&[addr]))
+                .ok()
+                .and_then(|mut v| v.pop())
+        });
+        match resolved {
+            Some(Symbolized::Sym(sym)) => {
+                self.stats.resolved += 1;
+                frames_of(&sym, "[kernel]", true)
+            }
+            _ => {
+                self.stats.unresolved += 1;
+                vec![Frame::unresolved("[kernel]", addr, true)]
+            }
+        }
+    }
+}
+
+/// Leaf-first frames of one blazesym symbol: innermost inlined function first.
+fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str, kernel: bool) -> Vec<Frame> {
+    let code = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| match info {
+        Some(ci) => (Some(ci.to_path().to_string_lossy().into_owned()), ci.line),
+        None => (None, None),
+    };
+    let mut frames = Vec::with_capacity(1 + sym.inlined.len());
+    for inl in sym.inlined.iter().rev() {
+        let (file, line) = code(inl.code_info.as_ref());
+        frames.push(Frame {
+            function: inl.name.to_string(),
+            file,
+            line,
+            module: module.to_string(),
+            inlined: true,
+            kernel,
+        });
+    }
+    let (file, line) = code(sym.code_info.as_deref());
+    frames.push(Frame {
+        function: sym.name.to_string(),
+        file,
+        line,
+        module: module.to_string(),
+        inlined: false,
+        kernel,
+    });
+    frames
+}
+
+#[cfg(test)]
+mod tests;
