@@ -46,8 +46,11 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let sysfs = dir.path().join("sys");
-    let tree = FakePowercap::create(&sysfs, &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)])
-        .expect("fake powercap");
+    let tree = FakePowercap::create(
+        &sysfs,
+        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
+    )
+    .expect("fake powercap");
     fake::topology(&sysfs, 1, 2).expect("fake topology");
     let counter = tree.counter("intel-rapl:0").expect("package counter");
 
@@ -73,13 +76,25 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
         })
     };
     let file = dir.path().join("e2e.ebpr");
-    let rec = Recorder::start(&["-o", file.to_str().expect("path"), "--sysfs-root", sysfs.to_str().expect("path")]);
+    let rec = Recorder::start(&[
+        "-o",
+        file.to_str().expect("path"),
+        "--sysfs-root",
+        sysfs.to_str().expect("path"),
+    ]);
     std::thread::sleep(Duration::from_secs(12));
     rec.stop();
     stop.store(true, Ordering::Relaxed);
     emulator.join().expect("emulator");
 
-    let out = run(&["report", "--format", "json", "--static-power-w", &STATIC_W.to_string(), file.to_str().expect("path")]);
+    let out = run(&[
+        "report",
+        "--format",
+        "json",
+        "--static-power-w",
+        &STATIC_W.to_string(),
+        file.to_str().expect("path"),
+    ]);
     assert!(out.status.success(), "report: {}", text(&out));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(report["estimated"], false, "a counter was read");
@@ -95,9 +110,16 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
         .iter()
         .map(|p| p["energy_j"]["package"].as_f64().unwrap_or(0.0))
         .sum();
-    assert!(total > 20.0, "about 12 s at 3-30 W was measured, got {total} J");
+    assert!(
+        total > 20.0,
+        "about 12 s at 3-30 W was measured, got {total} J"
+    );
     let gap = (attributed + idle + unknown - total).abs() / total;
-    assert!(gap < 0.001, "conservation: {attributed} + {idle} + {unknown} vs {total} J ({:.4}%)", gap * 100.0);
+    assert!(
+        gap < 0.001,
+        "conservation: {attributed} + {idle} + {unknown} vs {total} J ({:.4}%)",
+        gap * 100.0
+    );
 
     // Each workload's energy against the emulated truth: its watts × its exact CPU time.
     for (pid, watts) in [(pid_a, WATTS_A), (pid_b, WATTS_B)] {

@@ -15,3 +15,5 @@ mod energy;
 mod attribution;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
+// `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.
+mod top_tmux;

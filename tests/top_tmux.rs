@@ -311,3 +311,12 @@ impl Drop for Tmux {
             .output();
     }
 }
+
+#[test]
+fn top_shows_a_busy_process_sorts_and_quits_cleanly_in_tmux() {
+    if !crate::util::require_root("top_shows_a_busy_process_sorts_and_quits_cleanly_in_tmux") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    top_in_tmux(&crate::util::bin());
+}

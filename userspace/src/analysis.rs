@@ -69,18 +69,23 @@ pub fn analyze(rec: &Recording, opts: &Options, model: &ModelOverride) -> Analys
         },
         opts,
     );
-    Analysis { timeline, sources, readings, attribution }
+    Analysis {
+        timeline,
+        sources,
+        readings,
+        attribution,
+    }
 }
 
-/// Short description of the sources, e.g. `powercap` or `model (estimated)`.
+/// The kinds of sources in use, e.g. `powercap`, `model`, `powercap+nvml` (`none` when the
+/// recording has none). Whether they are estimated is said separately, next to the numbers.
 pub fn source_label(sources: &[EnergySource]) -> String {
     let mut kinds: Vec<&str> = sources.iter().map(|s| s.kind.as_str()).collect();
     kinds.sort_unstable();
     kinds.dedup();
-    let estimated = sources.iter().any(|s| s.estimated);
-    match (kinds.is_empty(), estimated) {
-        (true, _) => "none".into(),
-        (false, true) => format!("{} (estimated)", kinds.join("+")),
-        (false, false) => kinds.join("+"),
+    if kinds.is_empty() {
+        "none".into()
+    } else {
+        kinds.join("+")
     }
 }

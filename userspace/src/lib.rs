@@ -8,6 +8,7 @@
 //! - [`energy`]: energy counters (perf PMU, powercap, MSR, hwmon, NVML) and the estimated
 //!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
+//! - [`live`]: the live pipeline behind `top` (capture + energy + attribution per refresh).
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
 //! - [`profile`]: the one typed profile model every output reads.
@@ -18,6 +19,7 @@ pub mod attribute;
 pub mod capture;
 pub mod commands;
 pub mod energy;
+pub mod live;
 pub mod output;
 pub mod profile;
 pub mod record;

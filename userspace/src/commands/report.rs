@@ -107,7 +107,8 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
     let attr = &analysis.attribution;
     let secs = (summary.duration_ns as f64 / 1e9).max(1e-9);
     let total = attr.total_uj();
-    let threads: HashMap<(u32, u32), &ThreadEnergy> = attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
+    let threads: HashMap<(u32, u32), &ThreadEnergy> =
+        attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
     let groups: HashMap<u32, attribute::Group> = attribute::by_process(attr)
         .into_iter()
         .filter_map(|g| match g.key {
@@ -124,13 +125,20 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
         .iter()
         .map(|p| {
             let all = instance_cpu.get(&p.pid).copied().unwrap_or(0);
-            let part = if all == 0 { 1.0 } else { p.cpu_ns as f64 / all as f64 };
+            let part = if all == 0 {
+                1.0
+            } else {
+                p.cpu_ns as f64 / all as f64
+            };
             let mut energy = PerDomain::default();
             let thread_rows = p
                 .threads
                 .iter()
                 .map(|t| {
-                    let e = threads.get(&(p.pid, t.tid)).map(|te| scale(&te.energy, part)).unwrap_or_default();
+                    let e = threads
+                        .get(&(p.pid, t.tid))
+                        .map(|te| scale(&te.energy, part))
+                        .unwrap_or_default();
                     energy.add_all(&e);
                     ThreadRow {
                         tid: t.tid,
@@ -147,7 +155,10 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
                 // The interval is about sampling error; shift it to this instance's energy.
                 let lo = g.estimate.lo_uj - g.estimate.energy_uj;
                 let hi = g.estimate.hi_uj - g.estimate.energy_uj;
-                [((headline + lo * part) * 1e-6).max(0.0), (headline + hi * part) * 1e-6]
+                [
+                    ((headline + lo * part) * 1e-6).max(0.0),
+                    (headline + hi * part) * 1e-6,
+                ]
             });
             ProcessRow {
                 pid: p.pid,
@@ -164,12 +175,20 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
                 cpu_share: summary
                     .cpus
                     .iter()
-                    .map(|c| *p.cpu_ns_by_cpu.get(c).unwrap_or(&0) as f64 / summary.duration_ns.max(1) as f64)
+                    .map(|c| {
+                        *p.cpu_ns_by_cpu.get(c).unwrap_or(&0) as f64
+                            / summary.duration_ns.max(1) as f64
+                    })
                     .collect(),
             }
         })
         .collect();
-    rows.sort_by(|a, b| b.share.total_cmp(&a.share).then(b.cpu_ns.cmp(&a.cpu_ns)).then(a.pid.cmp(&b.pid)));
+    rows.sort_by(|a, b| {
+        b.share
+            .total_cmp(&a.share)
+            .then(b.cpu_ns.cmp(&a.cpu_ns))
+            .then(a.pid.cmp(&b.pid))
+    });
     rows
 }
 
@@ -239,14 +258,31 @@ fn table(rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis, limit:
         attr.power_model(),
         (attr.headline_uj(&attr.idle) * 1e-6).max(0.0),
     );
-    let cpu_cols: String = s.cpus.iter().map(|c| format!(" {:>6}", format!("cpu{c}%"))).collect();
+    let cpu_cols: String = s
+        .cpus
+        .iter()
+        .map(|c| format!(" {:>6}", format!("cpu{c}%")))
+        .collect();
     let _ = writeln!(
         out,
         "{:>8} {:>8} {:<16} {:>9} {:>6}{cpu_cols} {:>7} {:>10} {:>8} {:>6} {:>19}",
-        "PID", "TID", "COMM", "CPU s", "CPU%", "SAMPLES", format!("ENERGY J{}", if attr.estimated { "*" } else { "" }), "POWER W", "SHARE", "95% CI J"
+        "PID",
+        "TID",
+        "COMM",
+        "CPU s",
+        "CPU%",
+        "SAMPLES",
+        format!("ENERGY J{}", if attr.estimated { "*" } else { "" }),
+        "POWER W",
+        "SHARE",
+        "95% CI J"
     );
     for p in rows.iter().take(limit) {
-        let per_cpu: String = p.cpu_share.iter().map(|v| format!(" {:>6.1}", v * 100.0)).collect();
+        let per_cpu: String = p
+            .cpu_share
+            .iter()
+            .map(|v| format!(" {:>6.1}", v * 100.0))
+            .collect();
         let j: f64 = (p.power_w * secs).max(0.0);
         let _ = writeln!(
             out,
@@ -281,14 +317,53 @@ fn table(rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis, limit:
         }
     }
     let idle_j = (attr.headline_uj(&attr.idle) * 1e-6).max(0.0);
-    let _ = writeln!(out, "{:>8} {:>8} {:<16} {:>9} {:>6}{} {:>7} {:>10.3} {:>8.3}", "-", "-", "[idle/static]", "", "", " ".repeat(7 * s.cpus.len()), "", idle_j, idle_j / secs);
+    let _ = writeln!(
+        out,
+        "{:>8} {:>8} {:<16} {:>9} {:>6}{} {:>7} {:>10.3} {:>8.3}",
+        "-",
+        "-",
+        "[idle/static]",
+        "",
+        "",
+        " ".repeat(7 * s.cpus.len()),
+        "",
+        idle_j,
+        idle_j / secs
+    );
     let unknown_j = attr.headline_uj(&attr.unknown) * 1e-6;
     if unknown_j > 0.0 {
-        let _ = writeln!(out, "{:>8} {:>8} {:<16} {:>9} {:>6}{} {:>7} {:>10.3} {:>8.3}", "-", "-", "[unknown]", "", "", " ".repeat(7 * s.cpus.len()), "", unknown_j, unknown_j / secs);
+        let _ = writeln!(
+            out,
+            "{:>8} {:>8} {:<16} {:>9} {:>6}{} {:>7} {:>10.3} {:>8.3}",
+            "-",
+            "-",
+            "[unknown]",
+            "",
+            "",
+            " ".repeat(7 * s.cpus.len()),
+            "",
+            unknown_j,
+            unknown_j / secs
+        );
     }
-    let _ = writeln!(out, "{:>8} {:>8} {:<16} {:>9} {:>6}{} {:>7} {:>10.3} {:>8.3}", "-", "-", "[total]", "", "", " ".repeat(7 * s.cpus.len()), "", total_j, total_j / secs);
+    let _ = writeln!(
+        out,
+        "{:>8} {:>8} {:<16} {:>9} {:>6}{} {:>7} {:>10.3} {:>8.3}",
+        "-",
+        "-",
+        "[total]",
+        "",
+        "",
+        " ".repeat(7 * s.cpus.len()),
+        "",
+        total_j,
+        total_j / secs
+    );
     if attr.estimated {
-        let _ = writeln!(out, "* estimated: no energy counter was read; energy comes from the utilisation model (see `energy-bpf sources`)");
+        let _ = writeln!(
+            out,
+            "* estimated: no energy counter was read; energy comes from the utilisation model (see `energy-bpf sources`)"
+        );
     }
     out
 }

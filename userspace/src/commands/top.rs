@@ -31,6 +31,13 @@ pub struct Args {
     /// Only show these processes (repeat, or separate with commas or spaces).
     #[arg(short = 'p', long = "pid", value_name = "PID", num_args = 1.., value_delimiter = ',')]
     pub pids: Vec<u32>,
+    /// Energy sources (counters, fake trees for testing, model parameters).
+    #[command(flatten)]
+    pub energy: crate::energy::EnergyArgs,
+    /// How energy is split between threads. `auto` means busy time here: a per-class
+    /// regression needs minutes of intervals, which `report` has and a live view does not.
+    #[command(flatten)]
+    pub attribute: crate::attribute::AttributeArgs,
 }
 
 impl Args {
@@ -55,8 +62,18 @@ fn parse_interval(text: &str) -> Result<f64, String> {
 }
 
 /// Runs the command.
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`top`: live feed not wired (capture + energy + attribution) in this build")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let mut attribute = args.attribute.options();
+    if attribute.power_model == crate::attribute::PowerModel::Auto {
+        attribute.power_model = crate::attribute::PowerModel::Time;
+    }
+    let feed = crate::live::start(crate::live::LiveConfig {
+        sample_hz: u64::from(args.freq),
+        interval: args.interval(),
+        energy: args.energy.clone(),
+        attribute,
+    })?;
+    run_with_feed(&args, feed)
 }
 
 /// Shows the snapshots arriving on `feed` until the user quits, a signal arrives, the
