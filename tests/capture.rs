@@ -159,7 +159,7 @@ fn lifecycle_events_name_forks_execs_and_exits() {
         .expect("thread info for the sleep process");
     assert_eq!(info.comm, "sleep");
     assert!(
-        !rec.mappings.get(&fork.tgid).map_or(true, Vec::is_empty),
+        rec.mappings.get(&fork.tgid).is_some_and(|m| !m.is_empty()),
         "mappings of the shell recorded"
     );
 }

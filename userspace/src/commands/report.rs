@@ -193,7 +193,7 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
 }
 
 fn scale(e: &PerDomain, k: f64) -> PerDomain {
-    let mut out = e.clone();
+    let mut out = *e;
     for v in &mut out.0 {
         *v *= k;
     }
