@@ -186,6 +186,7 @@ pub(crate) mod fixture {
     pub(crate) fn recording() -> Recording {
         let mut rec = Recording {
             header: Header {
+                format_version: crate::record::FORMAT_VERSION,
                 sample_hz: 10,
                 hostname: "box".into(),
                 cpus: vec![Cpu {
@@ -235,6 +236,33 @@ pub(crate) mod fixture {
             });
         }
         rec
+    }
+
+    /// [`recording`] written to `path` as `energy-bpf record` would, with `lost` switch
+    /// events reported dropped.
+    pub(crate) fn write(path: &std::path::Path, lost: u64) {
+        use crate::pb::v1::{Chunk, LossCounters, Trailer};
+        let rec = recording();
+        let mut w = crate::record::Writer::create(path, &rec.header).expect("create recording");
+        let losses = LossCounters {
+            switch_dropped: lost,
+            ..Default::default()
+        };
+        w.chunk(Chunk {
+            switches: rec.switches.clone(),
+            samples: rec.samples.clone(),
+            threads: rec.threads.values().cloned().collect(),
+            sources: rec.sources.clone(),
+            losses: Some(losses),
+            ..Default::default()
+        })
+        .expect("write chunk");
+        w.finish(Trailer {
+            end_ns: rec.end_ns,
+            stop_reason: "test".into(),
+            losses: Some(losses),
+        })
+        .expect("finish recording");
     }
 }
 
