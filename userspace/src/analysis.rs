@@ -75,7 +75,12 @@ pub fn analyze(rec: &Recording, opts: &Options, model: &ModelOverride) -> Analys
         },
         opts,
     );
-    Analysis { timeline, sources, readings, attribution }
+    Analysis {
+        timeline,
+        sources,
+        readings,
+        attribution,
+    }
 }
 
 /// Short description of the sources, e.g. `powercap` or `model (estimated)`.
@@ -274,7 +279,11 @@ mod tests {
     #[test]
     fn sample_values_carry_attributed_energy_and_residuals() {
         let rec = fixture::recording();
-        let a = analyze(&rec, &AttributeArgs::default().options(), &ModelOverride::default());
+        let a = analyze(
+            &rec,
+            &AttributeArgs::default().options(),
+            &ModelOverride::default(),
+        );
         assert_eq!(domains(&a), vec![EnergyDomain::Package]);
         let v = sample_values(&rec, &a);
         let names: Vec<&str> = v.value_types.iter().map(|t| t.name.as_str()).collect();
@@ -297,10 +306,18 @@ mod tests {
     #[test]
     fn profile_total_is_the_attributed_energy() {
         let rec = fixture::recording();
-        let a = analyze(&rec, &AttributeArgs::default().options(), &ModelOverride::default());
+        let a = analyze(
+            &rec,
+            &AttributeArgs::default().options(),
+            &ModelOverride::default(),
+        );
         let p = profile(&rec, &a, &Filter::default());
         let k = p.value_index("energy_package").expect("package values");
-        assert!((p.meta.totals[k] - 2.0e6).abs() < 1.0, "{}", p.meta.totals[k]);
+        assert!(
+            (p.meta.totals[k] - 2.0e6).abs() < 1.0,
+            "{}",
+            p.meta.totals[k]
+        );
         assert!(p.meta.estimated);
     }
 }

@@ -237,9 +237,18 @@ mod tests {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or_else(|| panic!("no {prefix} in {text}"))
         };
-        assert!((width("heavy;[unknown]+0x100a ") - 1.2e6).abs() < 2.0, "{text}");
-        assert!((width("light;[unknown]+0x1014 ") - 0.6e6).abs() < 2.0, "{text}");
-        assert!((width("quiet;[no stack sample] ") - 0.2e6).abs() < 2.0, "{text}");
+        assert!(
+            (width("heavy;[unknown]+0x100a ") - 1.2e6).abs() < 2.0,
+            "{text}"
+        );
+        assert!(
+            (width("light;[unknown]+0x1014 ") - 0.6e6).abs() < 2.0,
+            "{text}"
+        );
+        assert!(
+            (width("quiet;[no stack sample] ") - 0.2e6).abs() < 2.0,
+            "{text}"
+        );
 
         let svg_path = dir.path().join("out.svg");
         run(args(&rec, Format::Svg, &svg_path)).expect("svg");

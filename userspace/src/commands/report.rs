@@ -125,7 +125,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis) -> Report {
     let attr = &a.attribution;
     let domains = analysis::domains(a);
-    let names: Vec<String> = domains.iter().map(|&d| domain_name(d).to_string()).collect();
+    let names: Vec<String> = domains
+        .iter()
+        .map(|&d| domain_name(d).to_string())
+        .collect();
     let secs = (s.duration_ns as f64 / 1e9).max(1e-9);
     let total = attr.total_uj();
     let title = format!(
@@ -242,8 +245,9 @@ fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysi
             let mut r = functions::by_function(&profile, &names);
             r.title = title;
             r.notes = notes;
-            r.notes
-                .push("self = samples whose leaf is the function; total = anywhere on the stack".into());
+            r.notes.push(
+                "self = samples whose leaf is the function; total = anywhere on the stack".into(),
+            );
             return r;
         }
     };
@@ -267,7 +271,8 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
     let attr = &analysis.attribution;
     let secs = (summary.duration_ns as f64 / 1e9).max(1e-9);
     let total = attr.total_uj();
-    let threads: HashMap<(u32, u32), &ThreadEnergy> = attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
+    let threads: HashMap<(u32, u32), &ThreadEnergy> =
+        attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
     let groups: HashMap<u32, attribute::Group> = attribute::by_process(attr)
         .into_iter()
         .filter_map(|g| match g.key {
@@ -284,13 +289,20 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
         .iter()
         .map(|p| {
             let all = instance_cpu.get(&p.pid).copied().unwrap_or(0);
-            let part = if all == 0 { 1.0 } else { p.cpu_ns as f64 / all as f64 };
+            let part = if all == 0 {
+                1.0
+            } else {
+                p.cpu_ns as f64 / all as f64
+            };
             let mut energy = PerDomain::default();
             let thread_rows = p
                 .threads
                 .iter()
                 .map(|t| {
-                    let e = threads.get(&(p.pid, t.tid)).map(|te| scale(&te.energy, part)).unwrap_or_default();
+                    let e = threads
+                        .get(&(p.pid, t.tid))
+                        .map(|te| scale(&te.energy, part))
+                        .unwrap_or_default();
                     energy.add_all(&e);
                     ThreadRow {
                         tid: t.tid,
@@ -307,7 +319,10 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
                 // The interval is about sampling error; shift it to this instance's energy.
                 let lo = g.estimate.lo_uj - g.estimate.energy_uj;
                 let hi = g.estimate.hi_uj - g.estimate.energy_uj;
-                [((headline + lo * part) * 1e-6).max(0.0), (headline + hi * part) * 1e-6]
+                [
+                    ((headline + lo * part) * 1e-6).max(0.0),
+                    (headline + hi * part) * 1e-6,
+                ]
             });
             ProcessRow {
                 pid: p.pid,
@@ -324,17 +339,25 @@ fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
                 cpu_share: summary
                     .cpus
                     .iter()
-                    .map(|c| *p.cpu_ns_by_cpu.get(c).unwrap_or(&0) as f64 / summary.duration_ns.max(1) as f64)
+                    .map(|c| {
+                        *p.cpu_ns_by_cpu.get(c).unwrap_or(&0) as f64
+                            / summary.duration_ns.max(1) as f64
+                    })
                     .collect(),
             }
         })
         .collect();
-    rows.sort_by(|a, b| b.share.total_cmp(&a.share).then(b.cpu_ns.cmp(&a.cpu_ns)).then(a.pid.cmp(&b.pid)));
+    rows.sort_by(|a, b| {
+        b.share
+            .total_cmp(&a.share)
+            .then(b.cpu_ns.cmp(&a.cpu_ns))
+            .then(a.pid.cmp(&b.pid))
+    });
     rows
 }
 
 fn scale(e: &PerDomain, k: f64) -> PerDomain {
-    let mut out = e.clone();
+    let mut out = *e;
     for v in &mut out.0 {
         *v *= k;
     }
@@ -381,7 +404,11 @@ mod tests {
 
     fn render_fixture(by: By, format: Format, sort: Option<&str>) -> String {
         let rec = crate::analysis::fixture::recording();
-        let a = analysis::analyze(&rec, &AttributeArgs::default().options(), &ModelOverride::default());
+        let a = analysis::analyze(
+            &rec,
+            &AttributeArgs::default().options(),
+            &ModelOverride::default(),
+        );
         let s = summary::summarize(&rec, &a.timeline);
         let report = report(by, &rows(&s, &a), &s, &rec, &a);
         let opts = RenderOptions {
@@ -398,7 +425,10 @@ mod tests {
         let text = render_fixture(By::Process, Format::Table, None);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].ends_with("[estimated]"), "{text}");
-        assert!(lines[1].contains("energy: 3.000 J (3.00 W) from model (estimated)"), "{text}");
+        assert!(
+            lines[1].contains("energy: 3.000 J (3.00 W) from model (estimated)"),
+            "{text}"
+        );
         assert!(text.contains("0 events lost"), "{text}");
         // heavy 1.2 J over 1 s (60% of the CPU), then light, then quiet.
         let row = |name: &str| {
@@ -415,7 +445,10 @@ mod tests {
         assert_eq!(row("[idle/static]")[2], "1.000");
         assert_eq!(row("[total]")[2..4], ["3.000", "[3.000,"]);
         let heavy_at = text.find("heavy").expect("heavy");
-        assert!(heavy_at < text.find("light").expect("light"), "sorted by energy");
+        assert!(
+            heavy_at < text.find("light").expect("light"),
+            "sorted by energy"
+        );
         assert!(text.contains("energy is estimated"), "{text}");
     }
 
@@ -425,13 +458,18 @@ mod tests {
         let mut lines = text.lines();
         assert_eq!(
             lines.next(),
-            Some("pid,tid,comm,cpu_s,cpu_pct,samples,package_j,package_ci_low,package_ci_high,power_w,share_pct,estimated")
+            Some(
+                "pid,tid,comm,cpu_s,cpu_pct,samples,package_j,package_ci_low,package_ci_high,power_w,share_pct,estimated"
+            )
         );
         let first: Vec<&str> = lines.next().expect("row").split(',').collect();
         assert_eq!(first[..3], ["10", "10", "heavy"]);
         assert_eq!(first[5], "6");
         assert_eq!(first.last(), Some(&"true"));
-        assert!(text.lines().any(|l| l.starts_with("-,-,[total],")), "{text}");
+        assert!(
+            text.lines().any(|l| l.starts_with("-,-,[total],")),
+            "{text}"
+        );
     }
 
     #[test]
