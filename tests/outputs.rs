@@ -3,8 +3,9 @@
 //! (`tests/workloads/burn.c`) by name.
 //!
 //! The `assert_*` and `check_recording` helpers take files made by `energy-bpf record` /
-//! `flamegraph`; the test here drives them with a profile exported from a synthetic
-//! recording whose addresses are real ones of a running `burn`.
+//! `flamegraph`; one test drives them with a recording of `burn` made by the real recorder
+//! (root), another with a profile exported from a synthetic recording whose addresses are
+//! real ones of a running `burn`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -141,10 +142,6 @@ pub fn assert_svg_opens(svg_file: &Path, functions: &[&str], png: &Path) {
 
 /// Runs `energy-bpf flamegraph` on a recording in every format and checks each output names
 /// `functions` (SVG in Chromium, pprof in go tool pprof). `dir` receives the files.
-#[allow(
-    dead_code,
-    reason = "called by the end-to-end test once `record` writes files"
-)]
 pub fn check_recording(recording: &Path, functions: &[&str], dir: &Path) {
     let exe = env!("CARGO_BIN_EXE_energy-bpf");
     for (format, name) in [
@@ -302,4 +299,107 @@ fn burn_profile_opens_in_go_pprof_and_chromium() {
     let png = std::env::var_os("ENERGY_BPF_SCREENSHOT")
         .map_or_else(|| dir.path().join("burn.png"), PathBuf::from);
     assert_svg_opens(&svg_path, &BURN_FUNCTIONS, &png);
+}
+
+/// Self energy (J) of `function` in `report --by function --format csv` output.
+fn self_energy(csv: &str, function: &str) -> f64 {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = header
+        .iter()
+        .position(|c| c.starts_with("self_") && c.ends_with("_j"))
+        .unwrap_or_else(|| panic!("no self energy column in {csv}"));
+    lines
+        .find(|l| l.split(',').next() == Some(function))
+        .and_then(|l| l.split(',').nth(col))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("report --by function has no {function} row:\n{csv}"))
+}
+
+#[test]
+fn recorded_burn_opens_everywhere_with_energy_by_function() {
+    if !crate::util::require_root("recorded_burn_opens_everywhere_with_energy_by_function") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = build_burn(dir.path());
+    let file = dir.path().join("burn.ebpr");
+    let out = crate::util::run(&[
+        "record",
+        "-F",
+        "999",
+        "-o",
+        file.to_str().expect("utf-8 path"),
+        "--",
+        bin.to_str().expect("utf-8 path"),
+        "4",
+    ]);
+    assert!(
+        out.status.success(),
+        "record failed: {}",
+        crate::util::text(&out)
+    );
+
+    check_recording(&file, &BURN_FUNCTIONS, dir.path());
+    // No energy counter on this VM: the model gives the energy, and the title says so.
+    let svg = std::fs::read_to_string(dir.path().join("flame.svg")).expect("svg written");
+    let title = svg
+        .split("<title>")
+        .nth(1)
+        .and_then(|t| t.split("</title>").next())
+        .unwrap_or_default();
+    let head: String = svg.chars().take(20_000).collect();
+    assert!(
+        head.contains("Energy (package):") && head.contains("(estimated)"),
+        "flamegraph title must state the energy and `estimated` (first title: {title})"
+    );
+
+    let out = crate::util::run(&[
+        "report",
+        "--by",
+        "function",
+        "--format",
+        "csv",
+        file.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        crate::util::text(&out)
+    );
+    let csv = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (heavy, light) = (
+        self_energy(&csv, "hot_heavy"),
+        self_energy(&csv, "hot_light"),
+    );
+    // hot_heavy does 3x the work per call of hot_light.
+    assert!(
+        heavy > 1.5 * light && light > 0.0,
+        "hot_heavy {heavy} J vs hot_light {light} J:\n{csv}"
+    );
+    assert!(
+        csv.lines().skip(1).all(|l| l.ends_with(",true")),
+        "rows tagged estimated"
+    );
+
+    let out = crate::util::run(&[
+        "report",
+        "--by",
+        "function",
+        file.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "report failed: {}",
+        crate::util::text(&out)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    for f in BURN_FUNCTIONS {
+        assert!(
+            table.contains(f),
+            "report --by function table lacks {f}:\n{table}"
+        );
+    }
+    assert!(table.contains("[estimated]"), "{table}");
 }

@@ -1,13 +1,19 @@
 //! One recording in, everything the outputs need out: the timeline, the energy readings
 //! (recorded counters, or the estimated model recomputed from the timeline), and the
 //! attribution. Every command that reports energy goes through [`analyze`], so `report`,
-//! `flamegraph` and the exporters can never disagree.
+//! `flamegraph` and the exporters can never disagree; [`sample_values`] and [`profile`]
+//! turn an analysis into the per-sample weights and the symbolized [`Profile`] that
+//! `flamegraph` and `report --by function` share.
+
+use std::path::PathBuf;
 
 use crate::{
-    attribute::{self, Attribution, Options},
+    attribute::{self, Attribution, Options, domain_name},
     energy,
-    pb::v1::{EnergyReading, EnergySource, ThreadInfo},
+    pb::v1::{EnergyDomain, EnergyReading, EnergySource, ThreadInfo},
+    profile::{self, Filter, Profile, Residual, SampleValues, ValueType},
     record::Recording,
+    symbolize::Symbolizer,
     timeline::Timeline,
 };
 
@@ -87,5 +93,231 @@ pub fn source_label(sources: &[EnergySource]) -> String {
         "none".into()
     } else {
         kinds.join("+")
+    }
+}
+
+/// Energy domains with a source in this analysis, in proto order (PACKAGE before DRAM).
+pub fn domains(analysis: &Analysis) -> Vec<EnergyDomain> {
+    attribute::attribution::DOMAINS
+        .into_iter()
+        .filter(|&d| analysis.attribution.sources.iter().any(|s| s.domain == d))
+        .collect()
+}
+
+/// Per-sample weights of a recording: CPU time (ns), then the attributed energy (µJ) of
+/// each domain present, one row per `rec.samples[i]` (attribution's `sample_energy` is
+/// aligned with them). Thread energy no stack sample carries becomes a residual, shown as
+/// `[no stack sample]`, so a profile's total is every thread's attributed energy.
+pub fn sample_values(rec: &Recording, analysis: &Analysis) -> SampleValues {
+    let attr = &analysis.attribution;
+    let domains = domains(analysis);
+    let mut out = SampleValues::cpu_time(rec);
+    let period_ns = out.values.first().copied().unwrap_or(0.0);
+    out.value_types
+        .extend(domains.iter().map(|&d| ValueType::energy(domain_name(d))));
+    let width = out.value_types.len();
+    out.values = Vec::with_capacity(rec.samples.len() * width);
+    for i in 0..rec.samples.len() {
+        out.values.push(period_ns);
+        let energy = attr.sample_energy.get(i);
+        out.values
+            .extend(domains.iter().map(|&d| energy.map_or(0.0, |e| e.get(d))));
+    }
+    out.residuals = attr
+        .threads
+        .iter()
+        .filter(|t| domains.iter().any(|&d| t.no_stack.get(d) != 0.0))
+        .map(|t| Residual {
+            tgid: t.tgid,
+            tid: t.tid,
+            values: std::iter::once(0.0)
+                .chain(domains.iter().map(|&d| t.no_stack.get(d)))
+                .collect(),
+        })
+        .collect();
+    out.estimated = attr.estimated;
+    let idle_j = attr.headline_uj(&attr.idle) * 1e-6;
+    out.source = if idle_j > 0.0 {
+        // Idle/static energy belongs to no stack; say how much the picture leaves out.
+        format!(
+            "{}; idle/static {idle_j:.3} J not shown",
+            source_label(&analysis.sources)
+        )
+    } else {
+        source_label(&analysis.sources)
+    };
+    out
+}
+
+/// A symbolizer whose kernel symbols are those of the recorded kernel: /proc/kallsyms only
+/// when the recording was made on the running kernel, else kernel frames stay
+/// `[kernel]+0xADDR` rather than get another kernel's names.
+pub fn symbolizer_for(rec: &Recording) -> Symbolizer {
+    let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let same_kernel =
+        rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;
+    Symbolizer::with_kallsyms(same_kernel.then(|| PathBuf::from("/proc/kallsyms")))
+}
+
+/// The symbolized profile of a recording weighted by its analysis ([`sample_values`]).
+pub fn profile(rec: &Recording, analysis: &Analysis, filter: &Filter) -> Profile {
+    let weights = sample_values(rec, analysis);
+    profile::build(rec, &weights, &mut symbolizer_for(rec), filter)
+}
+
+/// A small modelled recording for tests of the outputs built on an analysis.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use crate::pb::v1::{Cpu, EnergyDomain, EnergySource, Header, Sample, SwitchEvent, ThreadInfo};
+    use crate::record::Recording;
+
+    fn switch(ts_ns: u64, tid: u32, next: u32) -> SwitchEvent {
+        SwitchEvent {
+            ts_ns,
+            cpu: 0,
+            tid,
+            tgid: tid,
+            next_known: true,
+            next_tid: next,
+            next_tgid: next,
+            ..Default::default()
+        }
+    }
+
+    /// One CPU for 1 s under a model source (idle 1 W, full load 3 W, estimated): `heavy`
+    /// (pid 10) runs 0-600 ms with 6 samples, `light` (pid 20) 600-900 ms with 3 samples,
+    /// `quiet` (pid 30) 900-1000 ms with none; so the busy CPU draws 2 W above idle, heavy
+    /// gets 1.2 J, light 0.6 J, quiet 0.2 J with no stack sample, idle/static 1 J.
+    pub(crate) fn recording() -> Recording {
+        let mut rec = Recording {
+            header: Header {
+                format_version: crate::record::FORMAT_VERSION,
+                sample_hz: 10,
+                hostname: "box".into(),
+                cpus: vec![Cpu {
+                    id: 0,
+                    package: 0,
+                    core: 0,
+                }],
+                ..Header::default()
+            },
+            switches: vec![
+                switch(0, 0, 10),
+                switch(600_000_000, 10, 20),
+                switch(900_000_000, 20, 30),
+            ],
+            sources: vec![EnergySource {
+                id: 1,
+                kind: "model".into(),
+                domain: EnergyDomain::Package as i32,
+                estimated: true,
+                model_idle_w: 1.0,
+                model_max_w: 3.0,
+                ..Default::default()
+            }],
+            end_ns: 1_000_000_000,
+            ..Recording::default()
+        };
+        for (tid, comm) in [(10, "heavy"), (20, "light"), (30, "quiet")] {
+            rec.threads.insert(
+                tid,
+                ThreadInfo {
+                    tid,
+                    tgid: tid,
+                    comm: comm.into(),
+                    ..Default::default()
+                },
+            );
+        }
+        for i in 0..9u64 {
+            let tid = if i < 6 { 10 } else { 20 };
+            rec.samples.push(Sample {
+                ts_ns: i * 100_000_000 + 50_000_000,
+                cpu: 0,
+                tid,
+                tgid: tid,
+                user_stack: vec![0x1000 + u64::from(tid)],
+                ..Sample::default()
+            });
+        }
+        rec
+    }
+
+    /// [`recording`] written to `path` as `energy-bpf record` would, with `lost` switch
+    /// events reported dropped.
+    pub(crate) fn write(path: &std::path::Path, lost: u64) {
+        use crate::pb::v1::{Chunk, LossCounters, Trailer};
+        let rec = recording();
+        let mut w = crate::record::Writer::create(path, &rec.header).expect("create recording");
+        let losses = LossCounters {
+            switch_dropped: lost,
+            ..Default::default()
+        };
+        w.chunk(Chunk {
+            switches: rec.switches.clone(),
+            samples: rec.samples.clone(),
+            threads: rec.threads.values().cloned().collect(),
+            sources: rec.sources.clone(),
+            losses: Some(losses),
+            ..Default::default()
+        })
+        .expect("write chunk");
+        w.finish(Trailer {
+            end_ns: rec.end_ns,
+            stop_reason: "test".into(),
+            losses: Some(losses),
+        })
+        .expect("finish recording");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attribute::AttributeArgs;
+
+    #[test]
+    fn sample_values_carry_attributed_energy_and_residuals() {
+        let rec = fixture::recording();
+        let a = analyze(
+            &rec,
+            &AttributeArgs::default().options(),
+            &ModelOverride::default(),
+        );
+        assert_eq!(domains(&a), vec![EnergyDomain::Package]);
+        let v = sample_values(&rec, &a);
+        let names: Vec<&str> = v.value_types.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["cpu", "energy_package"]);
+        assert!(v.estimated);
+        assert!(v.source.contains("model (estimated)"), "{}", v.source);
+        assert!(v.source.contains("idle/static 1.000 J"), "{}", v.source);
+        // 100 ms of CPU per sample at 10 Hz; heavy's 1.2 J over its 6 samples.
+        assert_eq!(v.row(0)[0], 1e8);
+        let heavy: f64 = (0..6).map(|i| v.row(i)[1]).sum();
+        let light: f64 = (6..9).map(|i| v.row(i)[1]).sum();
+        assert!((heavy - 1.2e6).abs() < 1.0, "{heavy}");
+        assert!((light - 0.6e6).abs() < 1.0, "{light}");
+        assert_eq!(v.residuals.len(), 1);
+        assert_eq!(v.residuals[0].tid, 30);
+        assert!((v.residuals[0].values[1] - 0.2e6).abs() < 1.0);
+        assert_eq!(v.residuals[0].values[0], 0.0);
+    }
+
+    #[test]
+    fn profile_total_is_the_attributed_energy() {
+        let rec = fixture::recording();
+        let a = analyze(
+            &rec,
+            &AttributeArgs::default().options(),
+            &ModelOverride::default(),
+        );
+        let p = profile(&rec, &a, &Filter::default());
+        let k = p.value_index("energy_package").expect("package values");
+        assert!(
+            (p.meta.totals[k] - 2.0e6).abs() < 1.0,
+            "{}",
+            p.meta.totals[k]
+        );
+        assert!(p.meta.estimated);
     }
 }

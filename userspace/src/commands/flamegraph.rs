@@ -9,10 +9,11 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
+use crate::analysis::{self, ModelOverride};
+use crate::attribute::AttributeArgs;
 use crate::output::{ProfileSink, collapsed, pprof, speedscope, svg};
-use crate::profile::{self, Filter, SampleValues};
-use crate::record::{self, Recording};
-use crate::symbolize::Symbolizer;
+use crate::profile::{self, Filter};
+use crate::record;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -75,37 +76,24 @@ pub struct Args {
     /// SVG width in pixels.
     #[arg(long)]
     pub width: Option<usize>,
-}
-
-/// Per-sample weights of a recording.
-///
-/// CPU time for now; energy per domain comes from the attribution module and is appended
-/// here (same `SampleValues` shape), so exporters and this command need no change.
-pub fn weights(rec: &Recording) -> SampleValues {
-    SampleValues::cpu_time(rec)
-}
-
-/// A symbolizer whose kernel symbols are those of the recorded kernel: /proc/kallsyms only
-/// when the recording was made on the running kernel, else kernel frames stay
-/// `[kernel]+0xADDR` rather than get another kernel's names.
-pub fn symbolizer_for(rec: &Recording) -> Symbolizer {
-    let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let same_kernel =
-        rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;
-    Symbolizer::with_kallsyms(same_kernel.then(|| PathBuf::from("/proc/kallsyms")))
+    /// How energy is split between threads (and so between stacks).
+    #[command(flatten)]
+    pub attribute: AttributeArgs,
+    /// Recompute estimated energy with other model parameters.
+    #[command(flatten)]
+    pub model: ModelOverride,
 }
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rec = record::read_file(&args.file)
         .with_context(|| format!("cannot read recording {}", args.file.display()))?;
-    let weights = weights(&rec);
+    let analysis = analysis::analyze(&rec, &args.attribute.options(), &args.model);
     let filter = Filter {
         pids: args.pids.clone(),
         comms: args.comms.clone(),
     };
-    let mut symbolizer = symbolizer_for(&rec);
-    let profile = profile::build(&rec, &weights, &mut symbolizer, &filter);
+    let profile = analysis::profile(&rec, &analysis, &filter);
 
     let value = match args.domain {
         Some(d) => d.value_name(),
@@ -220,6 +208,71 @@ mod tests {
         assert_eq!(Domain::CpuTime.value_name(), "cpu");
     }
 
+    fn args(file: &Path, format: Format, output: &Path) -> Args {
+        Args {
+            file: file.to_path_buf(),
+            format,
+            domain: None,
+            pids: vec![],
+            comms: vec![],
+            output: Some(output.to_path_buf()),
+            width: Some(1200),
+            attribute: AttributeArgs::default(),
+            model: ModelOverride::default(),
+        }
+    }
+
+    #[test]
+    fn widths_are_attributed_energy_with_total_power_and_losses_in_the_title() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rec = dir.path().join("rec.ebpr");
+        crate::analysis::fixture::write(&rec, 3);
+        let folded = dir.path().join("out.folded");
+        run(args(&rec, Format::Collapsed, &folded)).expect("collapsed");
+        let text = std::fs::read_to_string(&folded).expect("read");
+        // µJ: heavy 1.2 J, light 0.6 J, quiet's 0.2 J has no stack sample (model, 2 W busy).
+        let width = |prefix: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+        };
+        assert!(
+            (width("heavy;[unknown]+0x100a ") - 1.2e6).abs() < 2.0,
+            "{text}"
+        );
+        assert!(
+            (width("light;[unknown]+0x1014 ") - 0.6e6).abs() < 2.0,
+            "{text}"
+        );
+        assert!(
+            (width("quiet;[no stack sample] ") - 0.2e6).abs() < 2.0,
+            "{text}"
+        );
+
+        let svg_path = dir.path().join("out.svg");
+        run(args(&rec, Format::Svg, &svg_path)).expect("svg");
+        let svg = std::fs::read_to_string(&svg_path).expect("read");
+        assert!(
+            svg.contains("Energy (package): 2.000 J, 2.00 W average (estimated)"),
+            "title states total J, average W and estimated"
+        );
+        assert!(svg.contains("3 events lost during capture"), "losses shown");
+        assert!(svg.contains("idle/static 1.000 J not shown"), "idle named");
+
+        let mut cpu = args(&rec, Format::Collapsed, &folded);
+        cpu.domain = Some(Domain::CpuTime);
+        run(cpu).expect("cpu time");
+        let text = std::fs::read_to_string(&folded).expect("read");
+        // Six 100 ms samples.
+        assert!(text.contains("heavy;[unknown]+0x100a 600000000"), "{text}");
+
+        let mut dram = args(&rec, Format::Svg, &svg_path);
+        dram.domain = Some(Domain::Dram);
+        let err = run(dram).expect_err("no dram in a model recording");
+        assert!(format!("{err:#}").contains("energy_package"), "{err:#}");
+    }
+
     #[test]
     fn missing_recording_is_a_one_line_error() {
         let args = Args {
@@ -230,6 +283,8 @@ mod tests {
             comms: vec![],
             output: None,
             width: None,
+            attribute: AttributeArgs::default(),
+            model: ModelOverride::default(),
         };
         let err = run(args).expect_err("missing file");
         assert!(

@@ -88,7 +88,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut session = Session::new(
         probes,
         Targets::new(args.pids.iter().copied()),
-        read_mappings,
+        // Build-ids too, so symbolization finds the same binary after it is gone.
+        crate::symbolize::process_mappings,
     );
     let mut child = match args.command.as_slice() {
         [] => None,
@@ -202,30 +203,4 @@ fn kill(child: &mut Option<Child>) {
         let _ = c.kill();
         let _ = c.wait();
     }
-}
-
-/// Executable file-backed mappings of a process, from `/proc/PID/maps`.
-fn read_mappings(tgid: u32, ts_ns: u64) -> std::io::Result<Vec<crate::pb::v1::Mapping>> {
-    let maps = std::fs::read_to_string(format!("/proc/{tgid}/maps"))?;
-    Ok(maps
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
-            let path = f.nth(2)?;
-            if !perms.contains('x') || !path.starts_with('/') {
-                return None;
-            }
-            let (start, end) = range.split_once('-')?;
-            Some(crate::pb::v1::Mapping {
-                tgid,
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                file_offset: u64::from_str_radix(offset, 16).ok()?,
-                path: path.to_owned(),
-                build_id: Vec::new(),
-                ts_ns,
-            })
-        })
-        .collect())
 }

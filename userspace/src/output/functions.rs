@@ -205,6 +205,7 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
                 } else {
                     0.0
                 },
+                cpu_share: Vec::new(),
             }
         })
         .collect();
@@ -214,6 +215,10 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
         rows,
         estimated: profile.meta.estimated,
         title: profile.meta.title.clone(),
+        notes: Vec::new(),
+        cpus: Vec::new(),
+        duration_ns: 0,
+        footer: Vec::new(),
     }
 }
 

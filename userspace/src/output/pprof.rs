@@ -188,6 +188,12 @@ pub fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profil
     }
     out.comment
         .push(strings.id(&format!("source: {}", profile.meta.source)));
+    if profile.meta.lost_events > 0 {
+        out.comment.push(strings.id(&format!(
+            "{} events lost during capture",
+            profile.meta.lost_events
+        )));
+    }
     out.string_table = strings.table;
     out
 }

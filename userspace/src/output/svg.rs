@@ -43,6 +43,22 @@ pub fn title(profile: &Profile, value: usize) -> (String, String) {
     )
 }
 
+/// The line under the title: the energy source and, when the kernel dropped events, how
+/// many (the picture is then incomplete).
+pub fn subtitle(profile: &Profile) -> Option<String> {
+    let mut parts = Vec::new();
+    if !profile.meta.source.is_empty() {
+        parts.push(format!("source: {}", profile.meta.source));
+    }
+    if profile.meta.lost_events > 0 {
+        parts.push(format!(
+            "{} events lost during capture",
+            profile.meta.lost_events
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 impl ProfileSink for Svg {
     fn write_profile(&mut self, profile: &Profile, out: &mut dyn Write) -> Result<(), OutputError> {
         let value = value_index(profile, &self.value)?;
@@ -58,9 +74,7 @@ impl ProfileSink for Svg {
         // Same input, same colours: golden files and diffs of two runs stay stable.
         opts.deterministic = true;
         opts.hash = true;
-        if !profile.meta.source.is_empty() {
-            opts.subtitle = Some(format!("source: {}", profile.meta.source));
-        }
+        opts.subtitle = subtitle(profile);
         inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)?;
         Ok(())
     }
@@ -89,6 +103,28 @@ mod tests {
             "title"
         );
         testdata::assert_golden("flamegraph.svg", &out);
+    }
+
+    #[test]
+    fn subtitle_names_source_and_lost_events() {
+        let mut p = testdata::profile();
+        assert_eq!(subtitle(&p).as_deref(), Some("source: model"));
+        p.meta.lost_events = 12;
+        assert_eq!(
+            subtitle(&p).as_deref(),
+            Some("source: model; 12 events lost during capture")
+        );
+        let mut out = Vec::new();
+        Svg {
+            value: "cpu".into(),
+            width: None,
+        }
+        .write_profile(&p, &mut out)
+        .expect("write");
+        assert!(String::from_utf8_lossy(&out).contains("12 events lost during capture"));
+        p.meta.source.clear();
+        p.meta.lost_events = 0;
+        assert_eq!(subtitle(&p), None);
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub(crate) fn profile() -> Profile {
             source: "model".into(),
             sample_hz: 100,
             start_unix_ns: 1_700_000_000_000_000_000,
+            lost_events: 0,
         },
         value_types: vec![
             ValueType::new("samples", "count"),

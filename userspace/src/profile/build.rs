@@ -205,6 +205,9 @@ pub fn build(
             source: weights.source.clone(),
             sample_hz: rec.header.sample_hz,
             start_unix_ns: rec.header.start_unix_ns,
+            lost_events: rec.losses.switch_dropped
+                + rec.losses.sample_dropped
+                + rec.losses.process_dropped,
         },
         value_types,
         frames,

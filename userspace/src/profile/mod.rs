@@ -134,6 +134,9 @@ pub struct ProfileMeta {
     pub sample_hz: u32,
     /// Wall-clock start of the capture, ns since the epoch.
     pub start_unix_ns: u64,
+    /// Events the kernel dropped during capture (switches, samples, process events):
+    /// every output that can says so, since they make the picture incomplete.
+    pub lost_events: u64,
 }
 
 /// A symbolized, weighted profile.

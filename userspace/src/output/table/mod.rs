@@ -68,6 +68,8 @@ pub enum RowKey {
         /// File name of the module it lives in.
         module: String,
     },
+    /// A summary line (`[idle/static]`, `[total]`): its name in the name column.
+    Label(String),
 }
 
 /// One row of a report.
@@ -83,10 +85,13 @@ pub struct ReportRow {
     pub energy: Vec<EnergyCell>,
     /// Functions only: inclusive energy (self + callees) per domain.
     pub total_energy: Option<Vec<EnergyCell>>,
-    /// Average power of the first domain over the report's duration, W.
+    /// Average power over the report's duration, W: headline energy (all domains that do
+    /// not overlap) for processes and threads, the first domain for functions.
     pub power_w: f64,
-    /// Share of the first domain's total, 0..1.
+    /// Share of the measured energy, 0..1 (same energy as `power_w`).
     pub share: f64,
+    /// Busy share of each of [`Report::cpus`], 0..1 (empty: not shown).
+    pub cpu_share: Vec<f64>,
 }
 
 /// A whole report: rows plus what a reader must know to trust them.
@@ -102,6 +107,15 @@ pub struct Report {
     pub estimated: bool,
     /// Title line (host, duration, source).
     pub title: String,
+    /// More header lines (energy totals, idle/static, lost events); the table prints them
+    /// under the title, JSON as `notes`.
+    pub notes: Vec<String>,
+    /// CPUs with a busy-share column each (`cpu0_pct`, ...); empty: none.
+    pub cpus: Vec<u32>,
+    /// Capture length, ns; non-zero adds a `cpu_pct` column (CPU time / duration).
+    pub duration_ns: u64,
+    /// Rows printed after the sorted and limited ones, unsorted (idle, totals).
+    pub footer: Vec<ReportRow>,
 }
 
 /// Sorting and truncation.
@@ -162,7 +176,12 @@ fn columns(report: &Report) -> Vec<String> {
         By::Thread => vec!["pid".into(), "tid".into(), "comm".into()],
         By::Function => vec!["function".into(), "module".into()],
     };
-    cols.extend(["cpu_s".to_string(), "samples".to_string()]);
+    cols.push("cpu_s".to_string());
+    if report.duration_ns > 0 {
+        cols.push("cpu_pct".to_string());
+    }
+    cols.extend(report.cpus.iter().map(|c| format!("cpu{c}_pct")));
+    cols.push("samples".to_string());
     let prefix = if report.by == By::Function {
         "self_"
     } else {
@@ -194,9 +213,45 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
         RowKey::Function { name, module } => {
             vec![Cell::Text(name.clone()), Cell::Text(module.clone())]
         }
+        RowKey::Label(label) => {
+            let ids = match report.by {
+                By::Process => 1,
+                By::Thread => 2,
+                By::Function => 0,
+            };
+            let mut c = vec![Cell::Text("-".into()); ids];
+            c.push(Cell::Text(label.clone()));
+            if report.by == By::Function {
+                c.push(Cell::Text(String::new()));
+            }
+            c
+        }
     };
-    c.push(Cell::Num(row.cpu_ns / 1e9, 3));
-    c.push(Cell::Int(row.samples));
+    let label = matches!(row.key, RowKey::Label(_));
+    let blank = || Cell::Text(String::new());
+    c.push(if label {
+        blank()
+    } else {
+        Cell::Num(row.cpu_ns / 1e9, 3)
+    });
+    if report.duration_ns > 0 {
+        c.push(if label {
+            blank()
+        } else {
+            Cell::Num(100.0 * row.cpu_ns / report.duration_ns as f64, 1)
+        });
+    }
+    for i in 0..report.cpus.len() {
+        c.push(match row.cpu_share.get(i) {
+            Some(v) if !label => Cell::Num(v * 100.0, 1),
+            _ => blank(),
+        });
+    }
+    c.push(if label {
+        blank()
+    } else {
+        Cell::Int(row.samples)
+    });
     for i in 0..report.domains.len() {
         let e = row.energy.get(i).copied().unwrap_or_default();
         c.push(Cell::Num(e.joules, 3));
@@ -260,10 +315,11 @@ pub fn render(
         rows.sort_by(|a, b| a[k].compare(&b[k]).then_with(|| a[0].ascending(&b[0])));
     }
     rows.truncate(opts.limit.unwrap_or(usize::MAX));
+    rows.extend(report.footer.iter().map(|r| cells(report, r)));
     match format {
         Format::Table => table(report, &cols, &rows, out),
         Format::Json => json_doc(report, &cols, &rows, out),
-        Format::Csv => csv(&cols, &rows, out),
+        Format::Csv => csv(report, &cols, &rows, out),
     }
 }
 
@@ -275,6 +331,9 @@ fn table(
 ) -> Result<(), OutputError> {
     let tag = if report.estimated { " [estimated]" } else { "" };
     writeln!(out, "{}{tag}", report.title)?;
+    for note in &report.notes {
+        writeln!(out, "{note}")?;
+    }
     let header: Vec<String> = cols.iter().map(|c| c.to_ascii_uppercase()).collect();
     let texts: Vec<Vec<String>> = rows
         .iter()
@@ -304,7 +363,8 @@ fn table(
             .collect();
         parts.join("  ").trim_end().to_string()
     };
-    let is_num = |i: usize| rows.first().is_some_and(|r| !matches!(r[i], Cell::Text(_)));
+    // Numeric columns align right; summary rows hold blanks there, so ask any other row.
+    let is_num = |i: usize| rows.iter().any(|r| !matches!(r[i], Cell::Text(_)));
     writeln!(out, "{}", line(&header, &is_num))?;
     for r in &texts {
         writeln!(out, "{}", line(r, &is_num))?;
@@ -344,6 +404,7 @@ fn json_doc(
         "title": report.title,
         "estimated": report.estimated,
         "domains": report.domains,
+        "notes": report.notes,
         "rows": rows,
     });
     serde_json::to_writer_pretty(&mut *out, &doc)?;
@@ -359,14 +420,25 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-fn csv(cols: &[String], rows: &[Vec<Cell>], out: &mut dyn Write) -> Result<(), OutputError> {
-    let header: Vec<String> = cols
+/// CSV with the intervals split into `_ci_low`/`_ci_high` and, when there is energy, an
+/// `estimated` column on every row, so a spreadsheet never loses the tag.
+fn csv(
+    report: &Report,
+    cols: &[String],
+    rows: &[Vec<Cell>],
+    out: &mut dyn Write,
+) -> Result<(), OutputError> {
+    let mut header: Vec<String> = cols
         .iter()
         .flat_map(|c| match c.strip_suffix("_ci95") {
             Some(base) => vec![format!("{base}_ci_low"), format!("{base}_ci_high")],
             None => vec![c.clone()],
         })
         .collect();
+    let tag = (!report.domains.is_empty()).then(|| report.estimated.to_string());
+    if tag.is_some() {
+        header.push("estimated".to_string());
+    }
     writeln!(out, "{}", header.join(","))?;
     for r in rows {
         let fields: Vec<String> = r
@@ -376,6 +448,7 @@ fn csv(cols: &[String], rows: &[Vec<Cell>], out: &mut dyn Write) -> Result<(), O
                 Cell::Num(x, _) => vec![format!("{x}")],
                 other => vec![csv_field(&other.text())],
             })
+            .chain(tag.clone())
             .collect();
         writeln!(out, "{}", fields.join(","))?;
     }

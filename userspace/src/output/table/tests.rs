@@ -16,6 +16,7 @@ fn report(estimated: bool) -> Report {
         total_energy: None,
         power_w: j / 10.0,
         share,
+        cpu_share: Vec::new(),
     };
     Report {
         by: By::Process,
@@ -27,6 +28,10 @@ fn report(estimated: bool) -> Report {
         ],
         estimated,
         title: "energy-bpf on box, 10.0 s, model".into(),
+        notes: Vec::new(),
+        cpus: Vec::new(),
+        duration_ns: 0,
+        footer: Vec::new(),
     }
 }
 
@@ -58,9 +63,9 @@ fn sort_by_named_column_and_limit() {
     };
     let text = render_str(&report(false), &opts, Format::Csv);
     let want = "\
-pid,comm,cpu_s,samples,package_j,package_ci_low,package_ci_high,power_w,share_pct
-42,\"burn, \"\"x\"\"\",6,600,6,5.4,6.6000000000000005,0.6,60
-1,init,1,100,1,0.9,1.1,0.1,10
+pid,comm,cpu_s,samples,package_j,package_ci_low,package_ci_high,power_w,share_pct,estimated
+42,\"burn, \"\"x\"\"\",6,600,6,5.4,6.6000000000000005,0.6,60,false
+1,init,1,100,1,0.9,1.1,0.1,10,false
 ";
     assert_eq!(text, want);
     let opts = RenderOptions {
@@ -120,6 +125,7 @@ fn thread_rows_without_energy_sort_by_cpu() {
                 total_energy: None,
                 power_w: 0.0,
                 share: 0.0,
+                cpu_share: Vec::new(),
             },
             ReportRow {
                 key: RowKey::Thread {
@@ -133,11 +139,60 @@ fn thread_rows_without_energy_sort_by_cpu() {
                 total_energy: None,
                 power_w: 0.0,
                 share: 0.0,
+                cpu_share: Vec::new(),
             },
         ],
         estimated: false,
         title: "t".into(),
+        notes: Vec::new(),
+        cpus: Vec::new(),
+        duration_ns: 0,
+        footer: Vec::new(),
     };
     let text = render_str(&r, &RenderOptions::default(), Format::Csv);
     assert_eq!(text, "pid,tid,comm,cpu_s,samples\n1,3,b,2,20\n1,2,a,1,10\n");
+}
+
+#[test]
+fn cpu_columns_notes_and_footer_rows_stay_last() {
+    let mut r = report(true);
+    r.duration_ns = 10_000_000_000;
+    r.cpus = vec![0, 1];
+    for (row, shares) in r.rows.iter_mut().zip([[0.1, 0.0], [0.3, 0.3], [0.0, 0.3]]) {
+        row.cpu_share = shares.to_vec();
+    }
+    r.notes = vec!["energy: 10.000 J, 1.00 W; idle/static 0.000 J; 2 events lost".into()];
+    r.footer = vec![ReportRow {
+        key: RowKey::Label("[total]".into()),
+        cpu_ns: 0.0,
+        samples: 0,
+        energy: vec![EnergyCell {
+            joules: 10.0,
+            ci_low: 10.0,
+            ci_high: 10.0,
+        }],
+        total_energy: None,
+        power_w: 1.0,
+        share: 1.0,
+        cpu_share: Vec::new(),
+    }];
+    let opts = RenderOptions {
+        sort: None,
+        limit: Some(1),
+    };
+    let text = render_str(&r, &opts, Format::Table);
+    let want = "\
+energy-bpf on box, 10.0 s, model [estimated]
+energy: 10.000 J, 1.00 W; idle/static 0.000 J; 2 events lost
+PID  COMM       CPU_S  CPU_PCT  CPU0_PCT  CPU1_PCT  SAMPLES  PACKAGE_J      PACKAGE_CI95  POWER_W  SHARE_PCT
+ 42  burn, \"x\"  6.000     60.0      30.0      30.0      600      6.000    [5.400, 6.600]     0.60       60.0
+  -  [total]                                                    10.000  [10.000, 10.000]     1.00      100.0
+energy is estimated (modelled, not measured); intervals are 95%
+";
+    assert_eq!(text, want);
+    let csv = render_str(&r, &opts, Format::Csv);
+    assert_eq!(
+        csv.lines().last(),
+        Some("-,[total],,,,,,10,10,10,1,100,true")
+    );
 }
