@@ -3,7 +3,9 @@
 //!   `energy-bpf record -F 99` and under `perf record -a -g -F 99`, alternating runs;
 //!   medians, ratios, and the recorder's own CPU time and peak memory.
 //! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
-//! - `outputs`: report/flamegraph speed on a synthetic 60 s, 999 Hz, 2-CPU recording.
+//! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
+//!   `report` and `flamegraph` (every format) on that real recording (best of 3).
+//! - `top`: CPU used by `energy-bpf top` itself at the default 1 s refresh.
 use std::{
     io::{BufRead as _, BufReader},
     path::Path,
@@ -26,15 +28,10 @@ pub fn run(args: &[String]) -> Result {
             "--bench",
             "accuracy",
         ]),
-        Some("outputs") => util::cargo(&[
-            "bench",
-            "--locked",
-            "-p",
-            "energy-bpf",
-            "--bench",
-            "outputs",
-        ]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | accuracy | outputs".into()),
+        Some("outputs") => outputs(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
+        Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
+        Some("top") => top(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30)),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS]".into()),
     }
 }
 
@@ -237,4 +234,139 @@ fn median(v: &[f64]) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
+}
+
+fn release_bin() -> Result<std::path::PathBuf> {
+    util::cargo(&[
+        "build",
+        "--locked",
+        "--release",
+        "-p",
+        "energy-bpf",
+        "--bin",
+        "energy-bpf",
+    ])?;
+    Ok(util::root().join("target/release/energy-bpf"))
+}
+
+fn outputs(secs: u64) -> Result {
+    let bin = release_bin()?;
+    let out = util::root().join("bench-out");
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let burn = out.join("burn");
+    util::status(
+        Command::new("gcc")
+            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+            .arg(&burn)
+            .arg(util::root().join("tests/workloads/burn.c")),
+    )?;
+    let file = out.join("outputs.ebpr");
+    let burns: Vec<Child> = (0..2)
+        .map(|cpu| {
+            Command::new("taskset")
+                .args(["-c", &cpu.to_string()])
+                .arg(&burn)
+                .arg((secs + 5).to_string())
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("burn: {e}"))
+        })
+        .collect::<Result<_>>()?;
+    util::status(
+        Command::new(&bin)
+            .args(["record", "-F", "999", "-d", &secs.to_string(), "-o"])
+            .arg(&file),
+    )?;
+    for mut b in burns {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+    let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "# bench outputs: {secs} s recording at 999 Hz on 2 CPUs ({} MiB); best of 3 wall-clock runs",
+        size >> 20
+    );
+    let f = file.to_string_lossy().into_owned();
+    let cases: [(&str, Vec<&str>); 7] = [
+        ("report", vec!["report", &f]),
+        (
+            "report --by function",
+            vec!["report", "--by", "function", &f],
+        ),
+        (
+            "report --format json",
+            vec!["report", "--format", "json", &f],
+        ),
+        (
+            "flamegraph (svg)",
+            vec!["flamegraph", &f, "-o", "/dev/null"],
+        ),
+        (
+            "flamegraph --format pprof",
+            vec!["flamegraph", "--format", "pprof", &f, "-o", "/dev/null"],
+        ),
+        (
+            "flamegraph --format collapsed",
+            vec!["flamegraph", "--format", "collapsed", &f, "-o", "/dev/null"],
+        ),
+        (
+            "flamegraph --format speedscope",
+            vec![
+                "flamegraph",
+                "--format",
+                "speedscope",
+                &f,
+                "-o",
+                "/dev/null",
+            ],
+        ),
+    ];
+    println!("{:<34} {:>10}", "command", "best s");
+    for (name, args) in cases {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            let status = Command::new(&bin)
+                .args(&args)
+                .stdout(Stdio::null())
+                .status()
+                .map_err(|e| format!("{name}: {e}"))?;
+            if !status.success() {
+                return Err(format!("{name} failed: {status}"));
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!("{name:<34} {best:>10.3}");
+    }
+    Ok(())
+}
+
+fn top(secs: u64) -> Result {
+    let bin = release_bin()?;
+    let mut child = Command::new(&bin)
+        .args(["top", "--batch", "-i", "1", "-n", &secs.to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("top: {e}"))?;
+    let started = Instant::now();
+    let mut status = 0;
+    // SAFETY: rusage is plain data; wait4 on our own child fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointers; the child has not been reaped.
+    if unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) } < 0 {
+        return Err(format!("wait4: {}", std::io::Error::last_os_error()));
+    }
+    let _ = child.try_wait();
+    let wall = started.elapsed().as_secs_f64();
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
+    println!(
+        "# bench top: `energy-bpf top --batch -i 1 -n {secs}` (capture + energy + attribution + rendering)"
+    );
+    println!(
+        "wall {wall:.1} s, CPU {cpu:.3} s = {:.2}% of one CPU, peak RSS {} MiB",
+        100.0 * cpu / wall,
+        usage.ru_maxrss / 1024
+    );
+    Ok(())
 }
