@@ -45,13 +45,22 @@ pub enum CaptureError {
     Cpus(#[source] std::io::Error),
 }
 
+/// A task's `comm` as the kernel keeps it: NUL-padded bytes. Kept raw on the hot path (one
+/// per switch event) and turned into a `String` only when a thread is new or renamed.
+pub type Comm = [u8; energy_bpf_abi::COMM_LEN];
+
+/// `comm` as text.
+pub fn comm_string(raw: &Comm) -> String {
+    String::from_utf8_lossy(comm_bytes(raw)).into_owned()
+}
+
 /// One decoded probe event, in the recording's types.
 #[derive(Debug)]
 pub enum Event {
-    /// A context switch.
-    Switch(pb::SwitchEvent, String),
-    /// A stack sample (and the sampled task's comm).
-    Sample(pb::Sample, String),
+    /// A context switch (and the leaving task's raw comm).
+    Switch(pb::SwitchEvent, Comm),
+    /// A stack sample (and the sampled task's raw comm).
+    Sample(pb::Sample, Comm),
     /// A lifecycle event.
     Process(pb::ProcessEvent),
 }
@@ -226,9 +235,6 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
         .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-fn comm(raw: &[u8; energy_bpf_abi::COMM_LEN]) -> String {
-    String::from_utf8_lossy(comm_bytes(raw)).into_owned()
-}
 
 fn decode_switch(e: &SwitchEvent) -> Event {
     Event::Switch(
@@ -243,7 +249,7 @@ fn decode_switch(e: &SwitchEvent) -> Event {
             next_tid: e.next_tid,
             next_tgid: e.next_tgid,
         },
-        comm(&e.prev_comm),
+        e.prev_comm,
     )
 }
 
@@ -260,7 +266,7 @@ fn decode_sample(e: &SampleEvent) -> Event {
             kernel_stack: e.kernel_stack[..k].to_vec(),
             user_stack: e.user_stack[..u].to_vec(),
         },
-        comm(&e.comm),
+        e.comm,
     )
 }
 
@@ -278,6 +284,6 @@ fn decode_proc(e: &ProcEvent) -> pb::ProcessEvent {
         tgid: e.tgid,
         child_tid: e.child_tid,
         child_tgid: e.child_tgid,
-        comm: comm(&e.comm),
+        comm: comm_string(&e.comm),
     }
 }

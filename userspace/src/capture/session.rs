@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Event, Probes, host};
+use super::{Comm, Event, Probes, comm_string, host};
 use crate::pb::v1::{self as pb, process_event::Kind};
 
 /// Reads the executable mappings of a process (build-ids included where available).
@@ -54,7 +54,7 @@ impl Targets {
 pub struct Session {
     probes: Probes,
     targets: Targets,
-    comms: HashMap<u32, String>,
+    comms: HashMap<u32, Comm>,
     processes: HashSet<u32>,
     vanished: u64,
     read_mappings: MappingReader,
@@ -91,11 +91,11 @@ impl Session {
         for event in events {
             match event {
                 Event::Switch(s, comm) => {
-                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, &comm);
+                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, comm);
                     chunk.switches.push(s);
                 }
                 Event::Sample(s, comm) => {
-                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, &comm);
+                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, comm);
                     if self.targets.contains(s.tgid) {
                         chunk.samples.push(s);
                     }
@@ -118,7 +118,7 @@ impl Session {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
                 self.comms.remove(&p.tid);
-                self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, &p.comm);
+                self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, raw_comm(&p.comm));
             }
             Kind::Fork => self.targets.follow_fork(p.tgid, p.child_tgid),
             Kind::Exit => {
@@ -141,12 +141,12 @@ impl Session {
         tgid: u32,
         cgroup_id: u64,
         ts_ns: u64,
-        comm: &str,
+        comm: Comm,
     ) {
-        if tid == crate::timeline::IDLE_TID || self.comms.get(&tid).is_some_and(|c| c == comm) {
+        if tid == crate::timeline::IDLE_TID || self.comms.get(&tid).is_some_and(|c| *c == comm) {
             return;
         }
-        self.comms.insert(tid, comm.to_owned());
+        self.comms.insert(tid, comm);
         let new_process = self.processes.insert(tgid);
         let (process_start_ns, cmdline) = if new_process {
             match host::process_start_ns(tgid) {
@@ -168,11 +168,20 @@ impl Session {
         chunk.threads.push(pb::ThreadInfo {
             tid,
             tgid,
-            comm: comm.to_owned(),
+            comm: comm_string(&comm),
             process_start_ns,
             cmdline,
             cgroup_id,
             ts_ns,
         });
     }
+}
+
+/// A comm string back in the kernel's fixed-size form (truncated to 15 bytes + NUL).
+fn raw_comm(comm: &str) -> Comm {
+    let mut raw = [0u8; energy_bpf_abi::COMM_LEN];
+    let bytes = comm.as_bytes();
+    let n = bytes.len().min(energy_bpf_abi::COMM_LEN - 1);
+    raw[..n].copy_from_slice(&bytes[..n]);
+    raw
 }

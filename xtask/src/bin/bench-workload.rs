@@ -22,6 +22,10 @@ fn main() {
             println!("{x}");
         }
         Some("pingpong") => {
+            // Both threads on CPU 0: every round trip is two direct context switches on one
+            // CPU that never idles, so the cost measured is the switch path (and our
+            // sched_switch probe), not the VM's idle-exit latency.
+            pin_to_cpu0();
             let (mut a, mut b) = UnixStream::pair().expect("socketpair");
             let peer = std::thread::spawn(move || {
                 let mut buf = [0u8; 1];
@@ -41,5 +45,15 @@ fn main() {
             eprintln!("usage: bench-workload cpu|pingpong N");
             std::process::exit(2);
         }
+    }
+}
+
+fn pin_to_cpu0() {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity on the calling thread, inherited by
+    // threads it spawns.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
