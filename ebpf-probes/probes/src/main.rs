@@ -120,7 +120,6 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
         next_tid,
         next_tgid,
         next_known,
-        prev_comm: current_comm(),
     });
     entry.submit(BPF_RB_NO_WAKEUP);
     0

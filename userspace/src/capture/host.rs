@@ -125,6 +125,13 @@ pub fn process_start_ns(tgid: u32) -> Option<u64> {
     Some(boot_ns.saturating_sub(suspend_ns))
 }
 
+/// A thread's comm from `/proc/PID/task/TID/comm` (None if it vanished).
+pub fn thread_comm(tgid: u32, tid: u32) -> Option<String> {
+    fs::read_to_string(format!("/proc/{tgid}/task/{tid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_owned())
+}
+
 /// A process's command line with NULs as spaces (empty for kernel threads or if it vanished).
 pub fn cmdline(tgid: u32) -> String {
     fs::read(format!("/proc/{tgid}/cmdline"))

@@ -57,8 +57,8 @@ pub fn comm_string(raw: &Comm) -> String {
 /// One decoded probe event, in the recording's types.
 #[derive(Debug)]
 pub enum Event {
-    /// A context switch (and the leaving task's raw comm).
-    Switch(pb::SwitchEvent, Comm),
+    /// A context switch.
+    Switch(pb::SwitchEvent),
     /// A stack sample (and the sampled task's raw comm).
     Sample(pb::Sample, Comm),
     /// A lifecycle event.
@@ -235,22 +235,18 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
         .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-
 fn decode_switch(e: &SwitchEvent) -> Event {
-    Event::Switch(
-        pb::SwitchEvent {
-            ts_ns: e.ts_ns,
-            cpu: e.cpu,
-            tid: e.prev_tid,
-            tgid: e.prev_tgid,
-            cgroup_id: e.cgroup_id,
-            preempted: e.prev_state == 0,
-            next_known: e.next_known != 0,
-            next_tid: e.next_tid,
-            next_tgid: e.next_tgid,
-        },
-        e.prev_comm,
-    )
+    Event::Switch(pb::SwitchEvent {
+        ts_ns: e.ts_ns,
+        cpu: e.cpu,
+        tid: e.prev_tid,
+        tgid: e.prev_tgid,
+        cgroup_id: e.cgroup_id,
+        preempted: e.prev_state == 0,
+        next_known: e.next_known != 0,
+        next_tid: e.next_tid,
+        next_tgid: e.next_tgid,
+    })
 }
 
 fn decode_sample(e: &SampleEvent) -> Event {

@@ -90,12 +90,12 @@ impl Session {
         self.probes.drain(|e| events.push(e));
         for event in events {
             match event {
-                Event::Switch(s, comm) => {
-                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, comm);
+                Event::Switch(s) => {
+                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, None);
                     chunk.switches.push(s);
                 }
                 Event::Sample(s, comm) => {
-                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, comm);
+                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, Some(comm));
                     if self.targets.contains(s.tgid) {
                         chunk.samples.push(s);
                     }
@@ -118,7 +118,7 @@ impl Session {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
                 self.comms.remove(&p.tid);
-                self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, raw_comm(&p.comm));
+                self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, Some(raw_comm(&p.comm)));
             }
             Kind::Fork => self.targets.follow_fork(p.tgid, p.child_tgid),
             Kind::Exit => {
@@ -141,11 +141,19 @@ impl Session {
         tgid: u32,
         cgroup_id: u64,
         ts_ns: u64,
-        comm: Comm,
+        comm: Option<Comm>,
     ) {
-        if tid == crate::timeline::IDLE_TID || self.comms.get(&tid).is_some_and(|c| *c == comm) {
-            return;
-        }
+        let known = self.comms.get(&tid);
+        let comm = match (comm, known) {
+            _ if tid == crate::timeline::IDLE_TID => return,
+            (Some(c), Some(k)) if c == *k => return,
+            (None, Some(_)) => return,
+            (Some(c), _) => c,
+            // Switch events carry no name (see the ABI); ask /proc once per new thread.
+            (None, None) => {
+                host::thread_comm(tgid, tid).map_or([0; energy_bpf_abi::COMM_LEN], |c| raw_comm(&c))
+            }
+        };
         self.comms.insert(tid, comm);
         let new_process = self.processes.insert(tgid);
         let (process_start_ns, cmdline) = if new_process {
