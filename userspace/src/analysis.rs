@@ -96,6 +96,17 @@ pub fn source_label(sources: &[EnergySource]) -> String {
     }
 }
 
+/// [`source_label`] followed by ` (estimated)` when any source is modelled: for text a
+/// person reads next to the numbers.
+pub fn source_description(sources: &[EnergySource]) -> String {
+    let label = source_label(sources);
+    if sources.iter().any(|s| s.estimated) {
+        format!("{label} (estimated)")
+    } else {
+        label
+    }
+}
+
 /// Energy domains with a source in this analysis, in proto order (PACKAGE before DRAM).
 pub fn domains(analysis: &Analysis) -> Vec<EnergyDomain> {
     attribute::attribution::DOMAINS
@@ -141,10 +152,10 @@ pub fn sample_values(rec: &Recording, analysis: &Analysis) -> SampleValues {
         // Idle/static energy belongs to no stack; say how much the picture leaves out.
         format!(
             "{}; idle/static {idle_j:.3} J not shown",
-            source_label(&analysis.sources)
+            source_description(&analysis.sources)
         )
     } else {
-        source_label(&analysis.sources)
+        source_description(&analysis.sources)
     };
     out
 }

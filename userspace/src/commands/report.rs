@@ -143,7 +143,7 @@ fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysi
             "energy: {:.3} J ({:.2} W) from {}, split by {:?}; idle/static {:.3} J",
             total * 1e-6,
             total * 1e-6 / secs,
-            analysis::source_label(&a.sources),
+            analysis::source_description(&a.sources),
             attr.power_model(),
             (attr.headline_uj(&attr.idle) * 1e-6).max(0.0),
         ),
