@@ -144,18 +144,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let files = fake::hwmon_amd_energy(tmp.path(), 1, 2).expect("fake hwmon");
         assert_eq!(files.len(), 3);
-        let cpus = [
-            pb::Cpu {
-                id: 0,
-                package: 0,
-                core: 0,
-            },
-            pb::Cpu {
-                id: 1,
-                package: 0,
-                core: 1,
-            },
-        ];
+        let cpus = crate::energy::fake::cpus(1, 2);
         let found = inputs(tmp.path(), &cpus).expect("inputs");
         let summary: Vec<(&str, pb::EnergyDomain, u32)> = found
             .iter()

@@ -240,18 +240,7 @@ mod tests {
     /// Two CPUs over 100 ms; `busy` of them run a thread for the whole window, and for
     /// "half" each CPU is busy 50 ms.
     fn power_at(utilisation: f64) -> f64 {
-        let cpus = [
-            pb::Cpu {
-                id: 0,
-                package: 0,
-                core: 0,
-            },
-            pb::Cpu {
-                id: 1,
-                package: 0,
-                core: 1,
-            },
-        ];
+        let cpus = crate::energy::fake::cpus(1, 2);
         let switches: Vec<SwitchEvent> = if utilisation == 0.0 {
             vec![switch(0, 0, 0, 0), switch(0, 1, 0, 0)]
         } else if utilisation == 1.0 {
@@ -281,18 +270,7 @@ mod tests {
 
     #[test]
     fn parameters_from_flags_file_or_default() {
-        let cpus = [
-            pb::Cpu {
-                id: 0,
-                package: 0,
-                core: 0,
-            },
-            pb::Cpu {
-                id: 1,
-                package: 1,
-                core: 0,
-            },
-        ];
+        let cpus = crate::energy::fake::cpus(2, 1);
         let def = sources(&EnergyArgs::default(), &cpus, 1).expect("default");
         assert_eq!(def.len(), 2);
         assert_eq!(

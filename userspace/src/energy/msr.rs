@@ -228,28 +228,7 @@ mod tests {
     use crate::energy::fake::FakeMsr;
 
     fn two_package_cpus() -> Vec<pb::Cpu> {
-        vec![
-            pb::Cpu {
-                id: 0,
-                package: 0,
-                core: 0,
-            },
-            pb::Cpu {
-                id: 1,
-                package: 0,
-                core: 1,
-            },
-            pb::Cpu {
-                id: 2,
-                package: 1,
-                core: 0,
-            },
-            pb::Cpu {
-                id: 3,
-                package: 1,
-                core: 1,
-            },
-        ]
+        crate::energy::fake::cpus(2, 2)
     }
 
     #[test]

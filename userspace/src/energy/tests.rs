@@ -21,28 +21,7 @@ fn args(root: &Path, kind: SourceKind, interval_ms: u64) -> EnergyArgs {
 }
 
 fn two_package_cpus() -> Vec<pb::Cpu> {
-    vec![
-        pb::Cpu {
-            id: 0,
-            package: 0,
-            core: 0,
-        },
-        pb::Cpu {
-            id: 1,
-            package: 0,
-            core: 1,
-        },
-        pb::Cpu {
-            id: 2,
-            package: 1,
-            core: 0,
-        },
-        pb::Cpu {
-            id: 3,
-            package: 1,
-            core: 1,
-        },
-    ]
+    crate::energy::fake::cpus(2, 2)
 }
 
 /// Last cumulative energy per source name, after checking every source's readings are
@@ -133,18 +112,7 @@ fn powercap_two_packages_dram_and_wraps_exact_to_one_unit() {
 fn hwmon_totals_exact() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let counters = fake::hwmon_amd_energy(tmp.path(), 1, 2).expect("fake hwmon");
-    let cpus = [
-        pb::Cpu {
-            id: 0,
-            package: 0,
-            core: 0,
-        },
-        pb::Cpu {
-            id: 1,
-            package: 0,
-            core: 1,
-        },
-    ];
+    let cpus = crate::energy::fake::cpus(1, 2);
     let reader = start(&args(tmp.path(), SourceKind::Hwmon, 10), &cpus).expect("start");
     let sources = reader.sources();
     assert_eq!(sources.len(), 3);

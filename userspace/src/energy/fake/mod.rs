@@ -314,6 +314,17 @@ pub fn power_pmu(sysfs_root: &Path, pmu_type: u32, events: &[&str]) -> io::Resul
     Ok(())
 }
 
+/// CPUs numbered package by package, core ids 0.. within each package (no files written).
+pub fn cpus(packages: u32, cpus_per_package: u32) -> Vec<pb::Cpu> {
+    (0..packages * cpus_per_package)
+        .map(|id| pb::Cpu {
+            id,
+            package: id / cpus_per_package,
+            core: id % cpus_per_package,
+        })
+        .collect()
+}
+
 /// Writes CPU topology: `packages × cpus_per_package` CPUs, numbered package by package,
 /// core ids 0.. within each package. Returns the CPUs.
 pub fn topology(
