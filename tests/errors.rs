@@ -18,7 +18,21 @@ fn truncated_recording_still_reports() {
     }
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let file = recording(dir.path());
+    // Busy for 4 s at 999 Hz, so most of the file is sample chunks rather than the first
+    // chunk's one-off thread names and mappings: half the file then holds part of the run.
+    let busy = crate::util::Workload::spawn("while :; do :; done", None);
+    let file = dir.path().join("ok.ebpr");
+    let out = run(&[
+        "record",
+        "-F",
+        "999",
+        "-d",
+        "4",
+        "-o",
+        file.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    drop(busy);
     let bytes = std::fs::read(&file).expect("read");
     let half = dir.path().join("half.ebpr");
     std::fs::write(&half, &bytes[..bytes.len() / 2]).expect("write");

@@ -24,7 +24,7 @@ pub fn build_burn(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/burn.c");
     let out = dir.join("burn");
     let status = Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
         .arg(&out)
         .arg(&src)
         .status()
@@ -342,6 +342,17 @@ fn recorded_burn_opens_everywhere_with_energy_by_function() {
     );
 
     check_recording(&file, &BURN_FUNCTIONS, dir.path());
+    // Whole stacks: the frame-pointer walk keeps main between libc and the hot functions.
+    let folded = std::fs::read_to_string(dir.path().join("flame.folded")).expect("folded written");
+    for f in BURN_FUNCTIONS {
+        assert!(
+            folded
+                .lines()
+                .any(|l| l.starts_with("burn;") && l.contains(&format!(";main;{f} "))),
+            "no complete burn;...;main;{f} stack in:\n{}",
+            folded.lines().take(10).collect::<Vec<_>>().join("\n")
+        );
+    }
     // No energy counter on this VM: the model gives the energy, and the title says so.
     let svg = std::fs::read_to_string(dir.path().join("flame.svg")).expect("svg written");
     let title = svg

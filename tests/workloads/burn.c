@@ -2,7 +2,9 @@
  * flamegraph tests. hot_heavy does 3x the work of hot_light per call, so it should get
  * about 3/4 of the CPU time and energy of the loop.
  *
- * Build: gcc -O1 -g -fno-omit-frame-pointer -fno-inline -o burn burn.c
+ * Build: gcc -O0 -g -fno-omit-frame-pointer -fno-inline -o burn burn.c
+ * (-O0: at -O1 gcc 12 gives the leaf functions no frame even with -fno-omit-frame-pointer,
+ * so a frame-pointer walk from hot_heavy skips main and lands in main's caller)
  * Run:   ./burn SECONDS   (default 5)
  */
 #include <stdlib.h>

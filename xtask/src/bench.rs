@@ -255,7 +255,7 @@ fn outputs(secs: u64) -> Result {
     let burn = out.join("burn");
     util::status(
         Command::new("gcc")
-            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+            .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
             .arg(&burn)
             .arg(util::root().join("tests/workloads/burn.c")),
     )?;

@@ -14,7 +14,7 @@ fn burn_source() -> PathBuf {
 fn build_burn(dir: &Path) -> PathBuf {
     let out = dir.join("burn");
     let status = Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
         .arg(&out)
         .arg(burn_source())
         .status()
