@@ -86,20 +86,7 @@ struct Live {
 impl Live {
     fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
         let probes = Probes::start(cfg.sample_hz).context("cannot start capture")?;
-        let cpus: Vec<Cpu> = {
-            let known = energy::topology::cpus(&cfg.energy.sysfs_root);
-            probes
-                .cpus()
-                .iter()
-                .map(|&id| {
-                    known.iter().find(|c| c.id == id).copied().unwrap_or(Cpu {
-                        id,
-                        package: 0,
-                        core: id,
-                    })
-                })
-                .collect()
-        };
+        let cpus = energy::topology::of(&cfg.energy.sysfs_root, probes.cpus());
         let energy = energy::start(&cfg.energy, &cpus).context("cannot start energy readings")?;
         let sources = energy.sources();
         let last_reading = energy
@@ -146,16 +133,7 @@ impl Live {
     fn step(&mut self, opts: &Options) -> Snapshot {
         let chunk = self.session.poll();
         for t in chunk.threads {
-            let cmdline = self
-                .threads
-                .get(&t.tid)
-                .map(|old| old.cmdline.clone())
-                .unwrap_or_default();
-            let entry = self.threads.entry(t.tid).or_default();
-            *entry = t;
-            if entry.cmdline.is_empty() {
-                entry.cmdline = cmdline;
-            }
+            crate::record::merge_thread(&mut self.threads, t);
         }
         if let Some(l) = chunk.losses {
             self.lost = l.switch_dropped + l.sample_dropped + l.process_dropped;
@@ -192,14 +170,13 @@ impl Live {
                 .into_iter()
                 .partition(|s| s.ts_ns < end);
         self.pending_switches = later;
-        let mut events: Vec<SwitchEvent> = self.carry.values().cloned().collect();
-        events.extend(in_window.iter().cloned());
-        for s in in_window {
-            let keep = self.carry.get(&s.cpu).is_none_or(|c| c.ts_ns <= s.ts_ns);
-            if keep {
-                self.carry.insert(s.cpu, s);
+        let mut events: Vec<SwitchEvent> = self.carry.values().copied().collect();
+        for s in &in_window {
+            if self.carry.get(&s.cpu).is_none_or(|c| c.ts_ns <= s.ts_ns) {
+                self.carry.insert(s.cpu, *s);
             }
         }
+        events.extend(in_window);
         let cpu_ids: Vec<u32> = self.cpus.iter().map(|c| c.id).collect();
         let timeline = Timeline::build(start, end, &cpu_ids, &events);
         let (samples, later): (Vec<Sample>, Vec<Sample>) =

@@ -3,12 +3,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
-
 use crate::{pb::v1::process_event::Kind, record::Recording, timeline::Timeline};
 
 /// One thread's totals.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct ThreadSummary {
     /// Thread id.
     pub tid: u32,
@@ -19,23 +17,20 @@ pub struct ThreadSummary {
     /// Stack samples taken while it ran.
     pub samples: u64,
     /// On-CPU ns per CPU id.
-    #[serde(skip)]
     pub cpu_ns_by_cpu: BTreeMap<u32, u64>,
 }
 
 /// One process's totals.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct ProcessSummary {
     /// Process id.
     pub pid: u32,
     /// 0 for the first process with this pid in the recording, 1 for the next one after the
     /// pid was freed and reused, and so on: a reused PID never merges two processes.
-    #[serde(skip_serializing_if = "is_zero")]
     pub instance: u32,
     /// Command name (of the main thread when known).
     pub comm: String,
     /// Command line, when known.
-    #[serde(skip_serializing_if = "String::is_empty")]
     pub cmdline: String,
     /// On-CPU time of all its threads, ns.
     pub cpu_ns: u64,
@@ -44,7 +39,6 @@ pub struct ProcessSummary {
     /// Threads, busiest first.
     pub threads: Vec<ThreadSummary>,
     /// On-CPU ns per CPU id.
-    #[serde(skip)]
     pub cpu_ns_by_cpu: BTreeMap<u32, u64>,
 }
 
@@ -61,10 +55,6 @@ pub struct Summary {
     pub unknown_ns: u64,
     /// CPU ids in the recording.
     pub cpus: Vec<u32>,
-}
-
-fn is_zero(v: &u32) -> bool {
-    *v == 0
 }
 
 /// When each process id's holder exited, to tell apart processes that reused a pid.

@@ -41,13 +41,6 @@ impl Targets {
     pub fn add(&mut self, tgid: u32) {
         self.pids.insert(tgid);
     }
-
-    /// The explicit target list.
-    pub fn pids(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.pids.iter().copied().collect();
-        v.sort_unstable();
-        v
-    }
 }
 
 /// Per-run state on top of [`Probes`].

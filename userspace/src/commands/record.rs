@@ -66,7 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
     let probes = Probes::start(args.freq).context("cannot start capture")?;
-    let cpus = topology(&args.energy.sysfs_root, probes.cpus());
+    let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
     let energy =
         crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
     let (kernel_release, hostname) = host::uname();
@@ -175,25 +175,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => ExitCode::SUCCESS,
     })
-}
-
-/// Topology of the CPUs the probes watch, with package and core from `sysfs` (a fake tree
-/// in tests, so per-package attribution can be exercised on a one-package machine).
-fn topology(sysfs: &std::path::Path, cpus: &[u32]) -> Vec<crate::pb::v1::Cpu> {
-    let known = crate::energy::topology::cpus(sysfs);
-    cpus.iter()
-        .map(|&id| {
-            known
-                .iter()
-                .find(|c| c.id == id)
-                .copied()
-                .unwrap_or(crate::pb::v1::Cpu {
-                    id,
-                    package: 0,
-                    core: id,
-                })
-        })
-        .collect()
 }
 
 fn kill(child: &mut Option<Child>) {

@@ -37,6 +37,16 @@ impl KindProbe {
         }
     }
 
+    /// Present, but nothing could be read, for `reason`.
+    fn unreadable(kind: SourceKind, reason: impl Into<String>) -> Self {
+        Self {
+            kind,
+            present: true,
+            reason: Some(reason.into()),
+            counters: Vec::new(),
+        }
+    }
+
     fn from_opens(
         kind: SourceKind,
         opens: Vec<Result<Box<dyn EnergySource>, EnergyError>>,
@@ -85,12 +95,9 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                     perf::pmu_dir(sysfs).display()
                 ),
             ),
-            Ok(Some(pmu)) if pmu.events.is_empty() => KindProbe {
-                kind,
-                present: true,
-                reason: Some("the power PMU lists no energy-* events".into()),
-                counters: Vec::new(),
-            },
+            Ok(Some(pmu)) if pmu.events.is_empty() => {
+                KindProbe::unreadable(kind, "the power PMU lists no energy-* events")
+            }
             Ok(Some(pmu)) => KindProbe::from_opens(
                 kind,
                 match perf::open(&pmu, cpus) {
@@ -98,12 +105,7 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                     Err(e) => vec![Err(e)],
                 },
             ),
-            Err(e) => KindProbe {
-                kind,
-                present: true,
-                reason: Some(e.to_string()),
-                counters: Vec::new(),
-            },
+            Err(e) => KindProbe::unreadable(kind, e.to_string()),
         },
         SourceKind::Powercap => match powercap::zones(sysfs) {
             Ok(zones) if zones.is_empty() => {
@@ -128,12 +130,7 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                     .map(|z| powercap::Zone::open(z).map(boxed))
                     .collect(),
             ),
-            Err(e) => KindProbe {
-                kind,
-                present: true,
-                reason: Some(e.to_string()),
-                counters: Vec::new(),
-            },
+            Err(e) => KindProbe::unreadable(kind, e.to_string()),
         },
         SourceKind::Msr => {
             let first = cpus.first().map_or(0, |c| c.id);
@@ -167,12 +164,7 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                     .map(|i| hwmon::Input::open(i).map(boxed))
                     .collect(),
             ),
-            Err(e) => KindProbe {
-                kind,
-                present: true,
-                reason: Some(e.to_string()),
-                counters: Vec::new(),
-            },
+            Err(e) => KindProbe::unreadable(kind, e.to_string()),
         },
         SourceKind::Nvml => match nvml::open() {
             Ok(gpus) => {

@@ -45,6 +45,26 @@ pub fn cpus(sysfs: &Path) -> Vec<pb::Cpu> {
         .collect()
 }
 
+/// Package and core of each of `ids` (the CPUs capture watches), from the topology under
+/// `sysfs` (a fake tree in tests, so per-package attribution can be exercised on a
+/// one-package machine); a CPU the tree does not describe is its own core of package 0.
+pub fn of(sysfs: &Path, ids: &[u32]) -> Vec<pb::Cpu> {
+    let known = cpus(sysfs);
+    ids.iter()
+        .map(|&id| {
+            known
+                .iter()
+                .find(|c| c.id == id)
+                .copied()
+                .unwrap_or(pb::Cpu {
+                    id,
+                    package: 0,
+                    core: id,
+                })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

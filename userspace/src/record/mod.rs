@@ -23,6 +23,23 @@ pub const MAGIC: &[u8; 8] = b"EBPFREC\n";
 /// Version written in every header; readers refuse other versions with a clear error.
 pub const FORMAT_VERSION: u32 = 1;
 
+/// Records newer facts about a thread, keeping the process start time and command line
+/// from earlier sightings when the newer info lacks them (only a process's first sighting
+/// reads /proc).
+pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
+    let tid = new.tid;
+    if let Some(old) = threads.insert(tid, new)
+        && let Some(entry) = threads.get_mut(&tid)
+    {
+        if entry.process_start_ns == 0 {
+            entry.process_start_ns = old.process_start_ns;
+        }
+        if entry.cmdline.is_empty() {
+            entry.cmdline = old.cmdline;
+        }
+    }
+}
+
 /// A whole recording, merged from all its chunks.
 #[derive(Clone, Debug, Default)]
 pub struct Recording {

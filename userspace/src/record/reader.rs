@@ -163,20 +163,7 @@ fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
     rec.samples.extend(chunk.samples);
     rec.process_events.extend(chunk.process_events);
     for t in chunk.threads {
-        let keep_start = rec
-            .threads
-            .get(&t.tid)
-            .map(|old| (old.process_start_ns, old.cmdline.clone()));
-        let entry = rec.threads.entry(t.tid).or_default();
-        *entry = t;
-        if let Some((start, cmdline)) = keep_start {
-            if entry.process_start_ns == 0 {
-                entry.process_start_ns = start;
-            }
-            if entry.cmdline.is_empty() {
-                entry.cmdline = cmdline;
-            }
-        }
+        super::merge_thread(&mut rec.threads, t);
     }
     for m in chunk.mappings {
         rec.mappings.entry(m.tgid).or_default().push(m);

@@ -78,11 +78,6 @@ impl Writer {
         Ok(self.bytes)
     }
 
-    /// Bytes written so far.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
     fn write(&mut self, kind: Kind) -> Result<(), WriteError> {
         self.buf.clear();
         Record { kind: Some(kind) }

@@ -334,16 +334,16 @@ pub fn topology(
 ) -> io::Result<Vec<pb::Cpu>> {
     let base = sysfs_root.join("devices/system/cpu");
     fs::create_dir_all(&base)?;
-    let n = packages * cpus_per_package;
-    fs::write(base.join("online"), format!("0-{}\n", n.saturating_sub(1)))?;
-    let mut out = Vec::new();
-    for id in 0..n {
-        let (package, core) = (id / cpus_per_package, id % cpus_per_package);
-        let dir = base.join(format!("cpu{id}/topology"));
+    let out = cpus(packages, cpus_per_package);
+    fs::write(
+        base.join("online"),
+        format!("0-{}\n", out.len().saturating_sub(1)),
+    )?;
+    for c in &out {
+        let dir = base.join(format!("cpu{}/topology", c.id));
         fs::create_dir_all(&dir)?;
-        fs::write(dir.join("physical_package_id"), format!("{package}\n"))?;
-        fs::write(dir.join("core_id"), format!("{core}\n"))?;
-        out.push(pb::Cpu { id, package, core });
+        fs::write(dir.join("physical_package_id"), format!("{}\n", c.package))?;
+        fs::write(dir.join("core_id"), format!("{}\n", c.core))?;
     }
     Ok(out)
 }
