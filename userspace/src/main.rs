@@ -45,8 +45,15 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            // One clear line (plus causes), no panic, non-zero exit.
-            eprintln!("energy-bpf: error: {err:#}");
+            // One clear line (context, then causes), no panic, non-zero exit. Library errors
+            // often already quote their cause; it is not repeated.
+            let mut line = err.to_string();
+            for cause in err.chain().skip(1).map(ToString::to_string) {
+                if !line.contains(&cause) {
+                    line = format!("{line}: {cause}");
+                }
+            }
+            eprintln!("energy-bpf: error: {line}");
             ExitCode::FAILURE
         }
     }
