@@ -49,6 +49,10 @@ pub struct Session {
     targets: Targets,
     comms: HashMap<u32, Comm>,
     processes: HashSet<u32>,
+    /// Threads that exited during the previous poll and during this one, as (tid, tgid).
+    /// Their names are kept one more poll: the exit event can be drained before the last
+    /// switch-outs of the same thread, which must not look like a new, nameless thread.
+    exited: [Vec<(u32, u32)>; 2],
     vanished: u64,
     read_mappings: MappingReader,
 }
@@ -61,6 +65,7 @@ impl Session {
             targets,
             comms: HashMap::new(),
             processes: HashSet::new(),
+            exited: [Vec::new(), Vec::new()],
             vanished: 0,
             read_mappings,
         }
@@ -79,6 +84,10 @@ impl Session {
     /// Drains the probes into one chunk (readings are the caller's to add).
     pub fn poll(&mut self) -> pb::Chunk {
         let mut chunk = pb::Chunk::default();
+        for (tid, tgid) in std::mem::take(&mut self.exited[0]) {
+            self.forget(tid, tgid);
+        }
+        self.exited.swap(0, 1);
         let mut events = Vec::new();
         self.probes.drain(|e| events.push(e));
         for event in events {
@@ -113,15 +122,24 @@ impl Session {
                 self.comms.remove(&p.tid);
                 self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, Some(raw_comm(&p.comm)));
             }
-            Kind::Fork => self.targets.follow_fork(p.tgid, p.child_tgid),
-            Kind::Exit => {
-                // The pid may be reused: the next sighting is a new thread/process.
-                self.comms.remove(&p.tid);
-                if p.tid == p.tgid {
-                    self.processes.remove(&p.tgid);
+            Kind::Fork => {
+                // A new task: whatever was known under this id belonged to an earlier one.
+                if p.child_tid != 0 {
+                    self.forget(p.child_tid, p.child_tgid);
                 }
+                self.targets.follow_fork(p.tgid, p.child_tgid);
             }
+            // The pid may be reused; forget it once its last switch-outs are drained.
+            Kind::Exit => self.exited[1].push((p.tid, p.tgid)),
             Kind::Unspecified => {}
+        }
+    }
+
+    /// Drops what is known about a thread, so its id's next sighting is a new thread.
+    fn forget(&mut self, tid: u32, tgid: u32) {
+        self.comms.remove(&tid);
+        if tid == tgid {
+            self.processes.remove(&tgid);
         }
     }
 

@@ -31,6 +31,10 @@ pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
     if let Some(old) = threads.insert(tid, new)
         && let Some(entry) = threads.get_mut(&tid)
     {
+        // A name read from /proc after the thread was gone is empty; keep the known one.
+        if entry.comm.is_empty() {
+            entry.comm = old.comm;
+        }
         if entry.process_start_ns == 0 {
             entry.process_start_ns = old.process_start_ns;
         }
@@ -95,5 +99,34 @@ impl Recording {
             &self.cpu_ids(),
             &self.switches,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(comm: &str, start: u64, cmdline: &str) -> ThreadInfo {
+        ThreadInfo {
+            tid: 7,
+            tgid: 7,
+            comm: comm.into(),
+            process_start_ns: start,
+            cmdline: cmdline.into(),
+            ..ThreadInfo::default()
+        }
+    }
+
+    #[test]
+    fn later_sightings_keep_what_earlier_ones_knew() {
+        let mut threads = HashMap::new();
+        merge_thread(&mut threads, info("sh", 42, "sh -c true"));
+        // Read from /proc after the thread had gone: no name, no start, no command line.
+        merge_thread(&mut threads, info("", 0, ""));
+        assert_eq!(threads[&7], info("sh", 42, "sh -c true"));
+        // A rename (exec) wins.
+        merge_thread(&mut threads, info("true", 0, ""));
+        assert_eq!(threads[&7].comm, "true");
+        assert_eq!(threads[&7].process_start_ns, 42);
     }
 }
