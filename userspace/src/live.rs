@@ -163,6 +163,12 @@ impl Live {
                 .unwrap_or(now)
                 .max(self.window_start + 1)
         };
+        // Switch events wait in per-CPU batches in the kernel for up to one sampling period
+        // (see `SwitchBatch`); end the window before anything could still be on its way.
+        let in_flight_ns = 2_000_000_000 / u64::from(self.sample_hz.max(1));
+        let end = end
+            .min(now.saturating_sub(in_flight_ns))
+            .max(self.window_start + 1);
         let start = self.window_start;
 
         let (in_window, later): (Vec<SwitchEvent>, Vec<SwitchEvent>) =

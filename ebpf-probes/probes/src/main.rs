@@ -14,15 +14,16 @@ use aya_ebpf::{
     bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        generated::bpf_get_stack,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, generated::bpf_get_stack,
     },
     macros::{btf_tracepoint, map, perf_event},
     maps::{PerCpuArray, RingBuf},
     programs::{BtfTracePointContext, PerfEventContext},
 };
 use energy_bpf_abi::{
-    COMM_LEN, MAX_STACK_DEPTH, ProcEvent, SampleEvent, SwitchEvent, counter, proc_kind,
+    COMM_LEN, MAX_STACK_DEPTH, ProcEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER,
+    SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent, counter, proc_kind,
+    switch_flags,
 };
 
 /// `BPF_RB_NO_WAKEUP`: never wake the consumer from the probe (see module docs).
@@ -37,6 +38,10 @@ static SAMPLES: RingBuf = RingBuf::with_byte_size(16 << 20, 0);
 #[map]
 static PROCS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
+/// Each CPU's switch events not yet sent (see [`SwitchBatch`]).
+#[map]
+static SWITCH_BATCHES: PerCpuArray<SwitchBatch> = PerCpuArray::with_max_entries(1, 0);
+
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
@@ -49,9 +54,14 @@ static TASK_TGID_OFFSET: u32 = 0;
 
 #[inline(always)]
 fn bump(index: u32) {
+    bump_by(index, 1);
+}
+
+#[inline(always)]
+fn bump_by(index: u32, n: u64) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot; this program is the only writer on this CPU while it runs.
-        unsafe { *slot += 1 };
+        unsafe { *slot += n };
     }
 }
 
@@ -68,66 +78,112 @@ fn global(value: &'static u32) -> u32 {
     unsafe { core::ptr::read_volatile(value) }
 }
 
-/// (pid, tgid, known) of a task_struct, using the offsets userspace found in BTF.
+/// (pid, tgid) of a task_struct, or `None` when userspace found no offsets in BTF.
+///
+/// The task pointers of `tp_btf/sched_switch` are trusted BTF pointers, so the fields are
+/// plain loads, not `bpf_probe_read_kernel` calls (~60 ns each on the hottest path we
+/// have). The offsets live in frozen `.rodata`, so the verifier knows them as constants and
+/// checks each load against `task_struct`'s layout.
 #[inline(always)]
-fn task_ids(task: *const u8) -> (u32, u32, u32) {
+fn task_ids(task: *const u8) -> Option<(u32, u32)> {
     let (pid_off, tgid_off) = (global(&TASK_PID_OFFSET), global(&TASK_TGID_OFFSET));
     if pid_off == 0 || tgid_off == 0 {
-        return (0, 0, 0);
+        return None;
     }
-    // SAFETY: `task` is a live task_struct for the duration of the tracepoint; the offsets
-    // come from this kernel's BTF, and bpf_probe_read_kernel tolerates a bad address.
+    // SAFETY: `task` is a live task_struct for the duration of the tracepoint and the
+    // offsets are those of `pid` and `tgid` in this kernel's BTF; the verifier re-checks.
     unsafe {
-        if tgid_off == pid_off + 4 {
-            // Adjacent (as in every kernel so far): one read instead of two on the hottest
-            // path we have.
-            return match bpf_probe_read_kernel(task.add(pid_off as usize) as *const u64) {
-                Ok(both) => (both as u32, (both >> 32) as u32, 1),
-                Err(_) => (0, 0, 0),
-            };
+        Some((
+            core::ptr::read_volatile(task.add(pid_off as usize).cast::<u32>()),
+            core::ptr::read_volatile(task.add(tgid_off as usize).cast::<u32>()),
+        ))
+    }
+}
+
+/// Sends this CPU's pending switch events to the ring buffer and empties the batch.
+///
+/// Never runs concurrently with itself or [`sched_switch`] on one CPU: the switch
+/// tracepoint fires with interrupts off and the sampler runs from the timer interrupt.
+#[inline(always)]
+fn flush_switches(batch: *mut SwitchBatch) {
+    // SAFETY: `batch` is this CPU's slot of SWITCH_BATCHES.
+    unsafe {
+        let len = (*batch).len;
+        if len == 0 {
+            return;
         }
-        match (
-            bpf_probe_read_kernel(task.add(pid_off as usize) as *const u32),
-            bpf_probe_read_kernel(task.add(tgid_off as usize) as *const u32),
-        ) {
-            (Ok(pid), Ok(tgid)) => (pid, tgid, 1),
-            _ => (0, 0, 0),
+        if len as usize > SWITCH_BATCH {
+            (*batch).len = 0;
+            return;
         }
+        // The header goes out with the events, `len` included, so reset it afterwards.
+        let bytes = core::slice::from_raw_parts(
+            batch.cast::<u8>(),
+            SWITCH_BATCH_HEADER + len as usize * core::mem::size_of::<SwitchEvent>(),
+        );
+        if SWITCHES.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
+            bump_by(counter::SWITCH_DROPPED, u64::from(len));
+        }
+        (*batch).len = 0;
     }
 }
 
 /// `tp_btf/sched_switch(bool preempt, task_struct *prev, task_struct *next, unsigned int prev_state)`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
-    let preempt: u64 = ctx.arg(0);
-    let prev_state: u64 = ctx.arg(3);
-    let next: *const u8 = ctx.arg(2);
-    let (next_tid, next_tgid, next_known) = task_ids(next);
-    let Some(mut entry) = SWITCHES.reserve::<SwitchEvent>(0) else {
-        bump(counter::SWITCH_DROPPED);
+    // SAFETY: helper with no preconditions.
+    let ts_ns = unsafe { bpf_ktime_get_ns() };
+    let Some(batch) = SWITCH_BATCHES.get_ptr_mut(0) else {
         return 0;
     };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    entry.write(SwitchEvent {
-        // SAFETY: helpers with no preconditions in this program type.
-        ts_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        prev_tid: pid_tgid as u32,
-        prev_tgid: (pid_tgid >> 32) as u32,
-        cpu: unsafe { bpf_get_smp_processor_id() },
-        prev_state: prev_state as u32,
-        preempt: (preempt & 1) as u32,
-        next_tid,
-        next_tgid,
-        next_known,
-    });
-    entry.submit(BPF_RB_NO_WAKEUP);
+    let preempt: u64 = ctx.arg(0);
+    let prev_state: u64 = ctx.arg(3);
+    let (prev_tid, prev_tgid, next_tid, next_tgid, known) =
+        match (task_ids(ctx.arg(1)), task_ids(ctx.arg(2))) {
+            (Some((pt, pg)), Some((nt, ng))) => (pt, pg, nt, ng, switch_flags::NEXT_KNOWN),
+            _ => {
+                let pid_tgid = bpf_get_current_pid_tgid();
+                (pid_tgid as u32, (pid_tgid >> 32) as u32, 0, 0, 0)
+            }
+        };
+    // SAFETY: `batch` is this CPU's slot, and nothing else runs on this CPU meanwhile (see
+    // flush_switches); the index is bounds-checked before the write.
+    unsafe {
+        let len = (*batch).len as usize;
+        if len >= SWITCH_BATCH {
+            // Unreachable (a full batch is sent at once); keeps the verifier's bounds.
+            (*batch).len = 0;
+            return 0;
+        }
+        if len == 0 {
+            (*batch).cpu = bpf_get_smp_processor_id();
+        }
+        (*batch).events[len] = SwitchEvent {
+            ts_ns,
+            prev_tid,
+            prev_tgid,
+            next_tid,
+            next_tgid,
+            prev_state: prev_state as u32,
+            flags: (preempt & 1) as u32 | known,
+        };
+        (*batch).len = len as u32 + 1;
+        if len + 1 == SWITCH_BATCH
+            || ts_ns.wrapping_sub((*batch).events[0].ts_ns) > SWITCH_BATCH_MAX_AGE_NS
+        {
+            flush_switches(batch);
+        }
+    }
     0
 }
 
 /// cpu-clock timer on every online CPU, at the user's `-F` frequency.
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
+    // Bounds how long a switch event waits in its CPU's batch, idle CPUs included.
+    if let Some(batch) = SWITCH_BATCHES.get_ptr_mut(0) {
+        flush_switches(batch);
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     if pid_tgid as u32 == 0 {
         bump(counter::IDLE_SAMPLES);
@@ -204,7 +260,7 @@ pub fn sched_process_exec(_ctx: BtfTracePointContext) -> u32 {
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn sched_process_fork(ctx: BtfTracePointContext) -> u32 {
     let child: *const u8 = ctx.arg(1);
-    let (tid, tgid, _) = task_ids(child);
+    let (tid, tgid) = task_ids(child).unwrap_or((0, 0));
     emit_proc(proc_kind::FORK, tid, tgid, 0);
     0
 }
@@ -222,7 +278,7 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
-/// bpf_get_stack and bpf_probe_read_kernel are GPL-only helpers.
+/// bpf_get_stack is a GPL-only helper.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

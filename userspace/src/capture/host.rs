@@ -132,6 +132,16 @@ pub fn thread_comm(tgid: u32, tid: u32) -> Option<String> {
         .map(|s| s.trim_end().to_owned())
 }
 
+/// The cgroup v2 id of a thread (what `bpf_get_current_cgroup_id` returns: the inode of its
+/// cgroup's directory under the cgroup2 mount), or `None` if it vanished or has no v2 cgroup.
+pub fn cgroup_id(tgid: u32, tid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    let membership = fs::read_to_string(format!("/proc/{tgid}/task/{tid}/cgroup")).ok()?;
+    let path = membership.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = format!("/sys/fs/cgroup{}", path.trim_end());
+    fs::metadata(dir).ok().map(|m| m.ino())
+}
+
 /// A process's command line with NULs as spaces (empty for kernel threads or if it vanished).
 pub fn cmdline(tgid: u32) -> String {
     fs::read(format!("/proc/{tgid}/cmdline"))

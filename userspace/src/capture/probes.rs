@@ -1,6 +1,6 @@
 //! The loaded probes: attach, drain, decode, count losses.
 
-use std::{path::Path, thread, time::Duration};
+use std::{collections::HashMap, path::Path, thread, time::Duration};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
@@ -10,7 +10,10 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use energy_bpf_abi::{ProcEvent, SampleEvent, SwitchEvent, comm_bytes, counter, proc_kind};
+use energy_bpf_abi::{
+    ProcEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER, SampleEvent, SwitchBatch, SwitchEvent,
+    comm_bytes, counter, proc_kind, switch_flags,
+};
 
 use super::{btf, host};
 use crate::pb::v1::{self as pb, process_event::Kind};
@@ -72,6 +75,10 @@ pub struct Probes {
     samples: RingBuf<MapData>,
     procs: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
+    batches: PerCpuArray<MapData, SwitchBatch>,
+    /// Newest switch timestamp delivered per CPU: events at or before it are duplicates
+    /// (a batch read from the map at the end may also have reached the ring buffer).
+    delivered: HashMap<u32, u64>,
     cpus: Vec<u32>,
     /// Whether the probes could read the task switched in (task_struct offsets known).
     pub next_known: bool,
@@ -144,12 +151,18 @@ impl Probes {
             .take_map("COUNTERS")
             .and_then(|m| PerCpuArray::try_from(m).ok())
             .ok_or(CaptureError::Map("COUNTERS"))?;
+        let batches = ebpf
+            .take_map("SWITCH_BATCHES")
+            .and_then(|m| PerCpuArray::try_from(m).ok())
+            .ok_or(CaptureError::Map("SWITCH_BATCHES"))?;
         let probes = Self {
             _ebpf: ebpf,
             switches,
             samples,
             procs,
             counters,
+            batches,
+            delivered: HashMap::new(),
             cpus,
             next_known: pid_off != 0,
         };
@@ -189,10 +202,7 @@ impl Probes {
     pub fn drain(&mut self, mut sink: impl FnMut(Event)) -> usize {
         let mut n = 0;
         while let Some(item) = self.switches.next() {
-            if let Some(e) = read::<SwitchEvent>(&item) {
-                sink(decode_switch(&e));
-                n += 1;
-            }
+            n += deliver(&mut self.delivered, switch_batch(&item), &mut sink);
         }
         while let Some(item) = self.samples.next() {
             if let Some(e) = read::<SampleEvent>(&item) {
@@ -205,6 +215,24 @@ impl Probes {
                 sink(Event::Process(decode_proc(&e)));
                 n += 1;
             }
+        }
+        n
+    }
+
+    /// Delivers the switch events still waiting in the kernel's per-CPU batches (call after
+    /// [`Probes::drain`], at the end of a capture). Returns the number of events.
+    pub fn drain_batched(&mut self, mut sink: impl FnMut(Event)) -> usize {
+        let Ok(per_cpu) = self.batches.get(&0, 0) else {
+            return 0;
+        };
+        let mut n = 0;
+        for (cpu, batch) in per_cpu.iter().enumerate() {
+            let len = (batch.len as usize).min(SWITCH_BATCH);
+            n += deliver(
+                &mut self.delivered,
+                Some((cpu as u32, &batch.events[..len])),
+                &mut sink,
+            );
         }
         n
     }
@@ -235,15 +263,48 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
         .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-fn decode_switch(e: &SwitchEvent) -> Event {
+/// The CPU and events of one ring-buffer record of switches (a [`SwitchBatch`] cut after
+/// its valid events), or `None` if the record is malformed.
+fn switch_batch(bytes: &[u8]) -> Option<(u32, Vec<SwitchEvent>)> {
+    let header = bytes.get(..SWITCH_BATCH_HEADER)?;
+    let len = u32::from_ne_bytes(header[..4].try_into().ok()?) as usize;
+    let cpu = u32::from_ne_bytes(header[4..8].try_into().ok()?);
+    let size = std::mem::size_of::<SwitchEvent>();
+    let body = bytes.get(SWITCH_BATCH_HEADER..SWITCH_BATCH_HEADER + len.checked_mul(size)?)?;
+    (len <= SWITCH_BATCH).then(|| (cpu, body.chunks_exact(size).filter_map(read).collect()))
+}
+
+/// Sends a CPU's switch events on, skipping any already delivered.
+fn deliver(
+    delivered: &mut HashMap<u32, u64>,
+    batch: Option<(u32, impl AsRef<[SwitchEvent]>)>,
+    sink: &mut impl FnMut(Event),
+) -> usize {
+    let Some((cpu, events)) = batch else {
+        return 0;
+    };
+    let newest = delivered.entry(cpu).or_insert(0);
+    let mut n = 0;
+    for e in events.as_ref() {
+        if e.ts_ns > *newest {
+            *newest = e.ts_ns;
+            sink(decode_switch(cpu, e));
+            n += 1;
+        }
+    }
+    n
+}
+
+fn decode_switch(cpu: u32, e: &SwitchEvent) -> Event {
     Event::Switch(pb::SwitchEvent {
         ts_ns: e.ts_ns,
-        cpu: e.cpu,
+        cpu,
         tid: e.prev_tid,
         tgid: e.prev_tgid,
-        cgroup_id: e.cgroup_id,
+        // Filled per thread in userspace (see the ABI).
+        cgroup_id: 0,
         preempted: e.prev_state == 0,
-        next_known: e.next_known != 0,
+        next_known: e.flags & switch_flags::NEXT_KNOWN != 0,
         next_tid: e.next_tid,
         next_tgid: e.next_tgid,
     })
@@ -281,5 +342,85 @@ fn decode_proc(e: &ProcEvent) -> pb::ProcessEvent {
         child_tid: e.child_tid,
         child_tgid: e.child_tgid,
         comm: comm_string(&e.comm),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(ts_ns: u64, prev_tid: u32, next_tid: u32) -> SwitchEvent {
+        SwitchEvent {
+            ts_ns,
+            prev_tid,
+            prev_tgid: prev_tid,
+            next_tid,
+            next_tgid: next_tid,
+            prev_state: 1,
+            flags: switch_flags::NEXT_KNOWN,
+        }
+    }
+
+    /// The bytes the probe sends: the batch cut after its `len` events.
+    fn wire(cpu: u32, events: &[SwitchEvent]) -> Vec<u8> {
+        let mut batch = SwitchBatch {
+            len: events.len() as u32,
+            cpu,
+            events: [event(0, 0, 0); SWITCH_BATCH],
+        };
+        batch.events[..events.len()].copy_from_slice(events);
+        let size = SWITCH_BATCH_HEADER + std::mem::size_of_val(events);
+        // SAFETY: SwitchBatch is plain #[repr(C)] data at least `size` bytes long.
+        unsafe { std::slice::from_raw_parts((&raw const batch).cast::<u8>(), size) }.to_vec()
+    }
+
+    fn switches(batches: &[Option<(u32, Vec<SwitchEvent>)>]) -> Vec<(u32, u64, u32)> {
+        let mut delivered = HashMap::new();
+        let mut out = Vec::new();
+        for b in batches {
+            deliver(&mut delivered, b.clone(), &mut |e| {
+                if let Event::Switch(s) = e {
+                    out.push((s.cpu, s.ts_ns, s.tid));
+                }
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn batches_decode_to_their_cpus_events() {
+        let bytes = wire(1, &[event(10, 5, 6), event(20, 6, 0)]);
+        let (cpu, events) = switch_batch(&bytes).expect("valid batch");
+        assert_eq!(cpu, 1);
+        assert_eq!(events.len(), 2);
+        assert_eq!(switches(&[Some((cpu, events))]), [(1, 10, 5), (1, 20, 6)]);
+        let Event::Switch(s) = decode_switch(1, &event(10, 5, 6)) else {
+            panic!("not a switch");
+        };
+        assert!(s.next_known && !s.preempted && s.next_tid == 6);
+    }
+
+    #[test]
+    fn malformed_batches_are_skipped() {
+        let mut bytes = wire(0, &[event(10, 5, 6)]);
+        assert!(switch_batch(&bytes[..4]).is_none(), "short header");
+        bytes.truncate(bytes.len() - 1);
+        assert!(switch_batch(&bytes).is_none(), "last event cut short");
+        let mut huge = wire(0, &[event(10, 5, 6)]);
+        huge[..4].copy_from_slice(&(SWITCH_BATCH as u32 + 1).to_ne_bytes());
+        assert!(switch_batch(&huge).is_none(), "length beyond a batch");
+    }
+
+    #[test]
+    fn events_read_twice_are_delivered_once_per_cpu() {
+        // The end-of-capture read of the kernel's batches may overlap what the ring buffer
+        // already delivered; each CPU's events are in time order, so older ones are repeats.
+        let first = Some((0, vec![event(10, 1, 2), event(20, 2, 1)]));
+        let other_cpu = Some((1, vec![event(15, 3, 4)]));
+        let overlap = Some((0, vec![event(20, 2, 1), event(30, 1, 2)]));
+        assert_eq!(
+            switches(&[first, other_cpu, overlap]),
+            [(0, 10, 1), (0, 20, 2), (1, 15, 3), (0, 30, 1)]
+        );
     }
 }

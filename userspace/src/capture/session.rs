@@ -47,7 +47,8 @@ impl Targets {
 pub struct Session {
     probes: Probes,
     targets: Targets,
-    comms: HashMap<u32, Comm>,
+    /// Name and cgroup id last reported per thread.
+    comms: HashMap<u32, (Comm, u64)>,
     processes: HashSet<u32>,
     /// Threads that exited during the previous poll and during this one, as (tid, tgid).
     /// Their names are kept one more poll: the exit event can be drained before the last
@@ -83,6 +84,17 @@ impl Session {
 
     /// Drains the probes into one chunk (readings are the caller's to add).
     pub fn poll(&mut self) -> pb::Chunk {
+        self.collect(false)
+    }
+
+    /// The last chunk: visits every CPU so each timeline ends on a known task, then drains
+    /// everything, including switch events still batched in the kernel.
+    pub fn finish(&mut self) -> pb::Chunk {
+        self.probes.sweep_cpus();
+        self.collect(true)
+    }
+
+    fn collect(&mut self, last: bool) -> pb::Chunk {
         let mut chunk = pb::Chunk::default();
         for (tid, tgid) in std::mem::take(&mut self.exited[0]) {
             self.forget(tid, tgid);
@@ -90,6 +102,9 @@ impl Session {
         self.exited.swap(0, 1);
         let mut events = Vec::new();
         self.probes.drain(|e| events.push(e));
+        if last {
+            self.probes.drain_batched(|e| events.push(e));
+        }
         for event in events {
             match event {
                 Event::Switch(s) => {
@@ -154,18 +169,25 @@ impl Session {
         ts_ns: u64,
         comm: Option<Comm>,
     ) {
-        let known = self.comms.get(&tid);
-        let comm = match (comm, known) {
-            _ if tid == crate::timeline::IDLE_TID => return,
-            (Some(c), Some(k)) if c == *k => return,
+        if tid == crate::timeline::IDLE_TID {
+            return;
+        }
+        let known = self.comms.get(&tid).copied();
+        let (comm, cgroup_id) = match (comm, known) {
             (None, Some(_)) => return,
-            (Some(c), _) => c,
-            // Switch events carry no name (see the ABI); ask /proc once per new thread.
-            (None, None) => {
-                host::thread_comm(tgid, tid).map_or([0; energy_bpf_abi::COMM_LEN], |c| raw_comm(&c))
-            }
+            // Same name, and no new cgroup: nothing new.
+            (Some(c), Some((k, kc))) if c == k && (cgroup_id == 0 || cgroup_id == kc) => return,
+            (Some(c), Some((_, kc))) => (c, if cgroup_id == 0 { kc } else { cgroup_id }),
+            (Some(c), None) if cgroup_id != 0 => (c, cgroup_id),
+            // Switch events carry neither name nor cgroup (see the ABI): ask /proc once per
+            // new thread.
+            (c, None) => (
+                c.or_else(|| host::thread_comm(tgid, tid).map(|c| raw_comm(&c)))
+                    .unwrap_or([0; energy_bpf_abi::COMM_LEN]),
+                host::cgroup_id(tgid, tid).unwrap_or(0),
+            ),
         };
-        self.comms.insert(tid, comm);
+        self.comms.insert(tid, (comm, cgroup_id));
         let new_process = self.processes.insert(tgid);
         let (process_start_ns, cmdline) = if new_process {
             match host::process_start_ns(tgid) {

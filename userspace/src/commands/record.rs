@@ -147,8 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     kill(&mut child);
     // A last sweep pins down who is on each CPU at the end of the window.
-    session.probes().sweep_cpus();
-    let mut last = session.poll();
+    let mut last = session.finish();
     last.readings = energy.stop();
     let losses = last.losses;
     writer.chunk(last).context("writing the last chunk")?;
