@@ -40,6 +40,13 @@ enum Mode {
     Alone,
     EnergyBpf,
     Perf,
+    /// perf also tracing every context switch: the like-for-like comparison for the
+    /// context-switch workload, since plain `perf record` only samples.
+    PerfSwitches,
+}
+
+impl Mode {
+    const ALL: [Mode; 4] = [Mode::Alone, Mode::EnergyBpf, Mode::Perf, Mode::PerfSwitches];
 }
 
 impl Mode {
@@ -48,6 +55,7 @@ impl Mode {
             Mode::Alone => "alone",
             Mode::EnergyBpf => "energy-bpf record -F 99",
             Mode::Perf => "perf record -a -g -F 99",
+            Mode::PerfSwitches => "perf record ... --switch-events",
         }
     }
 }
@@ -88,13 +96,10 @@ fn overhead(rounds: usize) -> Result {
     ];
     println!("# bench overhead: {rounds} rounds, modes alternate within each round");
     for (name, wargs) in &workloads {
-        let mut times: [Vec<f64>; 3] = Default::default();
-        let mut costs: [Vec<RecorderCost>; 3] = Default::default();
+        let mut times: [Vec<f64>; 4] = Default::default();
+        let mut costs: [Vec<RecorderCost>; 4] = Default::default();
         for round in 0..rounds {
-            for (i, mode) in [Mode::Alone, Mode::EnergyBpf, Mode::Perf]
-                .into_iter()
-                .enumerate()
-            {
+            for (i, mode) in Mode::ALL.into_iter().enumerate() {
                 let (secs, cost) = one_run(
                     mode,
                     &workload,
@@ -112,10 +117,7 @@ fn overhead(rounds: usize) -> Result {
             "{:<28} {:>10} {:>10} {:>14} {:>14}",
             "mode", "median s", "slowdown", "recorder CPU s", "recorder RSS"
         );
-        for (i, mode) in [Mode::Alone, Mode::EnergyBpf, Mode::Perf]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, mode) in Mode::ALL.into_iter().enumerate() {
             let m = median(&times[i]);
             let (cpu, rss) = if mode == Mode::Alone {
                 ("-".to_string(), "-".to_string())
@@ -134,11 +136,13 @@ fn overhead(rounds: usize) -> Result {
             );
         }
         let ours = median(&times[1]) / base - 1.0;
-        let perf = median(&times[2]) / base - 1.0;
-        if perf > 0.0 {
-            println!("slowdown ratio energy-bpf/perf: {:.2}", ours / perf);
-        } else {
-            println!("slowdown ratio energy-bpf/perf: n/a (perf showed no slowdown)");
+        for (i, what) in [(2, "perf"), (3, "perf --switch-events")] {
+            let perf = median(&times[i]) / base - 1.0;
+            if perf > 0.0 {
+                println!("slowdown ratio energy-bpf/{what}: {:.2}", ours / perf);
+            } else {
+                println!("slowdown ratio energy-bpf/{what}: n/a ({what} showed no slowdown)");
+            }
         }
     }
     Ok(())
@@ -159,9 +163,11 @@ fn one_run(
                 .arg(out.with_extension("ebpr")),
             Some("recording"),
         )?),
-        Mode::Perf => Some(start_recorder(
+        Mode::Perf | Mode::PerfSwitches => Some(start_recorder(
             Command::new("perf")
-                .args(["record", "-a", "-g", "-F", "99", "-q", "-o"])
+                .args(["record", "-a", "-g", "-F", "99", "-q"])
+                .args((mode == Mode::PerfSwitches).then_some("--switch-events"))
+                .arg("-o")
                 .arg(out.with_extension("perf.data")),
             None,
         )?),
