@@ -18,9 +18,11 @@ fn record_on_fake_two_package_powercap_keeps_unwrapped_totals() {
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let sysfs = dir.path().join("sys");
-    // Package zones wrap every 0.75-1.5 s at these watts: several wraps in a 3 s run, each
-    // far longer than the reader's interval (at most 250 ms).
-    let tree = FakePowercap::two_packages(&sysfs, 15_000_000).expect("fake powercap");
+    // Package zones wrap every 1-2 s at these watts: several wraps in a 3 s run. At the
+    // 2000 W bound the 600 J range wraps in 300 ms, so the reader reads every 150 ms (not
+    // 250 ms), and a read is ambiguous (flagged) only after 350 ms or more without one.
+    let range_uj = 600_000_000;
+    let tree = FakePowercap::two_packages(&sysfs, range_uj).expect("fake powercap");
     fake::topology(&sysfs, 2, 1).expect("fake topology");
     let file = dir.path().join("fake.ebpr");
     let rec = Recorder::start(&[
@@ -30,12 +32,12 @@ fn record_on_fake_two_package_powercap_keeps_unwrapped_totals() {
         sysfs.to_str().expect("path"),
     ]);
     let watts = [
-        ("intel-rapl:0", 20.0),
-        ("intel-rapl:0:0", 12.0),
-        ("intel-rapl:0:1", 3.0),
-        ("intel-rapl:1", 10.0),
-        ("intel-rapl:1:0", 6.0),
-        ("intel-rapl:1:1", 2.5),
+        ("intel-rapl:0", 600.0),
+        ("intel-rapl:0:0", 360.0),
+        ("intel-rapl:0:1", 90.0),
+        ("intel-rapl:1", 300.0),
+        ("intel-rapl:1:0", 180.0),
+        ("intel-rapl:1:1", 75.0),
     ];
     let emulator = tree.spawn(&watts).expect("emulator");
     std::thread::sleep(Duration::from_secs(3));
@@ -74,7 +76,7 @@ fn record_on_fake_two_package_powercap_keeps_unwrapped_totals() {
         let expected = truth[zone];
         if source.domain() == EnergyDomain::Package {
             assert!(
-                expected > 15_000_000.0,
+                expected > range_uj as f64,
                 "{zone} wrapped at least once ({expected} µJ)"
             );
         }

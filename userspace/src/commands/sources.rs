@@ -7,7 +7,9 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::energy::{
-    EnergyArgs, EnergySource, detect, domain_name, model,
+    EnergyArgs, EnergySource,
+    counter::MAX_PLAUSIBLE_W,
+    detect, domain_name, model,
     reader::{self, Measurement},
     topology,
 };
@@ -62,6 +64,9 @@ struct CounterReport {
     period_is_lower_bound: bool,
     read_cost_ns: u64,
     read_interval_ns: u64,
+    /// Why the read interval is shorter than the update period asks, when the wrap cap
+    /// lowered it.
+    read_interval_note: Option<String>,
     used: bool,
     error: Option<String>,
 }
@@ -159,6 +164,10 @@ fn counter_report(
     used: bool,
 ) -> CounterReport {
     let d = counter.describe();
+    let interval = m
+        .as_ref()
+        .ok()
+        .map(|m| reader::read_interval_of(args, m.update_period_ns, counter));
     let (m, error) = match m {
         Ok(m) => (m, None),
         Err(e) => (
@@ -177,14 +186,33 @@ fn counter_report(
         update_period_ns: m.update_period_ns,
         period_is_lower_bound: m.period_is_lower_bound,
         read_cost_ns: m.read_cost_ns,
-        read_interval_ns: reader::interval_ns(args, m.update_period_ns),
+        read_interval_ns: interval.map_or(0, |i| i.ns),
+        read_interval_note: interval.and_then(|i| interval_note(&i)),
         used: used && error.is_none(),
         error,
     }
 }
 
+/// Says why the wrap cap lowered an interval, e.g. "capped from 250.00 ms: wraps in
+/// 100.00 ms at 2000 W".
+fn interval_note(i: &reader::ReadInterval) -> Option<String> {
+    let (from, wrap) = (i.uncapped_ns?, i.wrap_period_ns?);
+    let floor = if wrap / 2 < reader::MIN_INTERVAL_NS {
+        " (the minimum; faster wraps are flagged)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "capped from {}: wraps in {} at {MAX_PLAUSIBLE_W:.0} W{floor}",
+        duration(from),
+        duration(wrap)
+    ))
+}
+
 fn duration(ns: u64) -> String {
-    if ns >= 1_000_000 {
+    if ns >= 1_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else if ns >= 1_000_000 {
         format!("{:.2} ms", ns as f64 / 1e6)
     } else {
         format!("{:.1} µs", ns as f64 / 1e3)
@@ -220,9 +248,13 @@ fn text(r: &Report) -> String {
                 (None, true) => "USED".to_owned(),
                 (None, false) => "not used (a better source covers this domain)".to_owned(),
             };
+            let note = c
+                .read_interval_note
+                .as_ref()
+                .map_or(String::new(), |n| format!(" ({n})"));
             let _ = writeln!(
                 out,
-                "          {:<40} {:<7} pkg {:<2} update {period}, read {}, every {}  {state}",
+                "          {:<40} {:<7} pkg {:<2} update {period}, read {}, every {}{note}  {state}",
                 c.name,
                 c.domain,
                 c.package,
@@ -356,6 +388,64 @@ mod tests {
         assert!(
             t.ends_with("In use: powercap intel-rapl:0 (package-0)\n"),
             "{t}"
+        );
+    }
+
+    #[test]
+    fn a_wrap_capped_interval_says_why() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fake::topology(tmp.path(), 1, 1).expect("topology");
+        // 200 J: wraps in 100 ms at the 2000 W bound, so read every 50 ms, not 250 ms.
+        fake::FakePowercap::create(
+            tmp.path(),
+            &[fake::ZoneSpec::new(
+                "intel-rapl:0",
+                "package-0",
+                200_000_000,
+            )],
+        )
+        .expect("powercap");
+        let a = args(tmp.path(), Format::Text);
+        let mut plan = detect::plan(&a.energy, &[], false).expect("plan");
+        let zone = plan.take_used().pop().expect("zone");
+        let idle = Measurement {
+            update_period_ns: reader::MEASURE_WINDOW_NS,
+            period_is_lower_bound: true,
+            read_cost_ns: 3_000,
+        };
+        let c = counter_report(&a.energy, zone.as_ref(), Ok(idle), true);
+        assert_eq!(c.read_interval_ns, 50_000_000);
+        let report = Report {
+            sysfs_root: "S".into(),
+            dev_cpu_root: "D".into(),
+            energy_source: "auto".into(),
+            kinds: vec![KindReport {
+                kind: "powercap".into(),
+                present: true,
+                readable: true,
+                reason: None,
+                counters: vec![c],
+            }],
+            model: None,
+            in_use: vec![],
+        };
+        let t = text(&report);
+        assert!(
+            t.contains(
+                "every 50.00 ms (capped from 250.00 ms: wraps in 100.00 ms at 2000 W)  USED"
+            ),
+            "{t}"
+        );
+        // A measured counter with a normal interval carries no note.
+        let m = Measurement {
+            update_period_ns: 1_000_000,
+            period_is_lower_bound: false,
+            read_cost_ns: 3_000,
+        };
+        let c = counter_report(&a.energy, zone.as_ref(), Ok(m), true);
+        assert_eq!(
+            (c.read_interval_ns, c.read_interval_note),
+            (10_000_000, None)
         );
     }
 }

@@ -6,7 +6,11 @@
 //! - unchanged since the last read: merged into the next interval (no reading), never 0 W;
 //! - lower than the last read: a wrap when the counter has a wrap point and the wrapped
 //!   delta is physically plausible, else flagged;
-//! - a delta implying more than the power bound: flagged.
+//! - a delta implying more than the power bound: flagged;
+//! - a wrapping counter read so long after its last read that one more whole wrap would
+//!   still be within the power bound: flagged. Such a delta is ambiguous (it may hide one or
+//!   more wraps) and would otherwise under-report silently. The reader reads every wrapping
+//!   counter at least twice per [`wrap_period_ns`] to keep this rare.
 //!
 //! A flagged reading keeps the cumulative energy where it was (so it never goes down) and
 //! carries a `flag`; consumers drop the interval ending at it.
@@ -15,6 +19,14 @@
 /// Largest plausible power of one counter domain (a package, a GPU), watts. Above this a
 /// delta is a glitch, not energy. The largest server packages draw about 500 W.
 pub const MAX_PLAUSIBLE_W: f64 = 2000.0;
+
+/// How long a counter takes to wrap once at `max_w` watts, ns: `wrap × unit` µJ over
+/// `max_w`. `None` for a counter that never wraps (or a non-positive bound).
+pub fn wrap_period_ns(unit_uj: f64, wrap: Option<u64>, max_w: f64) -> Option<u64> {
+    let wrap = wrap?;
+    // µJ / W = µs; × 1e3 = ns. `as` saturates for huge ranges.
+    (max_w > 0.0).then(|| (wrap as f64 * unit_uj * 1e3 / max_w) as u64)
+}
 
 /// What one read did to a counter.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,7 +54,11 @@ pub struct Unwrapper {
     wrap: Option<u64>,
     max_w: f64,
     last_count: u64,
+    /// Time of the last read that changed the count (the start of the next interval).
     last_ns: u64,
+    /// Time of the last read, changed or not. An unchanged read shows no wrap happened
+    /// before it (short of exactly whole wraps), so wrap ambiguity is judged from here.
+    last_read_ns: u64,
     total_counts: u64,
 }
 
@@ -55,6 +71,7 @@ impl Unwrapper {
             max_w,
             last_count: count,
             last_ns: ts_ns,
+            last_read_ns: ts_ns,
             total_counts: 0,
         }
     }
@@ -66,7 +83,12 @@ impl Unwrapper {
 
     /// Accounts one read.
     pub fn update(&mut self, count: u64, ts_ns: u64) -> Step {
-        if count == self.last_count || ts_ns <= self.last_ns {
+        if ts_ns <= self.last_ns {
+            return Step::Unchanged;
+        }
+        let since_read_ns = ts_ns.saturating_sub(self.last_read_ns);
+        self.last_read_ns = self.last_read_ns.max(ts_ns);
+        if count == self.last_count {
             return Step::Unchanged;
         }
         let dt_ns = ts_ns - self.last_ns;
@@ -75,8 +97,7 @@ impl Unwrapper {
         } else {
             match self.wrap {
                 // The counter wrapped once: what remained to the wrap point plus the new
-                // value. Two wraps between reads cannot be seen; the read interval keeps
-                // that impossible (seconds of energy at full power per wrap).
+                // value. More wraps between reads cannot be seen: see the ambiguity check.
                 Some(wrap) if self.last_count < wrap && count < wrap => {
                     Ok(wrap - self.last_count + count)
                 }
@@ -110,6 +131,24 @@ impl Unwrapper {
                     self.max_w
                 ),
             };
+        }
+        // Could one more whole wrap hide in this delta? All of `delta` came after the last
+        // read (the count did not move before it), so with the extra wrap the energy over
+        // `since_read_ns` would be `delta + wrap` counts. Within the bound: ambiguous.
+        if let Some(wrap) = self.wrap
+            && since_read_ns > 0
+        {
+            let extra_w = (delta as f64 + wrap as f64) * self.unit_uj / since_read_ns as f64 * 1e3;
+            if extra_w <= self.max_w {
+                return Step::Flagged {
+                    energy_uj: self.energy_uj(),
+                    flag: format!(
+                        "ambiguous: {since_read_ns} ns between reads, long enough for an unseen \
+                         wrap ({extra_w:.0} W with one, within the {:.0} W bound)",
+                        self.max_w
+                    ),
+                };
+            }
         }
         self.total_counts += delta;
         Step::Advanced {
@@ -184,6 +223,107 @@ mod tests {
         assert!(
             flag.starts_with("counter went backwards; as a wrap"),
             "{flag}"
+        );
+    }
+
+    #[test]
+    fn wrap_period_at_the_bound() {
+        // 32-bit MSR, 15.26 µJ units: 65 536 J, 32.768 s at 2000 W.
+        assert_eq!(
+            wrap_period_ns(1e6 / 65536.0, Some(1 << 32), MAX_PLAUSIBLE_W),
+            Some(32_768_000_000)
+        );
+        // powercap, 1 µJ units, 200 J range: 100 ms at 2000 W.
+        assert_eq!(
+            wrap_period_ns(1.0, Some(200_000_001), MAX_PLAUSIBLE_W),
+            Some(100_000_000)
+        );
+        assert_eq!(wrap_period_ns(1.0, None, MAX_PLAUSIBLE_W), None);
+    }
+
+    /// 1 µJ units, 100 J range: one wrap is 50 ms at the 2000 W bound.
+    const RANGE: u64 = 100_000_000;
+
+    #[test]
+    fn wraps_hidden_in_a_long_gap_are_flagged_not_under_reported() {
+        let mut u = Unwrapper::new(0, 0, 1.0, Some(RANGE), MAX_PLAUSIBLE_W);
+        // 2 J in 20 ms (100 W): another wrap would mean 5100 W, so it is exact.
+        assert_eq!(
+            u.update(2_000_000, 20 * MS),
+            Step::Advanced {
+                energy_uj: 2_000_000.0
+            }
+        );
+        // 2.5 s at 100 W later: 250 J went in, 2.5 wraps. The counter shows only +50 J
+        // (20 W, plausible); without the check that was 200 J lost silently.
+        let step = u.update(52_000_000, 2_520 * MS);
+        let Step::Flagged { energy_uj, flag } = step else {
+            panic!("not flagged: {step:?}")
+        };
+        assert_eq!(energy_uj, 2_000_000.0);
+        assert!(flag.starts_with("ambiguous: 2500000000 ns"), "{flag}");
+        // Counting resumes from the new value.
+        assert_eq!(
+            u.update(54_000_000, 2_540 * MS),
+            Step::Advanced {
+                energy_uj: 4_000_000.0
+            }
+        );
+        // A wrap seen in a long gap is as ambiguous as a forward step.
+        let step = u.update(1_000_000, 5_000 * MS);
+        assert!(
+            matches!(&step, Step::Flagged { energy_uj, flag }
+                if *energy_uj == 4_000_000.0 && flag.starts_with("ambiguous")),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn gap_over_one_wrap_period_is_kept_when_another_wrap_is_implausible() {
+        let mut u = Unwrapper::new(0, 0, 1.0, Some(RANGE), MAX_PLAUSIBLE_W);
+        // 60 ms (over the 50 ms wrap period) with 30 J (500 W): one more wrap would be
+        // 130 J in 60 ms = 2167 W, above the bound, so the delta is certain.
+        assert_eq!(
+            u.update(30_000_000, 60 * MS),
+            Step::Advanced {
+                energy_uj: 30_000_000.0
+            }
+        );
+        // The same gap with 15 J (250 W): one more wrap would be 1917 W, within it.
+        let step = u.update(45_000_000, 120 * MS);
+        assert!(
+            matches!(&step, Step::Flagged { flag, .. } if flag.starts_with("ambiguous")),
+            "{step:?}"
+        );
+    }
+
+    #[test]
+    fn unchanged_reads_rule_out_hidden_wraps() {
+        // An idle counter read every 20 ms for 10 s, then moving: each unchanged read shows
+        // no wrap before it, so the step is judged over 20 ms and kept, while the interval
+        // (and its power) still spans the whole merged 10 s.
+        let mut u = Unwrapper::new(7, 0, 1.0, Some(RANGE), MAX_PLAUSIBLE_W);
+        for i in 1..500 {
+            assert_eq!(u.update(7, i * 20 * MS), Step::Unchanged);
+        }
+        assert_eq!(
+            u.update(1_007, 10_000 * MS),
+            Step::Advanced { energy_uj: 1000.0 }
+        );
+        // Without the reads in between, the same step is ambiguous.
+        let mut u = Unwrapper::new(7, 0, 1.0, Some(RANGE), MAX_PLAUSIBLE_W);
+        assert!(matches!(u.update(1_007, 10_000 * MS), Step::Flagged { .. }));
+    }
+
+    #[test]
+    fn counters_without_a_wrap_point_are_never_ambiguous() {
+        // hwmon, perf, NVML: a long gap is just a long interval.
+        let mut u = Unwrapper::new(0, 0, 1.0, None, MAX_PLAUSIBLE_W);
+        assert_eq!(
+            u.update(1_000_000, 3_600_000 * MS),
+            Step::Advanced {
+                energy_uj: 1_000_000.0
+            }
         );
     }
 }

@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     EnergyArgs, EnergyError, EnergySource, RawSample, SourceKind,
-    counter::{MAX_PLAUSIBLE_W, Step, Unwrapper},
+    counter::{MAX_PLAUSIBLE_W, Step, Unwrapper, wrap_period_ns},
     detect, model, monotonic_ns,
 };
 use crate::{pb::v1 as pb, timeline::Timeline};
@@ -121,10 +121,10 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
         .collect()
 }
 
-/// The read interval of a counter: `--energy-interval-ms` when given, else at least
-/// [`INTERVAL_PERIODS`] update periods and [`MIN_INTERVAL_NS`]. Reading over several
-/// updates keeps the ±1 update quantisation of each delta small (seed 004: RAPL updates
-/// about every 1 ms).
+/// The read interval of a counter before the wrap cap ([`read_interval`]):
+/// `--energy-interval-ms` when given, else at least [`INTERVAL_PERIODS`] update periods and
+/// [`MIN_INTERVAL_NS`]. Reading over several updates keeps the ±1 update quantisation of each
+/// delta small (seed 004: RAPL updates about every 1 ms).
 pub fn interval_ns(args: &EnergyArgs, update_period_ns: u64) -> u64 {
     match args.energy_interval_ms {
         Some(ms) => ms.max(1) * 1_000_000,
@@ -132,6 +132,53 @@ pub fn interval_ns(args: &EnergyArgs, update_period_ns: u64) -> u64 {
             .saturating_mul(INTERVAL_PERIODS)
             .max(MIN_INTERVAL_NS),
     }
+}
+
+/// A counter's read interval, and what the wrap cap did to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadInterval {
+    /// Time between reads, ns.
+    pub ns: u64,
+    /// Time the counter takes to wrap once at [`MAX_PLAUSIBLE_W`], ns (`None`: no wrap).
+    pub wrap_period_ns: Option<u64>,
+    /// The interval [`interval_ns`] chose, when the wrap cap lowered it.
+    pub uncapped_ns: Option<u64>,
+}
+
+/// The read interval of a counter that wraps every `wrap_period_ns` at the power bound:
+/// [`interval_ns`], capped at half the wrap period so that every wrap is seen by two reads
+/// even at the highest plausible power, but never below [`MIN_INTERVAL_NS`] (a counter that
+/// can wrap faster than that gets ambiguous deltas flagged by [`Unwrapper`]). The cap also
+/// applies to `--energy-interval-ms`.
+pub fn read_interval(
+    args: &EnergyArgs,
+    update_period_ns: u64,
+    wrap_period_ns: Option<u64>,
+) -> ReadInterval {
+    let base = interval_ns(args, update_period_ns);
+    let cap = wrap_period_ns.map(|p| (p / 2).max(MIN_INTERVAL_NS));
+    match cap {
+        Some(cap) if cap < base => ReadInterval {
+            ns: cap,
+            wrap_period_ns,
+            uncapped_ns: Some(base),
+        },
+        _ => ReadInterval {
+            ns: base,
+            wrap_period_ns,
+            uncapped_ns: None,
+        },
+    }
+}
+
+/// [`read_interval`] for `counter`, its wrap period taken at [`MAX_PLAUSIBLE_W`].
+pub fn read_interval_of(
+    args: &EnergyArgs,
+    update_period_ns: u64,
+    counter: &dyn EnergySource,
+) -> ReadInterval {
+    let wrap = wrap_period_ns(counter.unit_uj(), counter.wrap_counts(), MAX_PLAUSIBLE_W);
+    read_interval(args, update_period_ns, wrap)
 }
 
 struct Live {
@@ -294,7 +341,7 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             counter.wrap_counts(),
             MAX_PLAUSIBLE_W,
         );
-        let interval_ns = interval_ns(args, m.update_period_ns);
+        let interval_ns = read_interval_of(args, m.update_period_ns, counter.as_ref()).ns;
         shared.readings.push(pb::EnergyReading {
             source_id: desc.id,
             ts_ns,
@@ -421,4 +468,73 @@ pub fn readings_for(
     }
     out.sort_by_key(|r| (r.ts_ns, r.source_id));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn args(interval_ms: Option<u64>) -> EnergyArgs {
+        EnergyArgs {
+            energy_interval_ms: interval_ms,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn small_wrap_range_shortens_the_interval() {
+        // An idle counter at start: the 50 ms window is a lower bound, 250 ms interval. A
+        // 200 J powercap range wraps in 100 ms at 2000 W: read every 50 ms instead.
+        let wrap = wrap_period_ns(1.0, Some(200_000_001), MAX_PLAUSIBLE_W);
+        assert_eq!(interval_ns(&args(None), MEASURE_WINDOW_NS), 250 * MS);
+        assert_eq!(
+            read_interval(&args(None), MEASURE_WINDOW_NS, wrap),
+            ReadInterval {
+                ns: 50 * MS,
+                wrap_period_ns: Some(100 * MS),
+                uncapped_ns: Some(250 * MS),
+            }
+        );
+        // `--energy-interval-ms` is capped too.
+        assert_eq!(read_interval(&args(Some(1000)), MS, wrap).ns, 50 * MS);
+    }
+
+    #[test]
+    fn normal_wrap_range_leaves_the_interval_alone() {
+        // 32-bit MSR at 15.26 µJ: 32.8 s per wrap at 2000 W, far above 250 ms.
+        let msr = wrap_period_ns(1e6 / 65536.0, Some(1 << 32), MAX_PLAUSIBLE_W);
+        assert_eq!(
+            read_interval(&args(None), MEASURE_WINDOW_NS, msr),
+            ReadInterval {
+                ns: 250 * MS,
+                wrap_period_ns: Some(32_768 * MS),
+                uncapped_ns: None,
+            }
+        );
+        // No wrap point (perf, hwmon, NVML): nothing to cap, even at a minute.
+        assert_eq!(
+            read_interval(&args(Some(60_000)), MS, None),
+            ReadInterval {
+                ns: 60_000 * MS,
+                wrap_period_ns: None,
+                uncapped_ns: None,
+            }
+        );
+        // But a minute would miss MSR wraps: half of 32.768 s.
+        assert_eq!(read_interval(&args(Some(60_000)), MS, msr).ns, 16_384 * MS);
+    }
+
+    #[test]
+    fn cap_never_goes_below_the_minimum_nor_raises_an_interval() {
+        // 8 J range: 4 ms per wrap at 2000 W; half is 2 ms, below the 10 ms minimum.
+        let tiny = wrap_period_ns(1.0, Some(8_000_001), MAX_PLAUSIBLE_W);
+        assert_eq!(tiny, Some(4 * MS));
+        let i = read_interval(&args(None), MEASURE_WINDOW_NS, tiny);
+        assert_eq!((i.ns, i.uncapped_ns), (MIN_INTERVAL_NS, Some(250 * MS)));
+        // An interval already under the cap (1 ms asked for) stays as it is.
+        let i = read_interval(&args(Some(1)), MS, tiny);
+        assert_eq!((i.ns, i.uncapped_ns), (MS, None));
+    }
 }

@@ -41,8 +41,9 @@ fn totals(sources: &[pb::EnergySource], readings: &[pb::EnergyReading]) -> BTree
             assert!(w[1].ts_ns > w[0].ts_ns, "{}: time goes back", s.name);
             assert!(
                 w[1].energy_uj > w[0].energy_uj,
-                "{}: not increasing (merged reads must not appear)",
-                s.name
+                "{}: not increasing (merged reads must not appear): {}",
+                s.name,
+                w[1].flag
             );
             assert!(w[1].flag.is_empty(), "{}: flagged: {}", s.name, w[1].flag);
         }
@@ -53,8 +54,18 @@ fn totals(sources: &[pb::EnergySource], readings: &[pb::EnergyReading]) -> BTree
 
 /// Waits until the emulator has added at least `uj` to every counter (5 s at most).
 fn wait_until(emu: &fake::Emulator, uj: f64) {
+    wait_until_for(emu, &[], uj);
+}
+
+/// Waits until the emulator has added at least `uj` to each of `labels` (all counters when
+/// empty), 5 s at most.
+fn wait_until_for(emu: &fake::Emulator, labels: &[&str], uj: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while emu.totals_uj().values().any(|&t| t < uj) {
+    while emu
+        .totals_uj()
+        .iter()
+        .any(|(label, &t)| (labels.is_empty() || labels.contains(&label.as_str())) && t < uj)
+    {
         assert!(
             std::time::Instant::now() < deadline,
             "emulator too slow: {:?}",
@@ -74,24 +85,28 @@ fn assert_within(got: f64, want: f64, unit: f64, what: &str) {
 #[test]
 fn powercap_two_packages_dram_and_wraps_exact_to_one_unit() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    // 8 J range: package 0 at 40 W wraps every 200 ms, twice in the run. (A reader starved
-    // for a whole wrap period cannot see the wrap; real RAPL wraps every few minutes.)
-    let tree = FakePowercap::two_packages(tmp.path(), 8_000_000).expect("fake tree");
-    let reader = start(&args(tmp.path(), SourceKind::Powercap, 10), &[]).expect("start");
+    // 300 J range: the packages at 250 and 220 W wrap within 1.4 s. At the 2000 W bound the
+    // range is 150 ms of energy, so reads 40 ms apart are unambiguous: a read late by over
+    // ~130 ms would be flagged (one more wrap would be plausible), never counted short.
+    // Modest watts over 40 ms keep a late emulator write from looking like > 2000 W.
+    let range_uj = 300_000_000;
+    let tree = FakePowercap::two_packages(tmp.path(), range_uj).expect("fake tree");
+    let reader = start(&args(tmp.path(), SourceKind::Powercap, 40), &[]).expect("start");
     let sources = reader.sources();
     assert_eq!(sources.len(), 6);
     assert!(!reader.is_model());
     let watts = [
-        ("intel-rapl:0", 40.0),
+        ("intel-rapl:0", 250.0),
         ("intel-rapl:0:0", 30.0),
         ("intel-rapl:0:1", 20.0),
-        ("intel-rapl:1", 35.0),
+        ("intel-rapl:1", 220.0),
         ("intel-rapl:1:0", 25.0),
         ("intel-rapl:1:1", 18.0),
     ];
+    let packages = ["intel-rapl:0", "intel-rapl:1"];
     let emu = tree.spawn(&watts).expect("emulator");
-    // Until every zone has wrapped (about 0.5 s), however loaded the machine is.
-    wait_until(&emu, 8_500_000.0);
+    // Until both packages have wrapped, however loaded the machine is.
+    wait_until_for(&emu, &packages, range_uj as f64 + 500_000.0);
     let want = emu.stop();
     let mut readings = reader.drain();
     readings.extend(reader.stop());
@@ -104,7 +119,9 @@ fn powercap_two_packages_dram_and_wraps_exact_to_one_unit() {
             .name
             .clone();
         assert_within(got[&name], want[id], 1.0, &name);
-        assert!(want[id] > 8_000_001.0, "{id} did not wrap");
+    }
+    for id in packages {
+        assert!(want[id] > range_uj as f64 + 1.0, "{id} did not wrap");
     }
 }
 
@@ -226,6 +243,84 @@ fn update_period_is_measured_against_the_emulator() {
         10_000_000.max(5 * pkg.update_period_ns)
     );
     drop(emu);
+}
+
+#[test]
+fn small_max_energy_range_shortens_the_read_interval_on_a_fake_tree() {
+    use super::{
+        detect,
+        reader::{MEASURE_WINDOW_NS, read_interval_of},
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Package 0: 200 J range, 100 ms per wrap at 2000 W. Package 1: a common real range
+    // (262 kJ, over 2 minutes per wrap).
+    let tree = FakePowercap::create(
+        tmp.path(),
+        &[
+            fake::ZoneSpec::new("intel-rapl:0", "package-0", 200_000_000),
+            fake::ZoneSpec::new("intel-rapl:1", "package-1", 262_143_328_850),
+        ],
+    )
+    .expect("fake tree");
+    let mut a = args(tmp.path(), SourceKind::Powercap, 10);
+    a.energy_interval_ms = None;
+    let mut plan = detect::plan(&a, &[], false).expect("plan");
+    let zones = plan.take_used();
+    assert_eq!(zones.len(), 2);
+    // Idle at start: the period is the 50 ms window, which asks for 250 ms.
+    let got: Vec<(String, u64, Option<u64>)> = zones
+        .iter()
+        .map(|z| {
+            let i = read_interval_of(&a, MEASURE_WINDOW_NS, z.as_ref());
+            (z.describe().name, i.ns, i.uncapped_ns)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (
+                "intel-rapl:0 (package-0)".into(),
+                50_000_000,
+                Some(250_000_000)
+            ),
+            ("intel-rapl:1 (package-1)".into(), 250_000_000, None),
+        ]
+    );
+
+    drop(zones);
+
+    // The reader uses it: started idle, then moving, package 0 is read about every 50 ms
+    // and package 1 about every 250 ms (median gap between readings, robust to load).
+    let reader = start(&a, &[]).expect("start");
+    let ids = ["intel-rapl:0 ", "intel-rapl:1 "].map(|prefix| {
+        reader
+            .sources()
+            .iter()
+            .find(|s| s.name.starts_with(prefix))
+            .expect("zone")
+            .id
+    });
+    let emu = tree
+        .spawn(&[("intel-rapl:0", 100.0), ("intel-rapl:1", 100.0)])
+        .expect("emu");
+    let started = crate::energy::monotonic_ns();
+    std::thread::sleep(Duration::from_millis(1500));
+    drop(emu);
+    let readings = reader.stop();
+    let median_gap_ms = |id: u32| {
+        let ts: Vec<u64> = readings
+            .iter()
+            .filter(|r| r.source_id == id && r.ts_ns > started)
+            .map(|r| r.ts_ns)
+            .collect();
+        let mut gaps: Vec<u64> = ts.windows(2).map(|w| (w[1] - w[0]) / 1_000_000).collect();
+        assert!(gaps.len() >= 2, "source {id}: {} readings", ts.len());
+        gaps.sort_unstable();
+        gaps[gaps.len() / 2]
+    };
+    let (fast, slow) = (median_gap_ms(ids[0]), median_gap_ms(ids[1]));
+    assert!((25..150).contains(&fast), "package 0 every {fast} ms");
+    assert!(slow >= 200, "package 1 every {slow} ms");
 }
 
 /// Drains `reader` into `into` until `done` holds for the readings of `id` (5 s at most).
