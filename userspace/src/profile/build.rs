@@ -1,15 +1,15 @@
 //! Building a [`Profile`] from a recording: filter samples, symbolize stacks (cached per
-//! unique address), intern frames, attach weights.
+//! unique address), intern frames and locations, attach weights.
 
 use std::sync::Arc;
 
 use super::{
-    Frame, FrameId, Labels, NO_STACK_SAMPLE, Profile, ProfileMeta, ProfileSample, SAMPLES,
-    SampleValues, ValueType,
+    Frame, FrameId, KERNEL_MAPPING, Labels, Location, LocationId, NO_STACK_SAMPLE, Profile,
+    ProfileMapping, ProfileMeta, ProfileSample, SAMPLES, SampleValues, ValueType,
 };
 use crate::pb::v1::Mapping;
 use crate::record::Recording;
-use crate::symbolize::Symbolizer;
+use crate::symbolize::{Symbolizer, mapping_of};
 
 /// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
 type FastMap<K, V> = foldhash::HashMap<K, V>;
@@ -33,13 +33,36 @@ impl Filter {
     }
 }
 
-/// Interns frames and caches the frame ids of each address.
+/// A stack as frames and as locations, both leaf first.
+#[derive(Clone, Default)]
+struct Stack {
+    frames: Vec<FrameId>,
+    locations: Vec<LocationId>,
+}
+
+impl Stack {
+    fn push(&mut self, id: LocationId, locations: &[Location]) {
+        self.locations.push(id);
+        self.frames
+            .extend_from_slice(&locations[id as usize].frames);
+    }
+}
+
+/// Interns frames, locations (one per mapping and address) and mappings, and caches the
+/// location of each sampled address.
 struct Interner<'a> {
     symbolizer: &'a mut Symbolizer,
     ids: FastMap<Frame, FrameId>,
     frames: Vec<Frame>,
-    user: FastMap<(u32, u64), Vec<FrameId>>,
-    kernel: FastMap<u64, Vec<FrameId>>,
+    locations: Vec<Location>,
+    mappings: Vec<ProfileMapping>,
+    /// Profile mapping of each (tgid, index in the recording's mappings of tgid).
+    mapping_ids: FastMap<(u32, usize), u32>,
+    kernel_mapping: Option<u32>,
+    user: FastMap<(u32, u64), LocationId>,
+    kernel: FastMap<u64, LocationId>,
+    /// Addresses in no mapping, which processes share.
+    unmapped: FastMap<u64, LocationId>,
 }
 
 impl Interner<'_> {
@@ -53,26 +76,83 @@ impl Interner<'_> {
         id
     }
 
-    fn user(&mut self, tgid: u32, addr: u64, mappings: &[Mapping], out: &mut Vec<FrameId>) {
-        if let Some(ids) = self.user.get(&(tgid, addr)) {
-            out.extend_from_slice(ids);
-            return;
-        }
-        let frames = self.symbolizer.user(addr, mappings);
-        let ids: Vec<FrameId> = frames.into_iter().map(|f| self.intern(f)).collect();
-        out.extend_from_slice(&ids);
-        self.user.insert((tgid, addr), ids);
+    fn location(&mut self, mapping: Option<u32>, address: u64, frames: Vec<Frame>) -> LocationId {
+        let frames = frames.into_iter().map(|f| self.intern(f)).collect();
+        let id = LocationId::try_from(self.locations.len()).unwrap_or(LocationId::MAX);
+        self.locations.push(Location {
+            mapping,
+            address,
+            frames,
+        });
+        id
     }
 
-    fn kernel(&mut self, addr: u64, out: &mut Vec<FrameId>) {
-        if let Some(ids) = self.kernel.get(&addr) {
-            out.extend_from_slice(ids);
+    fn user(&mut self, tgid: u32, addr: u64, mappings: &[Mapping], out: &mut Stack) {
+        if let Some(&id) = self.user.get(&(tgid, addr)) {
+            out.push(id, &self.locations);
             return;
         }
+        let id = match mapping_of(addr, mappings) {
+            Some(i) => {
+                let next = self.mappings.len() as u32;
+                let mapping = *self.mapping_ids.entry((tgid, i)).or_insert_with(|| {
+                    let m = &mappings[i];
+                    self.mappings.push(ProfileMapping {
+                        start: m.start,
+                        end: m.end,
+                        file_offset: m.file_offset,
+                        path: m.path.clone(),
+                        build_id: m.build_id.clone(),
+                    });
+                    next
+                });
+                let frames = self.symbolizer.user(addr, mappings);
+                self.location(Some(mapping), addr, frames)
+            }
+            None => match self.unmapped.get(&addr) {
+                Some(&id) => id,
+                None => {
+                    let frames = self.symbolizer.user(addr, mappings);
+                    let id = self.location(None, addr, frames);
+                    self.unmapped.insert(addr, id);
+                    id
+                }
+            },
+        };
+        out.push(id, &self.locations);
+        self.user.insert((tgid, addr), id);
+    }
+
+    fn kernel(&mut self, addr: u64, out: &mut Stack) {
+        if let Some(&id) = self.kernel.get(&addr) {
+            out.push(id, &self.locations);
+            return;
+        }
+        // One kernel mapping spanning every kernel address sampled.
+        let mapping = match self.kernel_mapping {
+            Some(k) => {
+                let m = &mut self.mappings[k as usize];
+                m.start = m.start.min(addr);
+                m.end = m.end.max(addr.saturating_add(1));
+                k
+            }
+            None => {
+                let k = self.mappings.len() as u32;
+                self.mappings.push(ProfileMapping {
+                    start: addr,
+                    end: addr.saturating_add(1),
+                    file_offset: 0,
+                    path: KERNEL_MAPPING.to_string(),
+                    build_id: Vec::new(),
+                });
+                self.kernel_mapping = Some(k);
+                k
+            }
+        };
         let frames = self.symbolizer.kernel(addr);
-        let ids: Vec<FrameId> = frames.into_iter().map(|f| self.intern(f)).collect();
-        out.extend_from_slice(&ids);
-        self.kernel.insert(addr, ids);
+        let id = self.location(Some(mapping), addr, frames);
+        out.push(id, &self.locations);
+        self.kernel.insert(addr, id);
     }
 }
 
@@ -115,12 +195,17 @@ pub fn build(
         symbolizer,
         ids: FastMap::default(),
         frames: Vec::new(),
+        locations: Vec::new(),
+        mappings: Vec::new(),
+        mapping_ids: FastMap::default(),
+        kernel_mapping: None,
         user: FastMap::default(),
         kernel: FastMap::default(),
+        unmapped: FastMap::default(),
     };
     let no_mappings: Vec<Mapping> = Vec::new();
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
-    let mut stacks: FastMap<StackKey<'_>, Vec<FrameId>> = FastMap::default();
+    let mut stacks: FastMap<StackKey<'_>, Stack> = FastMap::default();
     let mut samples = Vec::with_capacity(rec.samples.len());
     for (i, s) in rec.samples.iter().enumerate() {
         let (comm, keep) = thread(s.tid, s.tgid);
@@ -128,21 +213,25 @@ pub fn build(
             continue;
         }
         let key = (s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice());
-        let frames = match stacks.get(&key) {
-            Some(frames) => frames.clone(),
+        let stack = match stacks.get(&key) {
+            Some(stack) => stack.clone(),
             None => {
-                let mut frames = Vec::with_capacity(s.kernel_stack.len() + s.user_stack.len());
+                let depth = s.kernel_stack.len() + s.user_stack.len();
+                let mut stack = Stack {
+                    frames: Vec::with_capacity(depth),
+                    locations: Vec::with_capacity(depth),
+                };
                 for (depth, &addr) in s.kernel_stack.iter().enumerate() {
-                    interner.kernel(caller_adjusted(addr, depth), &mut frames);
+                    interner.kernel(caller_adjusted(addr, depth), &mut stack);
                 }
                 let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
                 // With a kernel stack, the first user address is where the thread entered
                 // the kernel: still a leaf-like address of its own frame.
                 for (depth, &addr) in s.user_stack.iter().enumerate() {
-                    interner.user(s.tgid, caller_adjusted(addr, depth), mappings, &mut frames);
+                    interner.user(s.tgid, caller_adjusted(addr, depth), mappings, &mut stack);
                 }
-                stacks.insert(key, frames.clone());
-                frames
+                stacks.insert(key, stack.clone());
+                stack
             }
         };
         let mut values = Vec::with_capacity(1 + n_weights);
@@ -150,7 +239,8 @@ pub fn build(
         let row = weights.row(i);
         values.extend((0..n_weights).map(|k| row.get(k).copied().unwrap_or(0.0)));
         samples.push(ProfileSample {
-            frames,
+            frames: stack.frames,
+            locations: stack.locations,
             values,
             labels: Labels {
                 pid: s.tgid,
@@ -162,7 +252,8 @@ pub fn build(
         });
     }
 
-    let residual_frame = interner.intern(Frame::synthetic(NO_STACK_SAMPLE));
+    let residual_location = interner.location(None, 0, vec![Frame::synthetic(NO_STACK_SAMPLE)]);
+    let residual_frame = interner.locations[residual_location as usize].frames[0];
     let mut any_residual = false;
     for r in &weights.residuals {
         let (comm, keep) = thread(r.tid, r.tgid);
@@ -176,6 +267,7 @@ pub fn build(
         let cgroup = rec.threads.get(&r.tid).map_or(0, |t| t.cgroup_id);
         samples.push(ProfileSample {
             frames: vec![residual_frame],
+            locations: vec![residual_location],
             values,
             labels: Labels {
                 pid: r.tgid,
@@ -187,9 +279,21 @@ pub fn build(
         });
     }
     let mut frames = interner.frames;
-    if !any_residual && residual_frame as usize + 1 == frames.len() {
-        // Interned last and unused: keep the frame table to what samples use.
-        frames.pop();
+    let mut locations = interner.locations;
+    if !any_residual {
+        // Made last and unused: keep the tables to what samples use.
+        locations.pop();
+        if residual_frame as usize + 1 == frames.len() {
+            frames.pop();
+        }
+    }
+    let mut mappings = interner.mappings;
+    if let Some(k) = interner.kernel_mapping {
+        // Whole pages; a kernel address is its own offset (as perf maps the kernel).
+        let m = &mut mappings[k as usize];
+        m.start &= !(PAGE - 1);
+        m.end = m.end.saturating_add(PAGE - 1) & !(PAGE - 1);
+        m.file_offset = m.start;
     }
 
     let mut profile = Profile {
@@ -211,11 +315,16 @@ pub fn build(
         },
         value_types,
         frames,
+        locations,
+        mappings,
         samples,
     };
     profile.recompute_totals();
     profile
 }
+
+/// Page size the kernel mapping is rounded to.
+const PAGE: u64 = 0x1000;
 
 fn caller_adjusted(addr: u64, depth: usize) -> u64 {
     if depth == 0 {
@@ -308,6 +417,44 @@ mod tests {
         assert_eq!(names(&p.samples[2]), vec!["[unknown]+0x5000"]);
         assert_eq!(p.samples[0].frames, p.samples[1].frames[1..]);
         assert_eq!(p.frames.len(), 4, "frames are interned");
+        // Locations: one per (mapping, address), caller addresses minus one; the kernel
+        // mapping spans the kernel pages sampled, an address in no mapping has none.
+        let at = |s: &ProfileSample| -> Vec<(Option<&str>, u64)> {
+            s.locations
+                .iter()
+                .map(|&l| {
+                    let l = &p.locations[l as usize];
+                    let path = l.mapping.map(|m| p.mappings[m as usize].path.as_str());
+                    (path, l.address)
+                })
+                .collect()
+        };
+        let app = Some("/nonexistent/app");
+        assert_eq!(at(&p.samples[0]), vec![(app, 0x1010), (app, 0x1100)]);
+        assert_eq!(
+            at(&p.samples[1]),
+            vec![
+                (Some(KERNEL_MAPPING), 0xffff_0000),
+                (app, 0x1010),
+                (app, 0x1100)
+            ]
+        );
+        assert_eq!(at(&p.samples[2]), vec![(None, 0x5000)]);
+        assert_eq!(p.samples[0].locations, p.samples[1].locations[1..]);
+        assert_eq!(p.locations.len(), 4);
+        assert!(p.locations.iter().all(|l| l.frames.len() == 1));
+        let spans: Vec<_> = p
+            .mappings
+            .iter()
+            .map(|m| (m.path.as_str(), m.start, m.end, m.file_offset))
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                ("/nonexistent/app", 0x1000, 0x2000, 0),
+                (KERNEL_MAPPING, 0xffff_0000, 0xffff_1000, 0xffff_0000),
+            ]
+        );
         assert_eq!(&*p.samples[1].labels.comm, "worker");
         assert_eq!(p.samples[1].labels.cpu, Some(1));
         assert_eq!(p.samples[1].labels.cgroup, 5);
@@ -336,6 +483,9 @@ mod tests {
         assert_eq!(p.samples.len(), 3);
         let last = &p.samples[2];
         assert_eq!(p.frames[last.frames[0] as usize].function, NO_STACK_SAMPLE);
+        let residual = &p.locations[last.locations[0] as usize];
+        assert_eq!((residual.mapping, residual.address), (None, 0));
+        assert_eq!(residual.frames, last.frames);
         assert_eq!(last.values, vec![0.0, 5e6]);
         assert_eq!(p.meta.totals, vec![2.0, 2.5e7]);
         // A process name selects all its threads.
@@ -351,5 +501,6 @@ mod tests {
         let p = build(&rec, &w, &mut sym, &none);
         assert!(p.samples.is_empty());
         assert!(p.frames.is_empty());
+        assert!(p.locations.is_empty());
     }
 }

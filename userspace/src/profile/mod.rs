@@ -1,7 +1,9 @@
 //! The one typed profile model every output reads (DESIGN.md §2, STYLE.md "one sink").
 //!
 //! A [`Profile`] holds interned [`Frame`]s and [`ProfileSample`]s (leaf-first frame ids, one
-//! value per [`ValueType`], labels). [`build`] makes one from a [`Recording`] plus
+//! value per [`ValueType`], labels). Each sample also lists its [`Location`]s: the sampled
+//! addresses, each with its inline chain of frames and the [`ProfileMapping`] it lies in, for
+//! outputs that keep addresses (pprof). [`build`] makes one from a [`Recording`] plus
 //! per-sample weights ([`SampleValues`]): CPU time now, energy per domain once attribution
 //! provides it — the builder does not care which.
 
@@ -15,6 +17,12 @@ use crate::record::Recording;
 
 /// Index of a frame in [`Profile::frames`].
 pub type FrameId = u32;
+
+/// Index of a location in [`Profile::locations`].
+pub type LocationId = u32;
+
+/// File name of the kernel's [`ProfileMapping`], as perf and pprof name it.
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
 /// Name of the value every profile carries first: 1 per stack sample.
 pub const SAMPLES: &str = "samples";
@@ -54,6 +62,17 @@ impl Frame {
         }
     }
 
+    /// True for a frame made by [`Frame::unresolved`]: no symbol was found for it.
+    pub fn is_unresolved(&self) -> bool {
+        let name = self.module.rsplit('/').next().unwrap_or(&self.module);
+        self.file.is_none()
+            && self
+                .function
+                .strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix("+0x"))
+                .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    }
+
     /// A synthetic frame (e.g. [`NO_STACK_SAMPLE`]).
     pub fn synthetic(function: &str) -> Self {
         Self {
@@ -65,6 +84,37 @@ impl Frame {
             kernel: false,
         }
     }
+}
+
+/// Where sampled addresses lie: one executable mapping of one process (as recorded), or
+/// the kernel ([`KERNEL_MAPPING`], spanning the kernel addresses sampled).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProfileMapping {
+    /// First virtual address of the mapping.
+    pub start: u64,
+    /// One past its last address.
+    pub end: u64,
+    /// File offset mapped at `start` (`start` itself for the kernel, as perf has it: a
+    /// kernel address is its own offset).
+    pub file_offset: u64,
+    /// Path of the mapped file, or [`KERNEL_MAPPING`].
+    pub path: String,
+    /// GNU build-id recorded for the file (empty when unknown).
+    pub build_id: Vec<u8>,
+}
+
+/// One sampled address and the frames it symbolizes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Index in [`Profile::mappings`]; `None` when no recorded mapping holds the address,
+    /// and for synthetic frames.
+    pub mapping: Option<u32>,
+    /// Virtual address as symbolized: a caller's return address minus one; 0 for synthetic
+    /// frames.
+    pub address: u64,
+    /// Frames at the address: innermost inlined function first, the function that
+    /// contains the code last (the frames' order within a sample's `frames`).
+    pub frames: Vec<FrameId>,
 }
 
 /// What a value measures, pprof style: e.g. (`energy_package`, `microjoules`).
@@ -111,6 +161,9 @@ pub struct Labels {
 pub struct ProfileSample {
     /// Frame ids, leaf first (kernel frames, then user frames).
     pub frames: Vec<FrameId>,
+    /// The same stack by address, leaf first: the frames of these locations, in order, are
+    /// `frames`.
+    pub locations: Vec<LocationId>,
     /// One value per [`Profile::value_types`].
     pub values: Vec<f64>,
     /// Process, thread, CPU, cgroup.
@@ -148,6 +201,10 @@ pub struct Profile {
     pub value_types: Vec<ValueType>,
     /// Interned frames.
     pub frames: Vec<Frame>,
+    /// Sampled addresses, one per (mapping, address).
+    pub locations: Vec<Location>,
+    /// Mappings the locations lie in.
+    pub mappings: Vec<ProfileMapping>,
     /// Weighted stacks.
     pub samples: Vec<ProfileSample>,
 }

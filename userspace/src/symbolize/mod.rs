@@ -84,12 +84,7 @@ impl Symbolizer {
     /// Frames (leaf first, inlined callees before their caller) of user address `addr`,
     /// given the mappings recorded for its process.
     pub fn user(&mut self, addr: u64, mappings: &[Mapping]) -> Vec<Frame> {
-        // The latest recorded mapping wins (a later exec replaces earlier ones).
-        let Some(m) = mappings
-            .iter()
-            .rev()
-            .find(|m| m.start <= addr && addr < m.end)
-        else {
+        let Some(m) = mapping_of(addr, mappings).map(|i| &mappings[i]) else {
             self.stats.unresolved += 1;
             return vec![Frame::unresolved("[unknown]", addr, false)];
         };
@@ -181,6 +176,14 @@ impl Symbolizer {
             }
         }
     }
+}
+
+/// Index of the recorded mapping that holds user address `addr`: the latest recorded one
+/// wins (a later exec replaces earlier ones).
+pub fn mapping_of(addr: u64, mappings: &[Mapping]) -> Option<usize> {
+    mappings
+        .iter()
+        .rposition(|m| m.start <= addr && addr < m.end)
 }
 
 /// Leaf-first frames of one blazesym symbol: innermost inlined function first.
