@@ -86,20 +86,26 @@ fn overhead(rounds: usize) -> Result {
     let recorder = root.join("target/release/energy-bpf");
     let out = root.join("bench-out");
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
-    // Sizes chosen to take about 2-3 s alone on our 2-CPU machines.
+    // Sizes chosen to take about 1.2 s alone on our 2-CPU machines: many short rounds
+    // average out this VM's drift better than a few long ones.
     let workloads = [
-        ("cpu-bound", vec!["cpu", "100"]),
+        ("cpu-bound", vec!["cpu", "50"]),
         (
             "context-switch (pipe ping-pong)",
-            vec!["pingpong", "250000"],
+            vec!["pingpong", "100000"],
         ),
     ];
-    println!("# bench overhead: {rounds} rounds, modes alternate within each round");
+    println!(
+        "# bench overhead: {rounds} rounds; each round runs every mode once, in rotating order;\n\
+         # slowdown = median over rounds of (time / the same round's time alone) - 1, [quartiles]"
+    );
     for (name, wargs) in &workloads {
         let mut times: [Vec<f64>; 4] = Default::default();
         let mut costs: [Vec<RecorderCost>; 4] = Default::default();
         for round in 0..rounds {
-            for (i, mode) in Mode::ALL.into_iter().enumerate() {
+            for k in 0..Mode::ALL.len() {
+                let i = (k + round) % Mode::ALL.len();
+                let mode = Mode::ALL[i];
                 let (secs, cost) = one_run(
                     mode,
                     &workload,
@@ -111,14 +117,19 @@ fn overhead(rounds: usize) -> Result {
                 costs[i].push(cost);
             }
         }
-        let base = median(&times[0]);
+        // Each round's time against the same round's run alone: pairs cancel slow drift.
+        let slowdowns: Vec<Vec<f64>> = times
+            .iter()
+            .map(|t| t.iter().zip(&times[0]).map(|(t, a)| t / a - 1.0).collect())
+            .collect();
         println!("\n## {name}");
         println!(
-            "{:<28} {:>10} {:>10} {:>14} {:>14}",
-            "mode", "median s", "slowdown", "recorder CPU s", "recorder RSS"
+            "{:<32} {:>9} {:>9} {:>17} {:>14} {:>12}",
+            "mode", "median s", "slowdown", "quartiles", "recorder CPU s", "recorder RSS"
         );
         for (i, mode) in Mode::ALL.into_iter().enumerate() {
             let m = median(&times[i]);
+            let (q1, q2, q3) = quartiles(&slowdowns[i]);
             let (cpu, rss) = if mode == Mode::Alone {
                 ("-".to_string(), "-".to_string())
             } else {
@@ -127,17 +138,18 @@ fn overhead(rounds: usize) -> Result {
                 (format!("{cpu:.3}"), format!("{} MiB", rss / 1024))
             };
             println!(
-                "{:<28} {:>10.3} {:>9.2}% {:>14} {:>14}",
+                "{:<32} {:>9.3} {:>8.2}% {:>17} {:>14} {:>12}",
                 mode.name(),
                 m,
-                100.0 * (m / base - 1.0),
+                100.0 * q2,
+                format!("[{:+.1}%, {:+.1}%]", 100.0 * q1, 100.0 * q3),
                 cpu,
                 rss
             );
         }
-        let ours = median(&times[1]) / base - 1.0;
+        let ours = median(&slowdowns[1]);
         for (i, what) in [(2, "perf"), (3, "perf --switch-events")] {
-            let perf = median(&times[i]) / base - 1.0;
+            let perf = median(&slowdowns[i]);
             if perf > 0.0 {
                 println!("slowdown ratio energy-bpf/{what}: {:.2}", ours / perf);
             } else {
@@ -229,6 +241,17 @@ fn stop_recorder(child: &mut Child) -> Result<RecorderCost> {
         cpu_s: tv(usage.ru_utime) + tv(usage.ru_stime),
         peak_rss_kib: usage.ru_maxrss as u64,
     })
+}
+
+/// First quartile, median, third quartile (nearest rank).
+fn quartiles(v: &[f64]) -> (f64, f64, f64) {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), median(&v), at(0.75))
 }
 
 fn median(v: &[f64]) -> f64 {
