@@ -108,11 +108,16 @@ impl Session {
         for event in events {
             match event {
                 Event::Switch(s) => {
-                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, None);
+                    self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
                     chunk.switches.push(s);
                 }
                 Event::Sample(s, comm) => {
-                    self.observe(&mut chunk, s.tid, s.tgid, s.cgroup_id, s.ts_ns, Some(comm));
+                    let seen = Sighting {
+                        cgroup_id: s.cgroup_id,
+                        comm: Some(comm),
+                        ..Sighting::new(s.tid, s.tgid, s.ts_ns)
+                    };
+                    self.observe(&mut chunk, seen);
                     if self.targets.contains(s.tgid) {
                         chunk.samples.push(s);
                     }
@@ -135,12 +140,25 @@ impl Session {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
                 self.comms.remove(&p.tid);
-                self.observe(chunk, p.tid, p.tgid, 0, p.ts_ns, Some(raw_comm(&p.comm)));
+                let seen = Sighting {
+                    comm: Some(raw_comm(&p.comm)),
+                    ..Sighting::new(p.tid, p.tgid, p.ts_ns)
+                };
+                self.observe(chunk, seen);
             }
             Kind::Fork => {
                 // A new task: whatever was known under this id belonged to an earlier one.
                 if p.child_tid != 0 {
                     self.forget(p.child_tid, p.child_tgid);
+                    // The child starts with its parent's name (the event's comm), which is
+                    // all a short-lived child that never execs will ever have; a new
+                    // process started at the fork.
+                    let seen = Sighting {
+                        comm: Some(raw_comm(&p.comm)),
+                        forked_at: (p.child_tgid != p.tgid).then_some(p.ts_ns),
+                        ..Sighting::new(p.child_tid, p.child_tgid, p.ts_ns)
+                    };
+                    self.observe(chunk, seen);
                 }
                 self.targets.follow_fork(p.tgid, p.child_tgid);
             }
@@ -160,15 +178,15 @@ impl Session {
 
     /// Emits ThreadInfo (and, for a new process, its mappings) the first time a thread is
     /// seen or when its name changes.
-    fn observe(
-        &mut self,
-        chunk: &mut pb::Chunk,
-        tid: u32,
-        tgid: u32,
-        cgroup_id: u64,
-        ts_ns: u64,
-        comm: Option<Comm>,
-    ) {
+    fn observe(&mut self, chunk: &mut pb::Chunk, seen: Sighting) {
+        let Sighting {
+            tid,
+            tgid,
+            cgroup_id,
+            ts_ns,
+            comm,
+            forked_at,
+        } = seen;
         if tid == crate::timeline::IDLE_TID {
             return;
         }
@@ -194,7 +212,7 @@ impl Session {
                 Some(start) => (start, host::cmdline(tgid)),
                 None => {
                     self.vanished += 1;
-                    (0, String::new())
+                    (forked_at.unwrap_or(0), String::new())
                 }
             }
         } else {
@@ -215,6 +233,31 @@ impl Session {
             cgroup_id,
             ts_ns,
         });
+    }
+}
+
+/// What one event tells about a thread.
+struct Sighting {
+    tid: u32,
+    tgid: u32,
+    /// 0 when the event does not say.
+    cgroup_id: u64,
+    ts_ns: u64,
+    comm: Option<Comm>,
+    /// For a process first seen at its fork: when it started.
+    forked_at: Option<u64>,
+}
+
+impl Sighting {
+    fn new(tid: u32, tgid: u32, ts_ns: u64) -> Self {
+        Self {
+            tid,
+            tgid,
+            cgroup_id: 0,
+            ts_ns,
+            comm: None,
+            forked_at: None,
+        }
     }
 }
 

@@ -11,6 +11,9 @@ use super::format::{power_line, summary_line, view_line};
 use super::state::State;
 use super::table::SortColumn;
 
+/// Longest command cell printed, in characters; longer command lines end in `...`.
+const MAX_COMMAND_CHARS: usize = 200;
+
 /// Writes one frame of `state` to `out`.
 pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
     let est = estimated(state);
@@ -29,7 +32,11 @@ pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
         for (cell, w) in cells.iter().zip(widths) {
             write!(out, "{cell:>w$} ")?;
         }
-        writeln!(out, "{}", command_cell(row, true))?;
+        let command = command_cell(row, true);
+        match command.char_indices().nth(MAX_COMMAND_CHARS) {
+            Some((cut, _)) => writeln!(out, "{}...", &command[..cut])?,
+            None => writeln!(out, "{command}")?,
+        }
     }
     writeln!(out)?;
     out.flush()
@@ -94,6 +101,23 @@ mod tests {
         let mut out = Vec::new();
         write_frame(&mut out, &state).expect("writing to a Vec cannot fail");
         String::from_utf8(out).expect("frames are UTF-8")
+    }
+
+    #[test]
+    fn long_command_lines_are_cut() {
+        let mut snap = snapshot(false);
+        snap.rows[0].cmdline = format!("/bin/small {}", "x".repeat(5000));
+        let mut state = State::new(Vec::new());
+        state.push_snapshot(snap);
+        let mut out = Vec::new();
+        write_frame(&mut out, &state).expect("writing to a Vec cannot fail");
+        let text = String::from_utf8(out).expect("frames are UTF-8");
+        let line = text
+            .lines()
+            .find(|l| l.contains("/bin/small"))
+            .expect("row printed");
+        assert!(line.ends_with("xxx..."), "{line}");
+        assert!(line.len() < MAX_COMMAND_CHARS + 100, "{} chars", line.len());
     }
 
     #[test]
