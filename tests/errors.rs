@@ -87,11 +87,14 @@ fn unknown_format_version_is_a_clear_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = recording(dir.path());
     // The header is the first record after the 8-byte magic: length varint, then
-    // Record{header(1)} -> Header{format_version(1) = 1}. Patch the version byte.
+    // Record{header(1)} -> Header{format_version(1) = FORMAT_VERSION}. Patch the version
+    // byte.
+    let version = energy_bpf::record::FORMAT_VERSION;
+    assert!(version < 0x80, "one-byte varint");
     let mut bytes = std::fs::read(&file).expect("read");
     let at = bytes[8..40]
         .windows(2)
-        .position(|w| w == [0x08, 0x01])
+        .position(|w| w == [0x08, version as u8])
         .map(|p| p + 8 + 1)
         .expect("format_version field near the start");
     bytes[at] = 0x07;

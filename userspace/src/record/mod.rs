@@ -4,6 +4,7 @@
 //! any point leaves a file that [`read_file`] reads back up to its last whole record and
 //! marks as truncated. [`Recording`] is the in-memory form every report starts from.
 
+mod columns;
 mod reader;
 mod writer;
 
@@ -20,8 +21,13 @@ use crate::pb::v1::{
 /// First bytes of every recording.
 pub const MAGIC: &[u8; 8] = b"EBPFREC\n";
 
-/// Version written in every header; readers refuse other versions with a clear error.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version written in every header; readers refuse versions outside
+/// [`OLDEST_FORMAT_VERSION`]..=[`FORMAT_VERSION`] with a clear error.
+/// Version 2 stores switch events as columns (`SwitchColumns`) instead of messages.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest version this reader still reads (version 1: switch events as messages).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Records newer facts about a thread, keeping the process start time and command line
 /// from earlier sightings when the newer info lacks them (only a process's first sighting

@@ -8,7 +8,7 @@ use std::{
 
 use prost::Message as _;
 
-use super::{FORMAT_VERSION, MAGIC, Recording};
+use super::{FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION, Recording};
 use crate::pb::v1::{Chunk, Record, Trailer, record::Kind};
 
 /// Why a recording could not be read.
@@ -40,7 +40,7 @@ pub enum ReadError {
     },
     /// The file was written by an incompatible version.
     #[error(
-        "{path} uses recording format version {found}, but this energy-bpf reads version {FORMAT_VERSION}; use a matching energy-bpf release"
+        "{path} uses recording format version {found}, but this energy-bpf reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}; use a matching energy-bpf release"
     )]
     Version {
         /// The file.
@@ -84,7 +84,7 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
         Next::End | Next::Cut => return Err(bad_header("file ends inside the header")),
         Next::Corrupt => return Err(bad_header("header does not decode")),
     };
-    if header.format_version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&header.format_version) {
         return Err(ReadError::Version {
             path: path.into(),
             found: header.format_version,
@@ -142,13 +142,20 @@ fn next_record(rest: &mut &[u8]) -> Next {
     if len > cursor.len() {
         return Next::Cut;
     }
-    match Record::decode(&cursor[..len]) {
-        Ok(record) => {
-            *rest = &cursor[len..];
-            Next::Record(record)
+    let Ok(mut record) = Record::decode(&cursor[..len]) else {
+        return Next::Corrupt;
+    };
+    if let Some(Kind::Chunk(chunk)) = &mut record.kind
+        && let Some(columns) = chunk.switch_columns.take()
+    {
+        // Version 2: switch events as columns, after any written as messages.
+        match super::columns::from_columns(&columns) {
+            Ok(events) => chunk.switches.extend(events),
+            Err(_) => return Next::Corrupt,
         }
-        Err(_) => Next::Corrupt,
     }
+    *rest = &cursor[len..];
+    Next::Record(record)
 }
 
 fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
@@ -277,9 +284,145 @@ mod tests {
         drop(Writer::create(&path, &header).expect("create"));
         let err = read_file(&path).expect_err("version");
         assert!(err.to_string().contains("format version 9"), "{err}");
+        assert!(err.to_string().contains("reads versions 1 to 2"), "{err}");
+        for version in [1, 2] {
+            let path = dir.path().join(format!("v{version}.ebpr"));
+            let header = Header {
+                format_version: version,
+                ..Default::default()
+            };
+            drop(Writer::create(&path, &header).expect("create"));
+            assert!(read_file(&path).expect("readable version").truncated);
+        }
 
         let missing = read_file(&dir.path().join("missing")).expect_err("missing");
         assert!(missing.to_string().contains("cannot read"), "{missing}");
+    }
+
+    /// Switches as the recorder drains them: per-CPU batches that interleave, timestamps
+    /// mostly rising per CPU but sometimes going back (the end-of-capture drain), a few
+    /// tasks per CPU, now and then a cgroup id.
+    fn random_switches(seed: u64, n: usize) -> Vec<SwitchEvent> {
+        let mut x = seed | 1;
+        let mut rand = move |below: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % below
+        };
+        let mut ts = [10_000_000u64; 6];
+        let mut running = [0u32; 6];
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let cpu = rand(6) as usize;
+            for _ in 0..=rand(40) {
+                if rand(30) == 0 {
+                    ts[cpu] -= rand(100_000);
+                } else {
+                    ts[cpu] += rand(50_000);
+                }
+                let tid = if rand(10) == 0 {
+                    rand(5_000_000) as u32
+                } else {
+                    running[cpu]
+                };
+                let next_tid = [0, 100, 101, 2_000 + cpu as u32][rand(4) as usize];
+                out.push(SwitchEvent {
+                    ts_ns: ts[cpu],
+                    cpu: cpu as u32,
+                    tid,
+                    tgid: if tid % 3 == 0 { tid } else { tid - tid % 3 },
+                    cgroup_id: if rand(50) == 0 { rand(u64::MAX) } else { 0 },
+                    preempted: rand(2) == 0,
+                    next_known: rand(8) != 0,
+                    next_tid,
+                    next_tgid: next_tid,
+                });
+                running[cpu] = next_tid;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn switches_read_back_identical_and_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for seed in 1..20 {
+            let path = dir.path().join(format!("s{seed}.ebpr"));
+            let header = Header {
+                format_version: FORMAT_VERSION,
+                ..Default::default()
+            };
+            let mut w = Writer::create(&path, &header).expect("create");
+            let mut all = Vec::new();
+            for chunk in 0..4 {
+                let switches = random_switches(seed * 10 + chunk, 300 * chunk as usize);
+                all.extend_from_slice(&switches);
+                w.chunk(Chunk {
+                    switches,
+                    ..Default::default()
+                })
+                .expect("chunk");
+            }
+            w.finish(Trailer::default()).expect("finish");
+            let rec = read_file(&path).expect("read");
+            assert!(!rec.truncated);
+            assert_eq!(rec.switches, all, "seed {seed}");
+            let bytes = std::fs::metadata(&path).expect("stat").len();
+            assert!(
+                bytes < 16 * all.len() as u64,
+                "{bytes} bytes for {}",
+                all.len()
+            );
+        }
+    }
+
+    #[test]
+    fn version_1_switch_messages_still_read() {
+        let switches = random_switches(7, 500);
+        let mut bytes = MAGIC.to_vec();
+        let header = Header {
+            format_version: 1,
+            start_ns: 1_000,
+            ..Default::default()
+        };
+        for kind in [
+            Kind::Header(header),
+            Kind::Chunk(Chunk {
+                switches: switches.clone(),
+                ..Default::default()
+            }),
+            Kind::Trailer(Trailer::default()),
+        ] {
+            Record { kind: Some(kind) }
+                .encode_length_delimited(&mut bytes)
+                .expect("encode");
+        }
+        let rec = read_from(bytes.as_slice(), Path::new("v1.ebpr")).expect("read");
+        assert!(!rec.truncated);
+        assert_eq!(rec.header.format_version, 1);
+        assert_eq!(rec.switches, switches);
+    }
+
+    #[test]
+    fn inconsistent_switch_columns_are_a_corrupt_tail() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_sample_file(dir.path(), 2, false);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let mut columns = super::super::columns::to_columns(&random_switches(3, 50));
+        columns.flags.pop();
+        let bad = Record {
+            kind: Some(Kind::Chunk(Chunk {
+                switch_columns: Some(columns),
+                ..Default::default()
+            })),
+        }
+        .encode_length_delimited_to_vec();
+        bytes.extend_from_slice(&bad);
+        let rec = read_from(bytes.as_slice(), &path).expect("read");
+        assert!(rec.truncated);
+        assert_eq!(rec.switches.len(), 2);
+        assert_eq!(rec.trailing_garbage_bytes, bad.len() as u64);
     }
 
     #[test]

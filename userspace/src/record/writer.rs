@@ -60,8 +60,13 @@ impl Writer {
         Ok(writer)
     }
 
-    /// Appends one chunk and flushes it to the file.
-    pub fn chunk(&mut self, chunk: Chunk) -> Result<(), WriteError> {
+    /// Appends one chunk and flushes it to the file. Its switch events go on disk as
+    /// columns (format version 2); a reader turns them back into `switches`.
+    pub fn chunk(&mut self, mut chunk: Chunk) -> Result<(), WriteError> {
+        if !chunk.switches.is_empty() {
+            chunk.switch_columns = Some(super::columns::to_columns(&chunk.switches));
+            chunk.switches = Vec::new();
+        }
         self.write(Kind::Chunk(chunk))
     }
 
