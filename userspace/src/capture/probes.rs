@@ -219,13 +219,18 @@ impl Probes {
         n
     }
 
-    /// Delivers the switch events still waiting in the kernel's per-CPU batches (call after
-    /// [`Probes::drain`], at the end of a capture). Returns the number of events.
-    pub fn drain_batched(&mut self, mut sink: impl FnMut(Event)) -> usize {
-        let Ok(per_cpu) = self.batches.get(&0, 0) else {
-            return 0;
+    /// [`Probes::drain`], plus the switch events still waiting in the kernel's per-CPU
+    /// batches: for the end of a capture. Returns the number of events.
+    ///
+    /// The batches are copied *before* the ring buffers are drained: a batch the kernel sends
+    /// after the copy is then in the drain, and one it sent before is not in the copy, so no
+    /// event falls between the two (events in both are delivered once, see `deliver`).
+    pub fn drain_final(&mut self, mut sink: impl FnMut(Event)) -> usize {
+        let batches = self.batches.get(&0, 0);
+        let mut n = self.drain(&mut sink);
+        let Ok(per_cpu) = batches else {
+            return n;
         };
-        let mut n = 0;
         for (cpu, batch) in per_cpu.iter().enumerate() {
             let len = (batch.len as usize).min(SWITCH_BATCH);
             n += deliver(

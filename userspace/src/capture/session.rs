@@ -101,9 +101,10 @@ impl Session {
         }
         self.exited.swap(0, 1);
         let mut events = Vec::new();
-        self.probes.drain(|e| events.push(e));
         if last {
-            self.probes.drain_batched(|e| events.push(e));
+            self.probes.drain_final(|e| events.push(e));
+        } else {
+            self.probes.drain(|e| events.push(e));
         }
         for event in events {
             match event {
