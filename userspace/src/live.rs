@@ -156,12 +156,7 @@ impl Live {
                         *e = (*e).max(r.ts_ns);
                         m
                     });
-            newest
-                .values()
-                .copied()
-                .min()
-                .unwrap_or(now)
-                .max(self.window_start + 1)
+            newest.values().copied().min().unwrap_or(now)
         };
         // Switch events wait in per-CPU batches in the kernel for up to one sampling period
         // (see `SwitchBatch`); end the window before anything could still be on its way.

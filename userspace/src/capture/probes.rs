@@ -202,7 +202,9 @@ impl Probes {
     pub fn drain(&mut self, mut sink: impl FnMut(Event)) -> usize {
         let mut n = 0;
         while let Some(item) = self.switches.next() {
-            n += deliver(&mut self.delivered, switch_batch(&item), &mut sink);
+            if let Some((cpu, events)) = switch_batch(&item) {
+                n += deliver(&mut self.delivered, cpu, events, &mut sink);
+            }
         }
         while let Some(item) = self.samples.next() {
             if let Some(e) = read::<SampleEvent>(&item) {
@@ -232,10 +234,11 @@ impl Probes {
             return n;
         };
         for (cpu, batch) in per_cpu.iter().enumerate() {
-            let len = (batch.len as usize).min(SWITCH_BATCH);
+            let events = &batch.events[..(batch.len as usize).min(SWITCH_BATCH)];
             n += deliver(
                 &mut self.delivered,
-                Some((cpu as u32, &batch.events[..len])),
+                cpu as u32,
+                events.iter().copied(),
                 &mut sink,
             );
         }
@@ -270,30 +273,28 @@ fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
 
 /// The CPU and events of one ring-buffer record of switches (a [`SwitchBatch`] cut after
 /// its valid events), or `None` if the record is malformed.
-fn switch_batch(bytes: &[u8]) -> Option<(u32, Vec<SwitchEvent>)> {
+fn switch_batch(bytes: &[u8]) -> Option<(u32, impl Iterator<Item = SwitchEvent> + '_)> {
     let header = bytes.get(..SWITCH_BATCH_HEADER)?;
     let len = u32::from_ne_bytes(header[..4].try_into().ok()?) as usize;
     let cpu = u32::from_ne_bytes(header[4..8].try_into().ok()?);
     let size = std::mem::size_of::<SwitchEvent>();
     let body = bytes.get(SWITCH_BATCH_HEADER..SWITCH_BATCH_HEADER + len.checked_mul(size)?)?;
-    (len <= SWITCH_BATCH).then(|| (cpu, body.chunks_exact(size).filter_map(read).collect()))
+    (len <= SWITCH_BATCH).then(|| (cpu, body.chunks_exact(size).filter_map(read)))
 }
 
 /// Sends a CPU's switch events on, skipping any already delivered.
 fn deliver(
     delivered: &mut HashMap<u32, u64>,
-    batch: Option<(u32, impl AsRef<[SwitchEvent]>)>,
+    cpu: u32,
+    events: impl IntoIterator<Item = SwitchEvent>,
     sink: &mut impl FnMut(Event),
 ) -> usize {
-    let Some((cpu, events)) = batch else {
-        return 0;
-    };
     let newest = delivered.entry(cpu).or_insert(0);
     let mut n = 0;
-    for e in events.as_ref() {
+    for e in events {
         if e.ts_ns > *newest {
             *newest = e.ts_ns;
-            sink(decode_switch(cpu, e));
+            sink(decode_switch(cpu, &e));
             n += 1;
         }
     }
@@ -379,11 +380,11 @@ mod tests {
         unsafe { std::slice::from_raw_parts((&raw const batch).cast::<u8>(), size) }.to_vec()
     }
 
-    fn switches(batches: &[Option<(u32, Vec<SwitchEvent>)>]) -> Vec<(u32, u64, u32)> {
+    fn switches(batches: &[(u32, Vec<SwitchEvent>)]) -> Vec<(u32, u64, u32)> {
         let mut delivered = HashMap::new();
         let mut out = Vec::new();
-        for b in batches {
-            deliver(&mut delivered, b.clone(), &mut |e| {
+        for (cpu, events) in batches {
+            deliver(&mut delivered, *cpu, events.iter().copied(), &mut |e| {
                 if let Event::Switch(s) = e {
                     out.push((s.cpu, s.ts_ns, s.tid));
                 }
@@ -396,9 +397,10 @@ mod tests {
     fn batches_decode_to_their_cpus_events() {
         let bytes = wire(1, &[event(10, 5, 6), event(20, 6, 0)]);
         let (cpu, events) = switch_batch(&bytes).expect("valid batch");
+        let events: Vec<SwitchEvent> = events.collect();
         assert_eq!(cpu, 1);
         assert_eq!(events.len(), 2);
-        assert_eq!(switches(&[Some((cpu, events))]), [(1, 10, 5), (1, 20, 6)]);
+        assert_eq!(switches(&[(cpu, events)]), [(1, 10, 5), (1, 20, 6)]);
         let Event::Switch(s) = decode_switch(1, &event(10, 5, 6)) else {
             panic!("not a switch");
         };
@@ -420,9 +422,9 @@ mod tests {
     fn events_read_twice_are_delivered_once_per_cpu() {
         // The end-of-capture read of the kernel's batches may overlap what the ring buffer
         // already delivered; each CPU's events are in time order, so older ones are repeats.
-        let first = Some((0, vec![event(10, 1, 2), event(20, 2, 1)]));
-        let other_cpu = Some((1, vec![event(15, 3, 4)]));
-        let overlap = Some((0, vec![event(20, 2, 1), event(30, 1, 2)]));
+        let first = (0, vec![event(10, 1, 2), event(20, 2, 1)]);
+        let other_cpu = (1, vec![event(15, 3, 4)]);
+        let overlap = (0, vec![event(20, 2, 1), event(30, 1, 2)]);
         assert_eq!(
             switches(&[first, other_cpu, overlap]),
             [(0, 10, 1), (0, 20, 2), (1, 15, 3), (0, 30, 1)]

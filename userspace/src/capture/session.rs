@@ -178,7 +178,7 @@ impl Session {
     }
 
     /// Emits ThreadInfo (and, for a new process, its mappings) the first time a thread is
-    /// seen or when its name changes.
+    /// seen or when its name or cgroup changes.
     fn observe(&mut self, chunk: &mut pb::Chunk, seen: Sighting) {
         let Sighting {
             tid,
