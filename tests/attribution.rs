@@ -16,7 +16,7 @@ use std::{
 };
 
 use energy_bpf::{
-    capture::host::monotonic_ns,
+    clock::monotonic_ns,
     energy::fake::{self, FakePowercap, ZoneSpec},
     record::read_file,
 };

@@ -98,7 +98,7 @@ fn synthetic_feed(tx: &Sender<Snapshot>, rows: usize, interval: Duration, freq: 
                 cmdline: format!("/usr/bin/proc{i} --worker {i}"),
                 cgroup: format!("/system.slice/svc{}.service", i % 17),
                 power_w: power,
-                energy_j: *e,
+                since_start_j: *e,
                 cpu_pct: power * 10.0,
                 share: power / MAX_W,
                 threads: (0..4)
@@ -106,14 +106,18 @@ fn synthetic_feed(tx: &Sender<Snapshot>, rows: usize, interval: Duration, freq: 
                         tid: pid * 10 + t,
                         comm: format!("worker{t}"),
                         power_w: power / 4.0,
-                        energy_j: *e / 4.0,
+                        since_start_j: *e / 4.0,
                         cpu_pct: power * 2.5,
                         share: power / MAX_W / 4.0,
+                        ..ThreadRow::default()
                     })
                     .collect(),
+                ..ProcessRow::default()
             });
         }
         let snapshot = Snapshot {
+            start_ns: (tick - 1) * interval.as_nanos() as u64,
+            totals: Default::default(),
             ts_ns: tick * interval.as_nanos() as u64,
             interval_s: interval.as_secs_f64(),
             header: header(MAX_W, freq, "synthetic"),
@@ -204,9 +208,10 @@ fn read_threads(pid: u32) -> Vec<ThreadRow> {
                 tid,
                 comm,
                 power_w: 0.0,
-                energy_j: 0.0,
+                since_start_j: 0.0,
                 cpu_pct: 0.0,
                 share: 0.0,
+                ..ThreadRow::default()
             })
         })
         .collect()
@@ -231,7 +236,7 @@ fn proc_feed(tx: &Sender<Snapshot>, interval: Duration, freq: u32) {
             })
             .collect();
         let busy: u64 = deltas.iter().map(|(_, d)| d).sum();
-        // Linear utilisation model (DESIGN.md §4, "No counter at all").
+        // Linear utilisation model (docs/ARCHITECTURE.md, "Estimated energy").
         let busy_frac = (busy as f64 / window_ticks).min(1.0);
         let total_w = IDLE_W + (MAX_W - IDLE_W) * busy_frac;
         let rows = deltas
@@ -247,14 +252,17 @@ fn proc_feed(tx: &Sender<Snapshot>, interval: Duration, freq: u32) {
                     cmdline: p.cmdline.clone(),
                     cgroup: p.cgroup.clone(),
                     power_w,
-                    energy_j: *e,
+                    since_start_j: *e,
                     cpu_pct: 100.0 * d as f64 / (hz * secs),
                     share: power_w / total_w,
                     threads: if d > 0 { read_threads(pid) } else { Vec::new() },
+                    ..ProcessRow::default()
                 })
             })
             .collect();
         let snapshot = Snapshot {
+            start_ns: (tick - 1) * interval.as_nanos() as u64,
+            totals: Default::default(),
             ts_ns: tick * interval.as_nanos() as u64,
             interval_s: secs,
             header: header(total_w, freq, "demo model (/proc CPU time)"),

@@ -1,48 +1,35 @@
-//! One recording in, everything the outputs need out: the timeline, the energy readings
-//! (recorded counters, or the estimated model recomputed from the timeline), and the
-//! attribution. Every command that reports energy goes through [`analyze`], so `report`,
-//! `flamegraph` and the exporters can never disagree; [`sample_values`] and [`profile`]
-//! turn an analysis into the per-sample weights and the symbolized [`Profile`] that
-//! `flamegraph` and `report --by function` share.
+//! One recording in, everything the outputs need out: the recording as one window of the
+//! [`pipeline`] (timeline, readings, attribution), so `report`, `flamegraph`, `top --replay`
+//! and the exporters can never disagree; [`sample_values`] and [`profile`] turn an
+//! analysis into the per-sample weights and the symbolized [`Profile`] that `flamegraph`
+//! and `report --by function` share.
 
 use std::path::PathBuf;
 
 use crate::{
-    attribute::{self, Attribution, Options, domain_name},
+    attribute::{Options, domain_name},
     energy,
-    pb::v1::{EnergyDomain, EnergyReading, EnergySource, ThreadInfo},
+    pb::v1::{EnergyDomain, EnergySource, ThreadInfo},
+    pipeline::{self, Config},
     profile::{self, Filter, Profile, Residual, SampleValues, ValueType},
     record::Recording,
     symbolize::Symbolizer,
-    timeline::Timeline,
 };
 
+pub use crate::pipeline::{Analysis, source_label};
+
 /// Model parameters to recompute an estimated recording with (`report --model-idle-w ...`).
-#[derive(Clone, Debug, Default, clap::Args)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ModelOverride {
-    /// Recompute modelled (estimated) energy with this idle power per package, W.
-    #[arg(long = "model-idle-w", value_name = "W")]
+    /// Idle power per package, W.
     pub idle_w: Option<f64>,
-    /// Recompute modelled (estimated) energy with this full-load power per package, W.
-    #[arg(long = "model-max-w", value_name = "W")]
+    /// Full-load power per package, W.
     pub max_w: Option<f64>,
 }
 
-/// A recording analysed.
-pub struct Analysis {
-    /// Who ran where, when.
-    pub timeline: Timeline,
-    /// Sources used (model parameters overridden when asked).
-    pub sources: Vec<EnergySource>,
-    /// Readings used (recorded, or modelled from the timeline).
-    pub readings: Vec<EnergyReading>,
-    /// Energy per thread, process, sample.
-    pub attribution: Attribution,
-}
-
-/// Analyses a recording.
-pub fn analyze(rec: &Recording, opts: &Options, model: &ModelOverride) -> Analysis {
-    let timeline = rec.timeline();
+/// The pipeline configuration of a recording: its topology, its sources (model parameters
+/// overridden when asked) and the attribution options.
+pub fn config(rec: &Recording, options: Options, model: &ModelOverride) -> Config {
     let sources: Vec<EnergySource> = rec
         .sources
         .iter()
@@ -61,39 +48,17 @@ pub fn analyze(rec: &Recording, opts: &Options, model: &ModelOverride) -> Analys
             s
         })
         .collect();
-    let readings = energy::readings_for(&sources, &rec.readings, &timeline, &rec.header.cpus);
-    let threads: Vec<ThreadInfo> = rec.threads.values().cloned().collect();
-    let attribution = attribute::attribute(
-        &attribute::Input {
-            timeline: &timeline,
-            samples: &rec.samples,
-            sources: &sources,
-            readings: &readings,
-            cpus: &rec.header.cpus,
-            threads: &threads,
-            activity: None,
-        },
-        opts,
-    );
-    Analysis {
-        timeline,
+    Config {
+        cpus: rec.header.cpus.clone(),
         sources,
-        readings,
-        attribution,
+        options,
     }
 }
 
-/// The kinds of sources in use, e.g. `powercap`, `model`, `powercap+nvml` (`none` when the
-/// recording has none). Whether they are estimated is said separately, next to the numbers.
-pub fn source_label(sources: &[EnergySource]) -> String {
-    let mut kinds: Vec<&str> = sources.iter().map(|s| s.kind.as_str()).collect();
-    kinds.sort_unstable();
-    kinds.dedup();
-    if kinds.is_empty() {
-        "none".into()
-    } else {
-        kinds.join("+")
-    }
+/// Analyses a whole recording as one window.
+pub fn analyze(rec: &Recording, cfg: &Config) -> Analysis {
+    let threads: Vec<ThreadInfo> = rec.threads.values().cloned().collect();
+    pipeline::analyze(&rec.window(), cfg, &threads)
 }
 
 /// [`source_label`] followed by ` (estimated)` when any source is modelled: for text a
@@ -109,7 +74,7 @@ pub fn source_description(sources: &[EnergySource]) -> String {
 
 /// Energy domains with a source in this analysis, in proto order (PACKAGE before DRAM).
 pub fn domains(analysis: &Analysis) -> Vec<EnergyDomain> {
-    attribute::attribution::DOMAINS
+    crate::attribute::attribution::DOMAINS
         .into_iter()
         .filter(|&d| analysis.attribution.sources.iter().any(|s| s.domain == d))
         .collect()
@@ -285,15 +250,13 @@ pub(crate) mod fixture {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attribute::AttributeArgs;
 
     #[test]
     fn sample_values_carry_attributed_energy_and_residuals() {
         let rec = fixture::recording();
         let a = analyze(
             &rec,
-            &AttributeArgs::default().options(),
-            &ModelOverride::default(),
+            &config(&rec, Options::default(), &ModelOverride::default()),
         );
         assert_eq!(domains(&a), vec![EnergyDomain::Package]);
         let v = sample_values(&rec, &a);
@@ -319,8 +282,7 @@ mod tests {
         let rec = fixture::recording();
         let a = analyze(
             &rec,
-            &AttributeArgs::default().options(),
-            &ModelOverride::default(),
+            &config(&rec, Options::default(), &ModelOverride::default()),
         );
         let p = profile(&rec, &a, &Filter::default());
         let k = p.value_index("energy_package").expect("package values");

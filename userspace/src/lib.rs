@@ -1,6 +1,6 @@
 //! energy-bpf: which code burned these joules?
 //!
-//! The binary is thin; these modules do the work (DESIGN.md §2):
+//! The binary is thin; these modules do the work (`docs/ARCHITECTURE.md` draws the map):
 //! - [`attribute`]: pure attribution of measured energy to threads, processes and stacks.
 //! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events.
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
@@ -8,7 +8,10 @@
 //! - [`energy`]: energy counters (perf PMU, powercap, MSR, hwmon, NVML) and the estimated
 //!   model, read on a dedicated thread.
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
-//! - [`live`]: the live pipeline behind `top` (capture + energy + attribution per refresh).
+//! - [`pipeline`]: the streaming analysis core: events in, closed windows with their
+//!   attribution and rows out; every output stands on it.
+//! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
+//! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
 //! - [`profile`]: the one typed profile model every output reads.
@@ -17,13 +20,14 @@
 pub mod analysis;
 pub mod attribute;
 pub mod capture;
+pub mod clock;
 pub mod commands;
 pub mod energy;
-pub mod live;
+pub mod feed;
 pub mod output;
+pub mod pipeline;
 pub mod profile;
 pub mod record;
-pub mod summary;
 pub mod symbolize;
 pub mod timeline;
 pub mod tui;

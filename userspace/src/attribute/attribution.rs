@@ -97,10 +97,11 @@ pub enum StaticOrigin {
 }
 
 /// The split a source actually used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PowerModelUsed {
     /// Equal power per busy CPU-ns (× activity weights).
+    #[default]
     Time,
     /// Per-class watts from the regression as split weights.
     Regression,
@@ -228,7 +229,7 @@ pub struct ThreadEnergy {
 }
 
 /// The whole attribution.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attribution {
     /// Per source.
     pub sources: Vec<SourceAttribution>,

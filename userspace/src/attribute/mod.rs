@@ -63,7 +63,7 @@ pub struct Input<'a> {
 pub type ActivityWeights = HashMap<(u32, u32), f64>;
 
 /// Where idle/static energy goes (`--idle`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IdlePolicy {
     /// Its own row, like Kepler's idle power.
@@ -74,7 +74,7 @@ pub enum IdlePolicy {
 }
 
 /// How dynamic energy is weighted between threads (`--power-model`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PowerModel {
     /// Equal power per busy CPU-ns.
@@ -127,34 +127,6 @@ impl Default for Options {
             regression_stride_ns: 5_000_000_000,
             fit: regression::FitOptions::default(),
             stack_window_ns: 1_000_000_000,
-        }
-    }
-}
-
-/// Command-line flags of attribution, for `report`, `flamegraph` and `top`.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct AttributeArgs {
-    /// Where idle/static energy goes.
-    #[arg(long, value_enum, default_value_t = IdlePolicy::Separate)]
-    pub idle: IdlePolicy,
-    /// How dynamic energy is weighted between threads: by busy time, by per-class watts
-    /// fitted by regression, or regression where it predicts held-out intervals better.
-    #[arg(long, value_enum, default_value_t = PowerModel::Auto)]
-    pub power_model: PowerModel,
-    /// Static (all-idle) power of each package, W, e.g. from `energy-bpf calibrate`;
-    /// default: an online low-percentile estimate (or the model's idle power).
-    #[arg(long, value_name = "W")]
-    pub static_power_w: Option<f64>,
-}
-
-impl AttributeArgs {
-    /// The options these flags select.
-    pub fn options(&self) -> Options {
-        Options {
-            idle: self.idle,
-            power_model: self.power_model,
-            static_w: self.static_power_w,
-            ..Options::default()
         }
     }
 }

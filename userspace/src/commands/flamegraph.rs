@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 
-use crate::analysis::{self, ModelOverride};
-use crate::attribute::AttributeArgs;
+use crate::analysis;
+use crate::commands::args::{AttributeArgs, ModelArgs};
 use crate::output::{ProfileSink, collapsed, pprof, speedscope, svg};
 use crate::profile::{self, Filter};
 use crate::record;
@@ -81,14 +81,15 @@ pub struct Args {
     pub attribute: AttributeArgs,
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
-    pub model: ModelOverride,
+    pub model: ModelArgs,
 }
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rec = record::read_file(&args.file)
         .with_context(|| format!("cannot read recording {}", args.file.display()))?;
-    let analysis = analysis::analyze(&rec, &args.attribute.options(), &args.model);
+    let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
+    let analysis = analysis::analyze(&rec, &cfg);
     let filter = Filter {
         pids: args.pids.clone(),
         comms: args.comms.clone(),
@@ -218,7 +219,7 @@ mod tests {
             output: Some(output.to_path_buf()),
             width: Some(1200),
             attribute: AttributeArgs::default(),
-            model: ModelOverride::default(),
+            model: ModelArgs::default(),
         }
     }
 
@@ -284,7 +285,7 @@ mod tests {
             output: None,
             width: None,
             attribute: AttributeArgs::default(),
-            model: ModelOverride::default(),
+            model: ModelArgs::default(),
         };
         let err = run(args).expect_err("missing file");
         assert!(

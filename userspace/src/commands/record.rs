@@ -77,8 +77,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         cpus,
         sample_hz: args.freq as u32,
         clock: "CLOCK_MONOTONIC".into(),
-        start_ns: host::monotonic_ns(),
-        start_unix_ns: host::realtime_ns(),
+        start_ns: crate::clock::monotonic_ns(),
+        start_unix_ns: crate::clock::realtime_ns(),
         recorder_version: env!("CARGO_PKG_VERSION").into(),
         command_line: std::env::args().collect(),
         target_pids: args.pids.clone(),
@@ -151,7 +151,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     last.readings = energy.stop();
     let losses = last.losses;
     writer.chunk(last).context("writing the last chunk")?;
-    let end_ns = host::monotonic_ns();
+    let end_ns = crate::clock::monotonic_ns();
     let bytes = writer
         .finish(Trailer {
             end_ns,

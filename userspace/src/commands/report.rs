@@ -1,25 +1,30 @@
-//! `energy-bpf report FILE`: per process and thread, on-CPU time, share of each CPU,
-//! samples, lost events, and energy per domain with average power, share and a 95%
-//! confidence interval; the idle/static row and the totals; the source and `estimated`.
-//! `--by process|thread|function` picks the rows; tables and CSV (and JSON for threads and
-//! functions) are rendered by [`crate::output::table`]; `--by process --format json` keeps
-//! the document scripts already read.
+//! `energy-bpf report FILE`: per process (thread, cgroup, command or function), on-CPU
+//! time, share of each CPU, samples, lost events, and energy per domain with average
+//! power, share and a 95% confidence interval; the idle/static row and the totals; the
+//! source and `estimated`.
+//!
+//! The recording goes through the [`pipeline`]: one window covering all of it, or with
+//! `--window SECS` consecutive windows (a time series: `windows[]` in JSON, a row per
+//! window and process in CSV). Rows come from the pipeline's rollup; this module only
+//! picks the renderer.
 
-use std::{collections::HashMap, io::Write as _, path::PathBuf, process::ExitCode};
+use std::{io::Write as _, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use serde::Serialize;
 
 use crate::{
-    analysis::{self, Analysis, ModelOverride},
-    attribute::{self, AttributeArgs, PerDomain, ThreadEnergy, domain_name},
+    analysis::{self, Analysis},
+    attribute::domain_name,
+    commands::args::{AttributeArgs, ModelArgs},
     output::{
         functions,
         table::{self, By, EnergyCell, Format, RenderOptions, Report, ReportRow, RowKey},
     },
+    pb::v1::LossCounters,
+    pipeline::{self, Config, ProcessRow, Totals},
     profile::Filter,
     record::{self, Recording},
-    summary::{self, Summary},
 };
 
 /// Rows a table shows when `--limit` is not given (JSON and CSV show all).
@@ -30,18 +35,23 @@ const DEFAULT_TABLE_ROWS: usize = 25;
 pub struct Args {
     /// Recording written by `energy-bpf record`.
     pub file: PathBuf,
-    /// One row per process, thread, or function (self and total energy).
+    /// One row per process, thread, cgroup, command name, or function (self and total
+    /// energy).
     #[arg(long, value_enum, default_value_t = By::Process)]
     pub by: By,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// A time series: cut the recording into windows of this many seconds (JSON:
+    /// `windows[]`; CSV: a row per window and process; table: one table per window).
+    #[arg(long, value_name = "SECS", value_parser = parse_window)]
+    pub window: Option<f64>,
     /// Sort by this column (a unique prefix is enough, e.g. `samples`, `cpu_s`,
     /// `total_package`); default: the first energy column, else CPU time.
     #[arg(long, value_name = "COLUMN")]
     pub sort: Option<String>,
-    /// Show at most this many rows (default: 25 in a table, all in JSON and CSV; `--by
-    /// process --format json` always lists every process).
+    /// Show at most this many rows (default: 25 in a table, all in JSON and CSV; JSON always
+    /// lists every process).
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
     /// How energy is split.
@@ -49,43 +59,73 @@ pub struct Args {
     pub attribute: AttributeArgs,
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
-    pub model: ModelOverride,
+    pub model: ModelArgs,
 }
 
-/// One thread in the report.
-#[derive(Debug, Serialize)]
-pub struct ThreadRow {
-    tid: u32,
-    comm: String,
-    cpu_ns: u64,
-    samples: u64,
-    energy_j: std::collections::BTreeMap<&'static str, f64>,
-    power_w: f64,
+fn parse_window(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(0.01..=86_400.0).contains(&secs) {
+        return Err(format!(
+            "window must be between 0.01 and 86400 seconds, got {secs}"
+        ));
+    }
+    Ok(secs)
 }
 
-/// One process in the report.
-#[derive(Debug, Serialize)]
-pub struct ProcessRow {
-    pid: u32,
-    #[serde(skip_serializing_if = "is_zero")]
-    instance: u32,
-    comm: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    cmdline: String,
-    cpu_ns: u64,
-    samples: u64,
-    energy_j: std::collections::BTreeMap<&'static str, f64>,
-    power_w: f64,
-    share: f64,
-    /// 95% confidence interval of the headline energy, J, from the stack samples (seed 001).
-    ci_j: [f64; 2],
-    threads: Vec<ThreadRow>,
-    #[serde(skip)]
-    cpu_share: Vec<f64>,
+/// What a JSON report says about the recording besides its windows.
+#[derive(Serialize)]
+struct RecordingFacts {
+    lost_events: u64,
+    truncated: bool,
+    losses: Losses,
 }
 
-fn is_zero(v: &u32) -> bool {
-    *v == 0
+#[derive(Serialize)]
+struct Losses {
+    switch_dropped: u64,
+    sample_dropped: u64,
+    process_dropped: u64,
+    stack_errors: u64,
+    vanished_processes: u64,
+}
+
+impl RecordingFacts {
+    fn of(rec: &Recording) -> Self {
+        let l = &rec.losses;
+        Self {
+            lost_events: lost_events(l),
+            truncated: rec.truncated,
+            losses: Losses {
+                switch_dropped: l.switch_dropped,
+                sample_dropped: l.sample_dropped,
+                process_dropped: l.process_dropped,
+                stack_errors: l.stack_errors,
+                vanished_processes: l.vanished_processes,
+            },
+        }
+    }
+}
+
+/// Events lost in the kernel (ring buffer full), all kinds.
+pub fn lost_events(l: &LossCounters) -> u64 {
+    l.switch_dropped + l.sample_dropped + l.process_dropped
+}
+
+/// One window as JSON prints it: its bounds, its machine-wide figures and its process rows
+/// (the same document `top --batch --format json` prints per frame).
+#[derive(Serialize)]
+pub struct WindowDoc<'a> {
+    /// Window start, CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    /// Window end (exclusive), ns.
+    pub end_ns: u64,
+    /// Machine-wide figures.
+    #[serde(flatten)]
+    pub totals: &'a Totals,
+    /// Process rows with their threads.
+    pub processes: &'a [ProcessRow],
 }
 
 /// Runs the command.
@@ -98,65 +138,188 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             rec.duration_ns() as f64 / 1e9
         );
     }
-    let analysis = analysis::analyze(&rec, &args.attribute.options(), &args.model);
-    let summary = summary::summarize(&rec, &analysis.timeline);
-    let rows = rows(&summary, &analysis);
+    let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
     let mut stdout = std::io::stdout().lock();
-    if args.by == By::Process && args.format == Format::Json {
-        stdout
-            .write_all(json(&rows, &summary, &rec, &analysis).as_bytes())
-            .context("cannot write to standard output")?;
-        return Ok(ExitCode::SUCCESS);
+    let text = match args.window {
+        Some(secs) => windowed(&args, &rec, &cfg, secs)?,
+        None => whole(&args, &rec, &cfg)?,
+    };
+    stdout
+        .write_all(&text)
+        .context("cannot write to standard output")?;
+    stdout.flush().context("cannot write to standard output")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn whole(args: &Args, rec: &Recording, cfg: &Config) -> anyhow::Result<Vec<u8>> {
+    let analysis = analysis::analyze(rec, cfg);
+    let input = rec.window();
+    let rows = pipeline::rows(&input, &analysis, &rec.threads, &|id| id.to_string());
+    let totals = analysis.totals();
+    let mut out = Vec::new();
+    if args.format == Format::Json && args.by != By::Function {
+        let mut value = serde_json::to_value(WindowDoc {
+            start_ns: input.start_ns,
+            end_ns: input.end_ns,
+            totals: &totals,
+            processes: &rows,
+        })?;
+        merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
+        out.extend(format!("{value:#}\n").into_bytes());
+        return Ok(out);
     }
-    let report = report(args.by, &rows, &summary, &rec, &analysis);
-    let opts = RenderOptions {
+    let report = report(args.by, &rows, &totals, rec, &analysis, None);
+    table::render(&report, &render_options(args), args.format, &mut out)
+        .context("cannot report")?;
+    Ok(out)
+}
+
+fn windowed(args: &Args, rec: &Recording, cfg: &Config, secs: f64) -> anyhow::Result<Vec<u8>> {
+    if args.by == By::Function {
+        anyhow::bail!(
+            "`--window` gives a time series of processes; `--by function` has none (use `flamegraph`)"
+        );
+    }
+    let windows: Vec<pipeline::Window> =
+        pipeline::windows(rec, cfg.clone(), std::time::Duration::from_secs_f64(secs)).collect();
+    let mut out = Vec::new();
+    match args.format {
+        Format::Json => {
+            let docs: Vec<serde_json::Value> = windows
+                .iter()
+                .map(|w| {
+                    serde_json::to_value(WindowDoc {
+                        start_ns: w.start_ns(),
+                        end_ns: w.end_ns(),
+                        totals: &w.totals,
+                        processes: &w.processes,
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            let mut value = serde_json::json!({
+                "window_s": secs,
+                "start_ns": rec.start_ns(),
+                "end_ns": rec.end_ns,
+                "windows": docs,
+            });
+            merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
+            out.extend(format!("{value:#}\n").into_bytes());
+        }
+        Format::Csv => {
+            for (i, w) in windows.iter().enumerate() {
+                let report = report(args.by, &w.processes, &w.totals, rec, &w.analysis, None);
+                let mut text = Vec::new();
+                table::render(&report, &render_options(args), Format::Csv, &mut text)
+                    .context("cannot report")?;
+                let text = String::from_utf8_lossy(&text);
+                let (t0, t1) = window_secs(rec, w);
+                for (n, line) in text.lines().enumerate() {
+                    if n == 0 {
+                        if i == 0 {
+                            out.extend(
+                                format!("window_start_s,window_end_s,{line}\n").into_bytes(),
+                            );
+                        }
+                    } else {
+                        out.extend(format!("{t0:.3},{t1:.3},{line}\n").into_bytes());
+                    }
+                }
+            }
+        }
+        Format::Table => {
+            for (i, w) in windows.iter().enumerate() {
+                if i > 0 {
+                    out.push(b'\n');
+                }
+                let report = report(
+                    args.by,
+                    &w.processes,
+                    &w.totals,
+                    rec,
+                    &w.analysis,
+                    Some(window_secs(rec, w)),
+                );
+                table::render(&report, &render_options(args), Format::Table, &mut out)
+                    .context("cannot report")?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn window_secs(rec: &Recording, w: &pipeline::Window) -> (f64, f64) {
+    let s = |t: u64| t.saturating_sub(rec.start_ns()) as f64 / 1e9;
+    (s(w.start_ns()), s(w.end_ns()))
+}
+
+fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
+    if let (Some(a), serde_json::Value::Object(b)) = (into.as_object_mut(), from) {
+        a.extend(b);
+    }
+}
+
+fn render_options(args: &Args) -> RenderOptions {
+    RenderOptions {
         sort: args.sort.clone(),
         limit: args
             .limit
             .or((args.format == Format::Table).then_some(DEFAULT_TABLE_ROWS)),
-    };
-    let mut out = std::io::BufWriter::new(&mut stdout);
-    table::render(&report, &opts, args.format, &mut out).context("cannot report")?;
-    out.flush().context("cannot write to standard output")?;
-    Ok(ExitCode::SUCCESS)
+    }
 }
 
-/// The rows of `--by` with the title, notes and the idle/unknown/total rows.
-fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis) -> Report {
+/// The table rows of `--by` over one window's process rows, with the title, notes and the
+/// idle/unknown/total rows. `window` is the window's place in the recording, seconds.
+fn report(
+    by: By,
+    rows: &[ProcessRow],
+    totals: &Totals,
+    rec: &Recording,
+    a: &Analysis,
+    window: Option<(f64, f64)>,
+) -> Report {
     let attr = &a.attribution;
     let domains = analysis::domains(a);
     let names: Vec<String> = domains
         .iter()
         .map(|&d| domain_name(d).to_string())
         .collect();
-    let secs = (s.duration_ns as f64 / 1e9).max(1e-9);
+    let secs = (totals.duration_ns as f64 / 1e9).max(1e-9);
     let total = attr.total_uj();
+    let cpus: Vec<u32> = a.timeline.cpus.iter().map(|c| c.cpu).collect();
+    let span = match window {
+        Some((t0, t1)) => format!("window {t0:.1}-{t1:.1} s"),
+        None => format!("{secs:.1} s"),
+    };
     let title = format!(
-        "energy-bpf report: {secs:.1} s on {} ({} CPUs), {} Hz sampling{}",
+        "energy-bpf report: {span} on {} ({} CPUs), {} Hz sampling{}",
         rec.header.hostname,
-        s.cpus.len(),
+        cpus.len(),
         rec.header.sample_hz,
         if rec.truncated { ", TRUNCATED" } else { "" }
     );
     let notes = vec![
         format!(
             "energy: {:.3} J ({:.2} W) from {}, split by {:?}; idle/static {:.3} J",
-            total * 1e-6,
-            total * 1e-6 / secs,
+            totals.total_j,
+            totals.total_j / secs,
             analysis::source_description(&a.sources),
-            attr.power_model(),
-            (attr.headline_uj(&attr.idle) * 1e-6).max(0.0),
+            totals.power_model,
+            totals.idle_j.max(0.0),
         ),
-        format!("{} events lost", s.lost_events),
+        format!("{} events lost", lost_events(&rec.losses)),
     ];
-    // Whole threads and processes carry no sampling error (attribute::ci), so their
-    // interval is the headline interval (`ci_j`) scaled to each domain.
-    let cells = |e: &PerDomain, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {
-        let headline = attr.headline_uj(e) * 1e-6;
-        domains
+    // Whole threads and processes carry no sampling error (attribute::ci), so a process's
+    // interval is its headline interval (`ci_j`) scaled to each domain.
+    let cells = |e: &pipeline::DomainJoules, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {
+        let headline: f64 = attr
+            .headline
             .iter()
-            .map(|&d| {
-                let joules = e.get(d) * 1e-6;
+            .map(|&d| e.get(domain_name(d)).copied().unwrap_or(0.0))
+            .sum();
+        names
+            .iter()
+            .map(|d| {
+                let joules = e.get(d.as_str()).copied().unwrap_or(0.0);
                 let (lo, hi) = match ci {
                     Some([lo, hi]) if headline > 0.0 => (lo / headline, hi / headline),
                     _ => (1.0, 1.0),
@@ -169,20 +332,13 @@ fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysi
             })
             .collect()
     };
-    let per_domain = |m: &std::collections::BTreeMap<&'static str, f64>| {
-        let mut e = PerDomain::default();
-        for &d in &domains {
-            e.add(d, m.get(domain_name(d)).copied().unwrap_or(0.0) * 1e6);
-        }
-        e
-    };
-    let summary_row = |label: &str, e: &PerDomain| {
+    let summary_row = |label: &str, e: &crate::attribute::PerDomain| {
         let uj = attr.headline_uj(e);
         ReportRow {
             key: RowKey::Label(label.into()),
             cpu_ns: 0.0,
             samples: 0,
-            energy: cells(e, None),
+            energy: cells(&e.joules_by_name(), None),
             total_energy: None,
             power_w: uj * 1e-6 / secs,
             share: if total > 0.0 { uj / total } else { 0.0 },
@@ -194,51 +350,65 @@ fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysi
         footer.push(summary_row("[unknown]", &attr.unknown));
     }
     footer.push(summary_row("[total]", &attr.measured));
-    let (rows, cpus, duration_ns) = match by {
+    let process_row = |key: RowKey, p: &ProcessRow| ReportRow {
+        key,
+        cpu_ns: p.cpu_ns as f64,
+        samples: p.samples,
+        energy: cells(&p.energy_j, Some(p.ci_j)),
+        total_energy: None,
+        power_w: p.power_w,
+        share: p.share,
+        cpu_share: p.cpu_share.clone(),
+    };
+    let (rows, cpus) = match by {
         By::Process => (
             rows.iter()
-                .map(|p| ReportRow {
-                    key: RowKey::Process {
-                        pid: p.pid,
-                        comm: p.comm.clone(),
-                    },
-                    cpu_ns: p.cpu_ns as f64,
-                    samples: p.samples,
-                    energy: cells(&per_domain(&p.energy_j), Some(p.ci_j)),
-                    total_energy: None,
-                    power_w: p.power_w,
-                    share: p.share,
-                    cpu_share: p.cpu_share.clone(),
+                .map(|p| {
+                    process_row(
+                        RowKey::Process {
+                            pid: p.pid,
+                            comm: p.comm.clone(),
+                        },
+                        p,
+                    )
                 })
                 .collect(),
-            s.cpus.clone(),
-            s.duration_ns,
+            cpus,
         ),
+        By::Cgroup | By::Command => {
+            let group_by = if by == By::Cgroup {
+                pipeline::GroupBy::Cgroup
+            } else {
+                pipeline::GroupBy::Command
+            };
+            (
+                pipeline::group(rows, group_by)
+                    .iter()
+                    .map(|g| process_row(RowKey::Group(g.comm.clone()), g))
+                    .collect(),
+                cpus,
+            )
+        }
         By::Thread => (
             rows.iter()
                 .flat_map(|p| {
-                    p.threads.iter().map(|t| {
-                        let e = per_domain(&t.energy_j);
-                        let uj = attr.headline_uj(&e);
-                        ReportRow {
-                            key: RowKey::Thread {
-                                pid: p.pid,
-                                tid: t.tid,
-                                comm: t.comm.clone(),
-                            },
-                            cpu_ns: t.cpu_ns as f64,
-                            samples: t.samples,
-                            energy: cells(&e, None),
-                            total_energy: None,
-                            power_w: t.power_w,
-                            share: if total > 0.0 { uj / total } else { 0.0 },
-                            cpu_share: Vec::new(),
-                        }
+                    p.threads.iter().map(|t| ReportRow {
+                        key: RowKey::Thread {
+                            pid: p.pid,
+                            tid: t.tid,
+                            comm: t.comm.clone(),
+                        },
+                        cpu_ns: t.cpu_ns as f64,
+                        samples: t.samples,
+                        energy: cells(&t.energy_j, None),
+                        total_energy: None,
+                        power_w: t.power_w,
+                        share: t.share,
+                        cpu_share: Vec::new(),
                     })
                 })
                 .collect(),
             Vec::new(),
-            s.duration_ns,
         ),
         By::Function => {
             let profile = analysis::profile(rec, a, &Filter::default());
@@ -259,143 +429,9 @@ fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysi
         title,
         notes,
         cpus,
-        duration_ns,
+        duration_ns: totals.duration_ns,
         footer,
     }
-}
-
-/// Joins the exact CPU-time summary with the attribution. A pid reused within the
-/// recording appears once per instance; attribution keys threads by pid, so a reused pid's
-/// energy is divided between its instances by their CPU time.
-fn rows(summary: &Summary, analysis: &Analysis) -> Vec<ProcessRow> {
-    let attr = &analysis.attribution;
-    let secs = (summary.duration_ns as f64 / 1e9).max(1e-9);
-    let total = attr.total_uj();
-    let threads: HashMap<(u32, u32), &ThreadEnergy> =
-        attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
-    let groups: HashMap<u32, attribute::Group> = attribute::by_process(attr)
-        .into_iter()
-        .filter_map(|g| match g.key {
-            attribute::GroupKey::Process(pid) => Some((pid, g)),
-            _ => None,
-        })
-        .collect();
-    let mut instance_cpu: HashMap<u32, u64> = HashMap::new();
-    for p in &summary.processes {
-        *instance_cpu.entry(p.pid).or_default() += p.cpu_ns;
-    }
-    let mut rows: Vec<ProcessRow> = summary
-        .processes
-        .iter()
-        .map(|p| {
-            let all = instance_cpu.get(&p.pid).copied().unwrap_or(0);
-            let part = if all == 0 {
-                1.0
-            } else {
-                p.cpu_ns as f64 / all as f64
-            };
-            let mut energy = PerDomain::default();
-            let thread_rows = p
-                .threads
-                .iter()
-                .map(|t| {
-                    let e = threads
-                        .get(&(p.pid, t.tid))
-                        .map(|te| scale(&te.energy, part))
-                        .unwrap_or_default();
-                    energy.add_all(&e);
-                    ThreadRow {
-                        tid: t.tid,
-                        comm: t.comm.clone(),
-                        cpu_ns: t.cpu_ns,
-                        samples: t.samples,
-                        power_w: attr.headline_uj(&e) * 1e-6 / secs,
-                        energy_j: e.joules_by_name(),
-                    }
-                })
-                .collect();
-            let headline = attr.headline_uj(&energy);
-            let ci_j = groups.get(&p.pid).map_or([0.0; 2], |g| {
-                // The interval is about sampling error; shift it to this instance's energy.
-                let lo = g.estimate.lo_uj - g.estimate.energy_uj;
-                let hi = g.estimate.hi_uj - g.estimate.energy_uj;
-                [
-                    ((headline + lo * part) * 1e-6).max(0.0),
-                    (headline + hi * part) * 1e-6,
-                ]
-            });
-            ProcessRow {
-                pid: p.pid,
-                instance: p.instance,
-                comm: p.comm.clone(),
-                cmdline: p.cmdline.clone(),
-                cpu_ns: p.cpu_ns,
-                samples: p.samples,
-                power_w: headline * 1e-6 / secs,
-                share: if total > 0.0 { headline / total } else { 0.0 },
-                ci_j,
-                energy_j: energy.joules_by_name(),
-                threads: thread_rows,
-                cpu_share: summary
-                    .cpus
-                    .iter()
-                    .map(|c| {
-                        *p.cpu_ns_by_cpu.get(c).unwrap_or(&0) as f64
-                            / summary.duration_ns.max(1) as f64
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
-    rows.sort_by(|a, b| {
-        b.share
-            .total_cmp(&a.share)
-            .then(b.cpu_ns.cmp(&a.cpu_ns))
-            .then(a.pid.cmp(&b.pid))
-    });
-    rows
-}
-
-fn scale(e: &PerDomain, k: f64) -> PerDomain {
-    let mut out = *e;
-    for v in &mut out.0 {
-        *v *= k;
-    }
-    out
-}
-
-fn json(rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis) -> String {
-    let attr = &a.attribution;
-    let value = serde_json::json!({
-        "processes": rows,
-        "duration_ns": s.duration_ns,
-        "lost_events": s.lost_events,
-        "truncated": rec.truncated,
-        "unknown_ns": s.unknown_ns,
-        "idle_j": attr.headline_uj(&attr.idle) * 1e-6,
-        "unknown_j": attr.headline_uj(&attr.unknown) * 1e-6,
-        "total_j": attr.total_uj() * 1e-6,
-        "energy_j": attr.measured.joules_by_name(),
-        "idle_by_domain_j": attr.idle.joules_by_name(),
-        "source": analysis::source_label(&a.sources),
-        "estimated": attr.estimated,
-        "power_model": attr.power_model(),
-        "static": attr.sources.iter().map(|src| serde_json::json!({
-            "source": src.name,
-            "static_w": src.static_w,
-            "origin": src.static_origin,
-            "power_model": src.power_model,
-            "note": src.power_model_note,
-        })).collect::<Vec<_>>(),
-        "losses": {
-            "switch_dropped": rec.losses.switch_dropped,
-            "sample_dropped": rec.losses.sample_dropped,
-            "process_dropped": rec.losses.process_dropped,
-            "stack_errors": rec.losses.stack_errors,
-            "vanished_processes": rec.losses.vanished_processes,
-        },
-    });
-    format!("{value:#}\n")
 }
 
 #[cfg(test)]
@@ -404,13 +440,14 @@ mod tests {
 
     fn render_fixture(by: By, format: Format, sort: Option<&str>) -> String {
         let rec = crate::analysis::fixture::recording();
-        let a = analysis::analyze(
+        let cfg = analysis::config(
             &rec,
-            &AttributeArgs::default().options(),
-            &ModelOverride::default(),
+            AttributeArgs::default().options(),
+            &ModelArgs::default().model(),
         );
-        let s = summary::summarize(&rec, &a.timeline);
-        let report = report(by, &rows(&s, &a), &s, &rec, &a);
+        let a = analysis::analyze(&rec, &cfg);
+        let rows = pipeline::rows(&rec.window(), &a, &rec.threads, &|id| id.to_string());
+        let report = report(by, &rows, &a.totals(), &rec, &a, None);
         let opts = RenderOptions {
             sort: sort.map(String::from),
             limit: None,

@@ -1,15 +1,30 @@
-//! `energy-bpf top`: live per-process power, full screen or as `top -b` style text.
+//! `energy-bpf top`: live per-process power, full screen or as `top -b` style text (or
+//! JSON lines); `--replay FILE` plays a recording through the same view.
 //!
-//! Wiring only: [`run_with_feed`] shows whatever snapshots arrive on the channel; the
-//! view itself lives in [`crate::tui`].
+//! Wiring only: [`crate::feed`] makes the snapshots (live capture or replay, both through
+//! the pipeline), [`run_with_feed`] shows whatever arrives on the channel; the view itself
+//! lives in [`crate::tui`].
 use std::io::{self, IsTerminal};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::tui::{self, Exit, Snapshot, State};
+use crate::commands::args::AttributeArgs;
+use crate::tui::{self, Exit, FrameFormat, Snapshot, State};
+
+/// How `--batch` prints frames.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BatchFormat {
+    /// Plain text, like `top -b`.
+    #[default]
+    Text,
+    /// One JSON document per frame, one per line (`start_ns`, `end_ns`, `processes[]` with
+    /// the keys of `report --format json`).
+    Json,
+}
 
 /// Arguments of `energy-bpf top`.
 #[derive(clap::Args, Debug, Clone)]
@@ -21,6 +36,13 @@ pub struct Args {
     /// default when stdout is not a terminal).
     #[arg(short = 'b', long)]
     pub batch: bool,
+    /// With `--batch`: plain text or one JSON document per frame.
+    #[arg(long, value_enum, default_value_t = BatchFormat::Text)]
+    pub format: BatchFormat,
+    /// Play this recording through the view instead of capturing: one frame per `-i`
+    /// seconds of recording time (as fast as it can with `--batch`).
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
     /// Stop after this many refreshes (default: run until quit).
     #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
@@ -37,7 +59,7 @@ pub struct Args {
     /// How energy is split between threads. `auto` means busy time here: a per-class
     /// regression needs minutes of intervals, which `report` has and a live view does not.
     #[command(flatten)]
-    pub attribute: crate::attribute::AttributeArgs,
+    pub attribute: AttributeArgs,
 }
 
 impl Args {
@@ -64,10 +86,30 @@ fn parse_interval(text: &str) -> Result<f64, String> {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut attribute = args.attribute.options();
+    if let Some(path) = &args.replay {
+        let rec = crate::record::read_file(path).context("cannot replay")?;
+        if rec.truncated {
+            eprintln!(
+                "energy-bpf: warning: {} was cut short (recorder killed or disk full); replaying the {:.1} s it holds",
+                path.display(),
+                rec.duration_ns() as f64 / 1e9
+            );
+        }
+        let paced = !args.batch && io::stdout().is_terminal();
+        let feed = crate::feed::replay(
+            rec,
+            attribute,
+            crate::feed::ReplayConfig {
+                interval: args.interval(),
+                paced,
+            },
+        )?;
+        return run_with_feed(&args, feed);
+    }
     if attribute.power_model == crate::attribute::PowerModel::Auto {
         attribute.power_model = crate::attribute::PowerModel::Time;
     }
-    let feed = crate::live::start(crate::live::LiveConfig {
+    let feed = crate::feed::live(crate::feed::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),
         energy: args.energy.clone(),
@@ -86,7 +128,11 @@ pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<Ex
     let batch = args.batch || !io::stdout().is_terminal();
     let exit = if batch {
         let mut out = io::stdout().lock();
-        tui::run_batch(&feed, &mut out, &mut state, args.iterations)
+        let format = match args.format {
+            BatchFormat::Text => FrameFormat::Text,
+            BatchFormat::Json => FrameFormat::Json,
+        };
+        tui::run_batch(&feed, &mut out, &mut state, args.iterations, format)
             .context("`top --batch` failed")?
     } else {
         let (exit, _stats) =
@@ -98,6 +144,8 @@ pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<Ex
         // Conventional shell status for "ended by signal N".
         Exit::Signal(signal) => Ok(ExitCode::from(128u8.saturating_add(signal as u8))),
         Exit::Hangup => Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
+        // A replay ends with its recording.
+        Exit::FeedClosed if args.replay.is_some() => Ok(ExitCode::SUCCESS),
         Exit::FeedClosed => anyhow::bail!(
             "`top`: the live feed stopped after {} refreshes (see the errors above)",
             state.snapshots_shown()

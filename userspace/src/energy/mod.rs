@@ -150,9 +150,6 @@ impl EnergyError {
     }
 }
 
-/// CLOCK_MONOTONIC now, ns: the clock of `bpf_ktime_get_ns`.
-pub use crate::capture::host::monotonic_ns;
-
 /// Reads a small sysfs text file, trimmed.
 pub(crate) fn read_text(path: &std::path::Path, hint: &str) -> Result<String, EnergyError> {
     std::fs::read_to_string(path)

@@ -12,8 +12,9 @@ use std::{
 use super::{
     EnergyArgs, EnergyError, EnergySource, RawSample, SourceKind,
     counter::{MAX_PLAUSIBLE_W, Step, Unwrapper, wrap_period_ns},
-    detect, model, monotonic_ns,
+    detect, model,
 };
+use crate::clock::monotonic_ns;
 use crate::{pb::v1 as pb, timeline::Timeline};
 
 /// How long start-up spends watching a CPU counter change, ns.

@@ -303,7 +303,7 @@ fn small_max_energy_range_shortens_the_read_interval_on_a_fake_tree() {
     let emu = tree
         .spawn(&[("intel-rapl:0", 100.0), ("intel-rapl:1", 100.0)])
         .expect("emu");
-    let started = crate::energy::monotonic_ns();
+    let started = crate::clock::monotonic_ns();
     std::thread::sleep(Duration::from_millis(1500));
     drop(emu);
     let readings = reader.stop();
@@ -394,7 +394,7 @@ fn vanished_zone_is_a_fault_and_the_others_continue() {
     let mut readings = Vec::new();
     drain_until(&reader, pkg0, &mut readings, |r| r.len() >= 2);
     tree.remove_zone("intel-rapl:1").expect("remove");
-    let removed_at = crate::energy::monotonic_ns();
+    let removed_at = crate::clock::monotonic_ns();
     drain_until(&reader, pkg0, &mut readings, |r| {
         r.iter().filter(|r| r.ts_ns > removed_at).count() >= 3
     });

@@ -15,7 +15,7 @@ use ratatui::backend::Backend;
 use ratatui::crossterm::event::{self, Event};
 
 use super::TuiError;
-use super::batch::write_frame;
+use super::batch::{FrameFormat, write_frame, write_json_frame};
 use super::input::action_for;
 use super::render::{render, table_capacity};
 use super::snapshot::Snapshot;
@@ -260,6 +260,7 @@ pub fn run_batch(
     out: &mut impl Write,
     state: &mut State,
     max_frames: Option<u64>,
+    format: FrameFormat,
 ) -> Result<Exit, TuiError> {
     let mut frames = 0u64;
     loop {
@@ -270,7 +271,11 @@ pub fn run_batch(
             return Ok(Exit::FeedClosed);
         };
         state.push_snapshot(snapshot);
-        match write_frame(out, state) {
+        let written = match format {
+            FrameFormat::Text => write_frame(out, state),
+            FrameFormat::Json => write_json_frame(out, state),
+        };
+        match written {
             Ok(()) => frames += 1,
             Err(err) if err.kind() == io::ErrorKind::BrokenPipe => return Ok(Exit::Quit),
             Err(source) => return Err(TuiError::Output { source }),

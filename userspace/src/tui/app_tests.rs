@@ -191,7 +191,8 @@ fn batch_prints_one_frame_per_snapshot_until_n() {
     }
     let mut out = Vec::new();
     let mut state = State::new(Vec::new());
-    let exit = run_batch(&rx, &mut out, &mut state, Some(2)).expect("batch runs");
+    let exit =
+        run_batch(&rx, &mut out, &mut state, Some(2), FrameFormat::Text).expect("batch runs");
     assert_eq!(exit, Exit::Iterations);
     let text = String::from_utf8(out).expect("UTF-8");
     assert_eq!(text.matches("energy-bpf top - source: powercap").count(), 2);
@@ -206,7 +207,8 @@ fn batch_reports_a_feed_that_ends_early() {
     drop(tx);
     let mut out = Vec::new();
     let mut state = State::new(Vec::new());
-    let exit = run_batch(&rx, &mut out, &mut state, Some(5)).expect("batch runs");
+    let exit =
+        run_batch(&rx, &mut out, &mut state, Some(5), FrameFormat::Text).expect("batch runs");
     assert_eq!(exit, Exit::FeedClosed);
     assert_eq!(state.snapshots_shown(), 1);
 }
@@ -228,7 +230,8 @@ fn batch_ends_quietly_on_a_closed_pipe() {
     let (tx, rx) = mpsc::channel();
     tx.send(snapshot(false)).expect("receiver alive");
     let mut state = State::new(Vec::new());
-    let exit = run_batch(&rx, &mut ClosedPipe, &mut state, None).expect("not an error");
+    let exit =
+        run_batch(&rx, &mut ClosedPipe, &mut state, None, FrameFormat::Text).expect("not an error");
     assert_eq!(exit, Exit::Quit);
 }
 

@@ -14,6 +14,44 @@ use super::table::SortColumn;
 /// Longest command cell printed, in characters; longer command lines end in `...`.
 const MAX_COMMAND_CHARS: usize = 200;
 
+/// How `top --batch` prints a frame.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FrameFormat {
+    /// Plain text, like `top -b`.
+    #[default]
+    Text,
+    /// One JSON document per frame, one per line: `start_ns`, `end_ns`, the window's
+    /// machine-wide figures and `processes[]` with the same keys as `report --format json`
+    /// (only the `-p` processes when given).
+    Json,
+}
+
+/// Writes one frame of `state` to `out` as one line of JSON (see [`FrameFormat::Json`]).
+pub fn write_json_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
+    let Some(snapshot) = state.snapshot() else {
+        return Ok(());
+    };
+    let pids = state.pids();
+    let processes: Vec<&crate::pipeline::ProcessRow> = snapshot
+        .rows
+        .iter()
+        .filter(|p| pids.is_empty() || pids.contains(&p.pid))
+        .collect();
+    let mut doc = serde_json::to_value(&snapshot.totals).map_err(io::Error::other)?;
+    if let Some(obj) = doc.as_object_mut() {
+        obj.insert("start_ns".into(), snapshot.start_ns.into());
+        obj.insert("end_ns".into(), snapshot.ts_ns.into());
+        obj.insert("lost_events".into(), snapshot.header.lost_events.into());
+        obj.insert(
+            "processes".into(),
+            serde_json::to_value(processes).map_err(io::Error::other)?,
+        );
+    }
+    serde_json::to_writer(&mut *out, &doc).map_err(io::Error::other)?;
+    writeln!(out)?;
+    out.flush()
+}
+
 /// Writes one frame of `state` to `out`.
 pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
     let est = estimated(state);
@@ -49,6 +87,8 @@ mod tests {
 
     fn snapshot(estimated: bool) -> Snapshot {
         Snapshot {
+            start_ns: 0,
+            totals: Default::default(),
             ts_ns: 5_000_000_000,
             interval_s: 1.0,
             header: Header {
@@ -76,7 +116,7 @@ mod tests {
                     comm: "small".into(),
                     cmdline: "/bin/small".into(),
                     power_w: 1.25,
-                    energy_j: 2.5,
+                    since_start_j: 2.5,
                     cpu_pct: 3.0,
                     share: 0.03,
                     ..ProcessRow::default()
@@ -86,7 +126,7 @@ mod tests {
                     comm: "busy".into(),
                     cmdline: String::new(),
                     power_w: 20.0,
-                    energy_j: 100.25,
+                    since_start_j: 100.25,
                     cpu_pct: 99.5,
                     share: 0.47,
                     ..ProcessRow::default()

@@ -10,10 +10,11 @@ pub fn process(pid: u32, comm: &str, power_w: f64, energy_j: f64, cpu_pct: f64) 
         cmdline: format!("/usr/bin/{comm} --run"),
         cgroup: "/user.slice".to_string(),
         power_w,
-        energy_j,
+        since_start_j: energy_j,
         cpu_pct,
         share: power_w / 50.0,
         threads: Vec::new(),
+        ..ProcessRow::default()
     }
 }
 
@@ -23,9 +24,10 @@ pub fn thread(tid: u32, comm: &str, power_w: f64, cpu_pct: f64) -> ThreadRow {
         tid,
         comm: comm.to_string(),
         power_w,
-        energy_j: power_w * 10.0,
+        since_start_j: power_w * 10.0,
         cpu_pct,
         share: power_w / 50.0,
+        ..ThreadRow::default()
     }
 }
 
@@ -49,6 +51,8 @@ pub fn four_processes() -> Vec<ProcessRow> {
 /// A snapshot of [`four_processes`] on a 2-package machine with a GPU.
 pub fn snapshot(estimated: bool) -> Snapshot {
     Snapshot {
+        start_ns: 0,
+        totals: Default::default(),
         ts_ns: 42_000_000_000,
         interval_s: 1.0,
         header: Header {

@@ -24,6 +24,7 @@ pub mod terminal;
 mod fixtures;
 
 pub use app::{Exit, LoopStats, run_batch, run_interactive};
+pub use batch::FrameFormat;
 pub use input::Action;
 pub use snapshot::{DomainPower, Header, ProcessRow, Snapshot, ThreadRow};
 pub use state::State;

@@ -1,20 +1,27 @@
 //! The seam between collection and display: one [`Snapshot`] per refresh.
 //!
-//! The live feed (capture + energy + attribution) builds these and sends them over a
-//! `std::sync::mpsc` channel; the TUI and the batch printer only read them. Every value is
-//! already computed for the interval (power) or since start (energy), so the display never
-//! does attribution math and never waits on collection.
+//! The feed (a live capture, a replayed recording, or the agent's socket) builds these from
+//! the pipeline's windows and sends them over a `std::sync::mpsc` channel; the TUI and the
+//! batch printer only read them. Rows are the pipeline's [`ProcessRow`]s, the same rows
+//! `report` renders; every value is already computed for the interval (power) or since
+//! start (energy), so the display never does attribution math and never waits on
+//! collection.
 
 /// Everything the screen shows for one refresh interval.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
+    /// CLOCK_MONOTONIC time at the start of the interval.
+    pub start_ns: u64,
     /// CLOCK_MONOTONIC time at the end of the interval (the clock of `bpf_ktime_get_ns`).
     pub ts_ns: u64,
     /// Length of the interval the power figures cover, in seconds.
     pub interval_s: f64,
     /// Machine-wide figures for the header.
     pub header: Header,
-    /// One row per process seen in the interval (or since start, with 0 W now).
+    /// The window's machine-wide figures as `report --format json` prints them.
+    pub totals: crate::pipeline::Totals,
+    /// One row per process seen in the interval: the pipeline's rows, as `report` reads
+    /// them.
     pub rows: Vec<ProcessRow>,
 }
 
@@ -56,42 +63,4 @@ impl DomainPower {
     }
 }
 
-/// One process.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProcessRow {
-    /// Process id (tgid).
-    pub pid: u32,
-    /// Short name (`comm`, at most 15 bytes).
-    pub comm: String,
-    /// Full command line, arguments joined by spaces; empty for kernel threads.
-    pub cmdline: String,
-    /// cgroup v2 path, e.g. `/system.slice/docker-<id>.scope`; empty when unknown.
-    pub cgroup: String,
-    /// Average power attributed over the interval, W.
-    pub power_w: f64,
-    /// Energy attributed since `top` started, J.
-    pub energy_j: f64,
-    /// CPU use over the interval in percent of one CPU (like top: up to 100 × CPUs).
-    pub cpu_pct: f64,
-    /// Share of the machine's power over the interval, 0..=1.
-    pub share: f64,
-    /// The process's threads (may be empty when the feed does not split by thread).
-    pub threads: Vec<ThreadRow>,
-}
-
-/// One thread of a process.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ThreadRow {
-    /// Thread id.
-    pub tid: u32,
-    /// Thread name (`comm`).
-    pub comm: String,
-    /// Average power attributed over the interval, W.
-    pub power_w: f64,
-    /// Energy attributed since `top` started, J.
-    pub energy_j: f64,
-    /// CPU use over the interval in percent of one CPU.
-    pub cpu_pct: f64,
-    /// Share of the machine's power over the interval, 0..=1.
-    pub share: f64,
-}
+pub use crate::pipeline::{ProcessRow, ThreadRow};

@@ -236,7 +236,7 @@ fn process_row(p: &ProcessRow, depth: u8, opts: &ViewOptions<'_>) -> TableRow {
         depth,
         id: p.pid.to_string(),
         power_w: p.power_w,
-        energy_j: p.energy_j,
+        energy_j: p.since_start_j,
         cpu_pct: p.cpu_pct,
         share: p.share,
         // Kernel threads have no command line; show the name in brackets like ps/top.
@@ -255,7 +255,7 @@ fn thread_row(pid: u32, t: &ThreadRow, depth: u8) -> TableRow {
         depth,
         id: t.tid.to_string(),
         power_w: t.power_w,
-        energy_j: t.energy_j,
+        energy_j: t.since_start_j,
         cpu_pct: t.cpu_pct,
         share: t.share,
         command: t.comm.clone(),
@@ -273,7 +273,7 @@ fn group_row(cgroup: &str, members: &[&ProcessRow], opts: &ViewOptions<'_>) -> T
         // Bracketed so a process count never reads as a PID.
         id: format!("[{}]", members.len()),
         power_w: members.iter().map(|p| p.power_w).sum(),
-        energy_j: members.iter().map(|p| p.energy_j).sum(),
+        energy_j: members.iter().map(|p| p.since_start_j).sum(),
         cpu_pct: members.iter().map(|p| p.cpu_pct).sum(),
         share: members.iter().map(|p| p.share).sum(),
         command: cgroup_label(cgroup),

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use crate::energy::monotonic_ns;
+use crate::clock::monotonic_ns;
 
 /// Where a fake counter lives.
 #[derive(Clone, Debug, PartialEq)]

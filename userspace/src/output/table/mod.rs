@@ -16,6 +16,10 @@ pub enum By {
     Process,
     /// One row per thread.
     Thread,
+    /// One row per cgroup (container, service): its processes summed.
+    Cgroup,
+    /// One row per command name: its processes summed.
+    Command,
     /// One row per function (self and total energy).
     Function,
 }
@@ -61,6 +65,8 @@ pub enum RowKey {
         /// Thread name.
         comm: String,
     },
+    /// A group of processes: a cgroup or a command name.
+    Group(String),
     /// A function.
     Function {
         /// Function name (or `module+0xOFFSET`).
@@ -174,6 +180,8 @@ fn columns(report: &Report) -> Vec<String> {
     let mut cols: Vec<String> = match report.by {
         By::Process => vec!["pid".into(), "comm".into()],
         By::Thread => vec!["pid".into(), "tid".into(), "comm".into()],
+        By::Cgroup => vec!["cgroup".into()],
+        By::Command => vec!["command".into()],
         By::Function => vec!["function".into(), "module".into()],
     };
     cols.push("cpu_s".to_string());
@@ -210,6 +218,7 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
             Cell::Int(u64::from(*tid)),
             Cell::Text(comm.clone()),
         ],
+        RowKey::Group(name) => vec![Cell::Text(name.clone())],
         RowKey::Function { name, module } => {
             vec![Cell::Text(name.clone()), Cell::Text(module.clone())]
         }
@@ -217,7 +226,7 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
             let ids = match report.by {
                 By::Process => 1,
                 By::Thread => 2,
-                By::Function => 0,
+                By::Cgroup | By::Command | By::Function => 0,
             };
             let mut c = vec![Cell::Text("-".into()); ids];
             c.push(Cell::Text(label.clone()));

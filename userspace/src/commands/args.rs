@@ -1,0 +1,126 @@
+//! Flag groups several commands share, and how they map onto the plain option structs the
+//! library takes. clap stays here: the core never sees a command line.
+
+use clap::{ValueEnum, builder::PossibleValue};
+
+use crate::{
+    analysis::ModelOverride,
+    attribute::{IdlePolicy, Options, PowerModel},
+};
+
+/// Command-line flags of attribution, for `report`, `flamegraph` and `top`.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct AttributeArgs {
+    /// Where idle/static energy goes: its own row (`separate`, like Kepler's idle) or spread
+    /// over the busy threads by busy time (`proportional`, like PowerJoular).
+    #[arg(long, value_enum, default_value_t = IdlePolicy::Separate)]
+    pub idle: IdlePolicy,
+    /// How dynamic energy is weighted between threads: by busy time, by per-class watts
+    /// fitted by regression, or regression where it predicts held-out intervals better.
+    #[arg(long, value_enum, default_value_t = PowerModel::Auto)]
+    pub power_model: PowerModel,
+    /// Static (all-idle) power of each package, W, e.g. measured on a quiet machine;
+    /// default: an online estimate (or the model's idle power).
+    #[arg(long, value_name = "W")]
+    pub static_power_w: Option<f64>,
+}
+
+impl AttributeArgs {
+    /// The options these flags select.
+    pub fn options(&self) -> Options {
+        Options {
+            idle: self.idle,
+            power_model: self.power_model,
+            static_w: self.static_power_w,
+            ..Options::default()
+        }
+    }
+}
+
+/// Flags that recompute an estimated recording with other model parameters.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct ModelArgs {
+    /// Recompute modelled (estimated) energy with this idle power per package, W.
+    #[arg(long = "model-idle-w", value_name = "W")]
+    pub idle_w: Option<f64>,
+    /// Recompute modelled (estimated) energy with this full-load power per package, W.
+    #[arg(long = "model-max-w", value_name = "W")]
+    pub max_w: Option<f64>,
+}
+
+impl ModelArgs {
+    /// The override these flags ask for.
+    pub fn model(&self) -> ModelOverride {
+        ModelOverride {
+            idle_w: self.idle_w,
+            max_w: self.max_w,
+        }
+    }
+}
+
+impl ValueEnum for IdlePolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[IdlePolicy::Separate, IdlePolicy::Proportional]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            IdlePolicy::Separate => PossibleValue::new("separate").help("Its own row"),
+            IdlePolicy::Proportional => {
+                PossibleValue::new("proportional").help("Spread over busy threads by busy time")
+            }
+        })
+    }
+}
+
+impl ValueEnum for PowerModel {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[PowerModel::Time, PowerModel::Regression, PowerModel::Auto]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            PowerModel::Time => PossibleValue::new("time").help("Equal power per busy CPU-ns"),
+            PowerModel::Regression => {
+                PossibleValue::new("regression").help("Per-class watts fitted by regression")
+            }
+            PowerModel::Auto => PossibleValue::new("auto")
+                .help("Regression where it predicts held-out intervals better, else time"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        attribute: AttributeArgs,
+        #[command(flatten)]
+        model: ModelArgs,
+    }
+
+    #[test]
+    fn flags_map_onto_plain_options() {
+        let cli = Cli::parse_from([
+            "x",
+            "--idle",
+            "proportional",
+            "--power-model",
+            "time",
+            "--static-power-w",
+            "6",
+            "--model-max-w",
+            "9",
+        ]);
+        let o = cli.attribute.options();
+        assert_eq!(o.idle, IdlePolicy::Proportional);
+        assert_eq!(o.power_model, PowerModel::Time);
+        assert_eq!(o.static_w, Some(6.0));
+        assert_eq!(cli.model.model().max_w, Some(9.0));
+        assert!(Cli::try_parse_from(["x", "--idle", "nope"]).is_err());
+    }
+}

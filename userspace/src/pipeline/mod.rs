@@ -1,0 +1,431 @@
+//! The streaming analysis core: capture or recording events in, closed windows out, each
+//! with its attribution and its rows. Every output stands on it (see
+//! `docs/ARCHITECTURE.md`, "Data flow"):
+//! - `report` is one window covering the whole recording ([`analyze`] on all of it);
+//! - `report --window SECS` and `top --replay` are consecutive windows of a recording;
+//! - `top` closes a window at every refresh of a live capture;
+//! - the agent closes one every interval, forever.
+//!
+//! Built from pure parts: the [`window`] cutter, attribution ([`crate::attribute`]) and the
+//! [`rollup`] into the [`rows`] every renderer reads. [`Pipeline`] holds the little state
+//! that crosses windows: thread names, energy since start, loss counters.
+
+pub mod rollup;
+pub mod rows;
+pub mod window;
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::{
+    attribute::{self, Attribution, Options, PowerModelUsed, StaticOrigin},
+    energy,
+    pb::v1::{
+        Chunk, Cpu, EnergyReading, EnergySource, LossCounters, ProcessEvent, Sample, SwitchEvent,
+        ThreadInfo,
+    },
+    record::{self, Recording},
+    timeline::Timeline,
+};
+
+pub use rollup::{GroupBy, group};
+pub use rows::{DomainJoules, ProcessRow, ThreadRow};
+pub use window::{WindowEvents, Windower};
+
+/// What every window of one capture shares.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// CPU topology (package and core of each CPU).
+    pub cpus: Vec<Cpu>,
+    /// Energy sources in use (model parameters already applied).
+    pub sources: Vec<EnergySource>,
+    /// Attribution options.
+    pub options: Options,
+}
+
+impl Config {
+    /// Ids of the sources whose readings are measured (not modelled): windows end on their
+    /// readings.
+    pub fn counter_ids(&self) -> Vec<u32> {
+        self.sources
+            .iter()
+            .filter(|s| !energy::model::is_model(s))
+            .map(|s| s.id)
+            .collect()
+    }
+}
+
+/// The events of one window, borrowed: a [`WindowEvents`], or a whole recording.
+#[derive(Clone, Copy, Debug)]
+pub struct WindowInput<'a> {
+    /// Window start, ns.
+    pub start_ns: u64,
+    /// Window end (exclusive), ns.
+    pub end_ns: u64,
+    /// Switch events (those before `start_ns` only say who was running at the start).
+    pub switches: &'a [SwitchEvent],
+    /// Stack samples; the attribution's per-sample energy is aligned with this slice.
+    pub samples: &'a [Sample],
+    /// Measured readings (modelled sources are recomputed from the timeline).
+    pub readings: &'a [EnergyReading],
+    /// Lifecycle events.
+    pub process_events: &'a [ProcessEvent],
+}
+
+impl WindowEvents {
+    /// These events, borrowed.
+    pub fn input(&self) -> WindowInput<'_> {
+        WindowInput {
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            switches: &self.switches,
+            samples: &self.samples,
+            readings: &self.readings,
+            process_events: &self.process_events,
+        }
+    }
+}
+
+impl Recording {
+    /// The whole recording as one window.
+    pub fn window(&self) -> WindowInput<'_> {
+        WindowInput {
+            start_ns: self.start_ns(),
+            end_ns: self.end_ns,
+            switches: &self.switches,
+            samples: &self.samples,
+            readings: &self.readings,
+            process_events: &self.process_events,
+        }
+    }
+}
+
+/// One window analysed.
+pub struct Analysis {
+    /// Who ran where, when.
+    pub timeline: Timeline,
+    /// Sources used.
+    pub sources: Vec<EnergySource>,
+    /// Readings used (measured, or modelled from the timeline).
+    pub readings: Vec<EnergyReading>,
+    /// Energy per thread, process, sample.
+    pub attribution: Attribution,
+}
+
+/// Analyses one window: its timeline, its readings (modelled ones recomputed from the
+/// timeline), and the attribution of every source's energy.
+pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) -> Analysis {
+    let cpu_ids: Vec<u32> = cfg.cpus.iter().map(|c| c.id).collect();
+    let timeline = Timeline::build(input.start_ns, input.end_ns, &cpu_ids, input.switches);
+    let readings = energy::readings_for(&cfg.sources, input.readings, &timeline, &cfg.cpus);
+    let attribution = attribute::attribute(
+        &attribute::Input {
+            timeline: &timeline,
+            samples: input.samples,
+            sources: &cfg.sources,
+            readings: &readings,
+            cpus: &cfg.cpus,
+            threads,
+            activity: None,
+        },
+        &cfg.options,
+    );
+    Analysis {
+        timeline,
+        sources: cfg.sources.clone(),
+        readings,
+        attribution,
+    }
+}
+
+/// Machine-wide figures of one window, as `report --format json` and every
+/// `top --batch --format json` frame print them next to `processes[]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// Window length, ns.
+    pub duration_ns: u64,
+    /// Time on CPUs whose task was unknown, ns (should be ~0).
+    pub unknown_ns: u64,
+    /// Idle/static energy (headline domains), J.
+    pub idle_j: f64,
+    /// Energy no thread could be given (headline domains), J.
+    pub unknown_j: f64,
+    /// Measured energy (headline domains), J.
+    pub total_j: f64,
+    /// Measured energy per domain, J.
+    pub energy_j: DomainJoules,
+    /// Idle/static energy per domain, J.
+    pub idle_by_domain_j: DomainJoules,
+    /// Kinds of sources, e.g. `powercap`, `model`.
+    pub source: String,
+    /// True when any energy is modelled: every figure is then estimated.
+    pub estimated: bool,
+    /// The split used.
+    pub power_model: PowerModelUsed,
+    /// Static power per source and where it came from.
+    #[serde(rename = "static")]
+    pub static_power: Vec<StaticPower>,
+}
+
+/// A source's static power in [`Totals`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StaticPower {
+    /// Source name.
+    pub source: String,
+    /// Static power, W.
+    pub static_w: f64,
+    /// Where it came from.
+    pub origin: StaticOrigin,
+    /// The split used for this source.
+    pub power_model: PowerModelUsed,
+    /// Why the split is what it is, when it fell back.
+    pub note: Option<String>,
+}
+
+impl Analysis {
+    /// The machine-wide figures of this window.
+    pub fn totals(&self) -> Totals {
+        let attr = &self.attribution;
+        let unknown_ns = self
+            .timeline
+            .cpus
+            .iter()
+            .flat_map(|c| &c.runs)
+            .filter(|r| r.tid == crate::timeline::UNKNOWN_TID)
+            .map(|r| r.len_ns())
+            .sum();
+        Totals {
+            duration_ns: self.timeline.end_ns.saturating_sub(self.timeline.start_ns),
+            unknown_ns,
+            idle_j: attr.headline_uj(&attr.idle) * 1e-6,
+            unknown_j: attr.headline_uj(&attr.unknown) * 1e-6,
+            total_j: attr.total_uj() * 1e-6,
+            energy_j: attr.measured.joules_by_name(),
+            idle_by_domain_j: attr.idle.joules_by_name(),
+            source: source_label(&self.sources),
+            estimated: attr.estimated,
+            power_model: attr.power_model(),
+            static_power: attr
+                .sources
+                .iter()
+                .map(|s| StaticPower {
+                    source: s.name.clone(),
+                    static_w: s.static_w,
+                    origin: s.static_origin,
+                    power_model: s.power_model,
+                    note: s.power_model_note.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The kinds of sources in use, e.g. `powercap`, `model`, `powercap+nvml` (`none` when there
+/// are none). Whether they are estimated is said separately, next to the numbers.
+pub fn source_label(sources: &[EnergySource]) -> String {
+    let mut kinds: Vec<&str> = sources.iter().map(|s| s.kind.as_str()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    if kinds.is_empty() {
+        "none".into()
+    } else {
+        kinds.join("+")
+    }
+}
+
+/// A closed window: its events, analysis, totals and rows.
+pub struct Window {
+    /// The events it covered.
+    pub events: WindowEvents,
+    /// Timeline, readings, attribution.
+    pub analysis: Analysis,
+    /// Machine-wide figures.
+    pub totals: Totals,
+    /// Process rows (with threads), largest share first; `since_start_j` counts from the
+    /// pipeline's start.
+    pub processes: Vec<ProcessRow>,
+    /// Loss counters since the pipeline started (cumulative, as the kernel counts them).
+    pub losses: LossCounters,
+}
+
+impl Window {
+    /// Window start, ns.
+    pub fn start_ns(&self) -> u64 {
+        self.events.start_ns
+    }
+
+    /// Window end (exclusive), ns.
+    pub fn end_ns(&self) -> u64 {
+        self.events.end_ns
+    }
+}
+
+/// Rolls an analysed window up into process rows (see [`rollup`]).
+pub fn rows(
+    input: &WindowInput<'_>,
+    analysis: &Analysis,
+    threads: &HashMap<u32, ThreadInfo>,
+    cgroup_name: &dyn Fn(u64) -> String,
+) -> Vec<ProcessRow> {
+    rollup::processes(&rollup::RollupInput {
+        attribution: &analysis.attribution,
+        timeline: &analysis.timeline,
+        samples: input.samples,
+        process_events: input.process_events,
+        threads,
+        cgroup_name,
+    })
+}
+
+/// The streaming pipeline: push events as they come, close windows as time allows.
+pub struct Pipeline {
+    cfg: Config,
+    windower: Windower,
+    threads: HashMap<u32, ThreadInfo>,
+    since_start: HashMap<(u32, u32), f64>,
+    losses: LossCounters,
+    cgroup_name: Box<dyn Fn(u64) -> String + Send>,
+}
+
+impl Pipeline {
+    /// A pipeline whose first window starts at `start_ns`. cgroups are shown by id until
+    /// [`Self::with_cgroup_names`] says how to name them.
+    pub fn new(cfg: Config, start_ns: u64) -> Self {
+        let windower = Windower::new(start_ns, cfg.counter_ids());
+        Self {
+            cfg,
+            windower,
+            threads: HashMap::new(),
+            since_start: HashMap::new(),
+            losses: LossCounters::default(),
+            cgroup_name: Box::new(|id| id.to_string()),
+        }
+    }
+
+    /// Names cgroups with `f` (e.g. their path under `/sys/fs/cgroup`).
+    pub fn with_cgroup_names(mut self, f: impl Fn(u64) -> String + Send + 'static) -> Self {
+        self.cgroup_name = Box::new(f);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Latest known info per thread.
+    pub fn threads(&self) -> &HashMap<u32, ThreadInfo> {
+        &self.threads
+    }
+
+    /// Start of the next window.
+    pub fn window_start_ns(&self) -> u64 {
+        self.windower.start_ns()
+    }
+
+    /// Events waiting for their window.
+    pub fn pending(&self) -> usize {
+        self.windower.pending()
+    }
+
+    /// Adds a chunk of events (from a capture session, or a recording's chunk). Readings
+    /// may come in the chunk or through [`Self::push_readings`].
+    pub fn push(&mut self, chunk: Chunk) {
+        for t in chunk.threads {
+            record::merge_thread(&mut self.threads, t);
+        }
+        if let Some(l) = chunk.losses {
+            self.losses = l;
+        }
+        self.windower.push_switches(chunk.switches);
+        self.windower.push_samples(chunk.samples);
+        self.windower.push_process_events(chunk.process_events);
+        self.windower.push_readings(chunk.readings);
+    }
+
+    /// Adds energy readings.
+    pub fn push_readings(&mut self, readings: impl IntoIterator<Item = EnergyReading>) {
+        self.windower.push_readings(readings);
+    }
+
+    /// Adds a whole recording (its events, names and loss counters).
+    pub fn push_recording(&mut self, rec: &Recording) {
+        for t in rec.threads.values() {
+            record::merge_thread(&mut self.threads, t.clone());
+        }
+        self.losses = rec.losses;
+        self.windower.push_switches(rec.switches.iter().copied());
+        self.windower.push_samples(rec.samples.iter().cloned());
+        self.windower
+            .push_process_events(rec.process_events.iter().cloned());
+        self.windower.push_readings(rec.readings.iter().cloned());
+    }
+
+    /// Closes the next window if one can end by `limit_ns` (see [`Windower::boundary`]).
+    pub fn close(&mut self, limit_ns: u64) -> Option<Window> {
+        let events = self.windower.close(limit_ns)?;
+        Some(self.finish(events))
+    }
+
+    /// Closes the next window at exactly `end_ns` (the end of a capture).
+    pub fn close_at(&mut self, end_ns: u64) -> Window {
+        let events = self.windower.close_at(end_ns);
+        self.finish(events)
+    }
+
+    fn finish(&mut self, events: WindowEvents) -> Window {
+        let threads: Vec<ThreadInfo> = self.threads.values().cloned().collect();
+        let input = events.input();
+        let analysis = analyze(&input, &self.cfg, &threads);
+        let mut processes = rows(&input, &analysis, &self.threads, &*self.cgroup_name);
+        for p in &mut processes {
+            p.since_start_j = 0.0;
+            for t in &mut p.threads {
+                let acc = self.since_start.entry((p.pid, t.tid)).or_default();
+                *acc += t.since_start_j;
+                t.since_start_j = *acc;
+                p.since_start_j += *acc;
+            }
+        }
+        let totals = analysis.totals();
+        Window {
+            events,
+            analysis,
+            totals,
+            processes,
+            losses: self.losses,
+        }
+    }
+}
+
+/// The consecutive windows of a recording, `interval` of recording time each (the last one
+/// ends where the recording ends). With counters, a window ends on a reading, so it can be
+/// a little shorter; one with no reading of its own grows by whole intervals until it has.
+pub fn windows(
+    rec: &Recording,
+    cfg: Config,
+    interval: std::time::Duration,
+) -> impl Iterator<Item = Window> + '_ {
+    let step = u64::try_from(interval.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let mut pipeline = Pipeline::new(cfg, rec.start_ns());
+    pipeline.push_recording(rec);
+    std::iter::from_fn(move || {
+        let start = pipeline.window_start_ns();
+        if start >= rec.end_ns {
+            return None;
+        }
+        let mut limit = start.saturating_add(step);
+        loop {
+            if limit >= rec.end_ns {
+                return Some(pipeline.close_at(rec.end_ns));
+            }
+            if let Some(w) = pipeline.close(limit) {
+                return Some(w);
+            }
+            limit = limit.saturating_add(step);
+        }
+    })
+}

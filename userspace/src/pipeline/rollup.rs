@@ -1,0 +1,404 @@
+//! The rollup: one window's attribution, timeline and samples into process and thread
+//! [`ProcessRow`]s, and those into cgroup and command groups. The only place per-process
+//! numbers are computed; every output reads its result.
+//!
+//! A pid reused within a window appears once per instance (told apart by the main thread's
+//! exit events). Attribution keys threads by `(tgid, tid)`, so a reused pid's energy is
+//! divided between its instances by their CPU time.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::rows::{ProcessRow, ThreadRow};
+use crate::{
+    attribute::{Attribution, PerDomain, ThreadEnergy, ci::estimate_samples, split::ThreadKey},
+    pb::v1::{ProcessEvent, Sample, ThreadInfo, process_event::Kind},
+    timeline::{IDLE_TID, Timeline, UNKNOWN_TID},
+};
+
+/// What the rollup reads.
+#[derive(Clone, Copy)]
+pub struct RollupInput<'a> {
+    /// The window's attribution.
+    pub attribution: &'a Attribution,
+    /// The window's timeline (its start and end are the window's).
+    pub timeline: &'a Timeline,
+    /// The window's samples, aligned with `attribution.sample_energy`.
+    pub samples: &'a [Sample],
+    /// The window's lifecycle events (main-thread exits separate PID instances).
+    pub process_events: &'a [ProcessEvent],
+    /// Latest known info per thread id.
+    pub threads: &'a HashMap<u32, ThreadInfo>,
+    /// cgroup id to the name shown (a path where one is known).
+    pub cgroup_name: &'a dyn Fn(u64) -> String,
+}
+
+/// When each process id's holder exited, to tell apart processes that reused a pid.
+#[derive(Clone, Debug, Default)]
+struct Lifetimes {
+    exits: HashMap<u32, Vec<u64>>,
+}
+
+impl Lifetimes {
+    fn of(events: &[ProcessEvent]) -> Self {
+        let mut exits: HashMap<u32, Vec<u64>> = HashMap::new();
+        for e in events {
+            if e.kind() == Kind::Exit && e.tid == e.tgid {
+                exits.entry(e.tgid).or_default().push(e.ts_ns);
+            }
+        }
+        for v in exits.values_mut() {
+            v.sort_unstable();
+        }
+        Self { exits }
+    }
+
+    /// Which instance of `tgid` was alive at `ts_ns` (0 = the first one seen).
+    fn instance(&self, tgid: u32, ts_ns: u64) -> u32 {
+        self.exits
+            .get(&tgid)
+            .map_or(0, |v| v.partition_point(|&t| t < ts_ns) as u32)
+    }
+}
+
+#[derive(Default)]
+struct ThreadFacts {
+    cpu_ns: u64,
+    samples: u64,
+    cgroup_id: u64,
+    by_cpu: BTreeMap<u32, u64>,
+}
+
+/// The process rows of one window, largest share first.
+pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
+    let attr = input.attribution;
+    let tl = input.timeline;
+    let window_ns = tl.end_ns.saturating_sub(tl.start_ns).max(1);
+    let secs = window_ns as f64 / 1e9;
+    let total = attr.total_uj();
+    let lifetimes = Lifetimes::of(input.process_events);
+
+    // (tgid, instance, tid) -> facts, from the exact timeline and the samples.
+    let mut facts: BTreeMap<(u32, u32, u32), ThreadFacts> = BTreeMap::new();
+    for cpu in &tl.cpus {
+        for run in cpu.runs.iter().filter(|r| r.is_busy()) {
+            let inst = lifetimes.instance(run.tgid, run.start_ns);
+            let f = facts.entry((run.tgid, inst, run.tid)).or_default();
+            f.cpu_ns += run.len_ns();
+            *f.by_cpu.entry(cpu.cpu).or_default() += run.len_ns();
+            if run.cgroup_id != 0 {
+                f.cgroup_id = run.cgroup_id;
+            }
+        }
+    }
+    for s in input.samples {
+        if s.tid != IDLE_TID && s.tid != UNKNOWN_TID {
+            let inst = lifetimes.instance(s.tgid, s.ts_ns);
+            facts.entry((s.tgid, inst, s.tid)).or_default().samples += 1;
+        }
+    }
+    // Threads that got energy without running or being sampled here (a GPU's energy by
+    // utilisation, say) still get a row, so the rows add up to the attributed energy.
+    let seen: HashSet<(u32, u32)> = facts.keys().map(|&(p, _, t)| (p, t)).collect();
+    for t in &attr.threads {
+        if !seen.contains(&(t.tgid, t.tid)) && attr.headline_uj(&t.energy) != 0.0 {
+            facts.entry((t.tgid, 0, t.tid)).or_default().cgroup_id = t.cgroup_id;
+        }
+    }
+
+    let energy: HashMap<ThreadKey, &ThreadEnergy> =
+        attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
+    let mut pid_cpu: HashMap<u32, u64> = HashMap::new();
+    let mut instances: BTreeMap<(u32, u32), Vec<(u32, ThreadFacts)>> = BTreeMap::new();
+    for ((tgid, inst, tid), f) in facts {
+        *pid_cpu.entry(tgid).or_default() += f.cpu_ns;
+        instances.entry((tgid, inst)).or_default().push((tid, f));
+    }
+    let mut inst_cpu: HashMap<(u32, u32), u64> = HashMap::new();
+    for (&key, threads) in &instances {
+        inst_cpu.insert(key, threads.iter().map(|(_, f)| f.cpu_ns).sum());
+    }
+    let cpu_ids: Vec<u32> = tl.cpus.iter().map(|c| c.cpu).collect();
+    let name_of = |tid: u32, fallback: &str| -> String {
+        input
+            .threads
+            .get(&tid)
+            .map(|i| i.comm.clone())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| fallback.to_string())
+    };
+
+    let mut rows: Vec<ProcessRow> = instances
+        .into_iter()
+        .map(|((pid, instance), threads)| {
+            let all = pid_cpu.get(&pid).copied().unwrap_or(0);
+            let mine = inst_cpu.get(&(pid, instance)).copied().unwrap_or(0);
+            // Only a reused pid has parts; one instance takes all of its pid's energy.
+            let part = if all == 0 {
+                1.0
+            } else {
+                mine as f64 / all as f64
+            };
+            let mut e_proc = PerDomain::default();
+            let mut by_cpu: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut cgroup_id = 0;
+            let mut members: HashSet<ThreadKey> = HashSet::new();
+            let mut thread_rows: Vec<ThreadRow> = threads
+                .into_iter()
+                .map(|(tid, f)| {
+                    members.insert((pid, tid));
+                    let te = energy.get(&(pid, tid));
+                    let e = te.map(|t| scale(&t.energy, part)).unwrap_or_default();
+                    e_proc.add_all(&e);
+                    for (&c, &ns) in &f.by_cpu {
+                        *by_cpu.entry(c).or_default() += ns;
+                    }
+                    if cgroup_id == 0 || tid == pid {
+                        cgroup_id = if f.cgroup_id != 0 {
+                            f.cgroup_id
+                        } else {
+                            te.map_or(cgroup_id, |t| t.cgroup_id)
+                        };
+                    }
+                    let uj = attr.headline_uj(&e);
+                    ThreadRow {
+                        tid,
+                        comm: name_of(tid, te.map_or("", |t| t.comm.as_str())),
+                        cpu_ns: f.cpu_ns,
+                        cpu_pct: 100.0 * f.cpu_ns as f64 / window_ns as f64,
+                        samples: f.samples,
+                        energy_j: e.joules_by_name(),
+                        power_w: uj * 1e-6 / secs,
+                        share: if total > 0.0 { uj / total } else { 0.0 },
+                        since_start_j: uj * 1e-6,
+                    }
+                })
+                .collect();
+            thread_rows.sort_by(|a, b| {
+                b.power_w
+                    .total_cmp(&a.power_w)
+                    .then(b.cpu_ns.cmp(&a.cpu_ns))
+                    .then(a.tid.cmp(&b.tid))
+            });
+            let headline = attr.headline_uj(&e_proc);
+            // Whole threads carry no sampling error (attribute::ci); the interval comes
+            // from the samples and is shifted onto this instance's energy.
+            let est = estimate_samples(attr, &attr.headline, |i| {
+                members.contains(&attr.sample_thread[i])
+            });
+            let (lo, hi) = (est.lo_uj - est.energy_uj, est.hi_uj - est.energy_uj);
+            let main = input.threads.get(&pid);
+            let comm = main
+                .map(|i| i.comm.clone())
+                .filter(|c| !c.is_empty())
+                .or_else(|| {
+                    thread_rows
+                        .iter()
+                        .find(|t| t.tid == pid)
+                        .or(thread_rows.first())
+                        .map(|t| t.comm.clone())
+                })
+                .unwrap_or_default();
+            let cpu_ns: u64 = thread_rows.iter().map(|t| t.cpu_ns).sum();
+            ProcessRow {
+                pid,
+                instance,
+                cmdline: main.map(|i| i.cmdline.clone()).unwrap_or_default(),
+                comm,
+                cgroup: if cgroup_id == 0 {
+                    String::new()
+                } else {
+                    (input.cgroup_name)(cgroup_id)
+                },
+                cpu_ns,
+                cpu_pct: 100.0 * cpu_ns as f64 / window_ns as f64,
+                samples: thread_rows.iter().map(|t| t.samples).sum(),
+                energy_j: e_proc.joules_by_name(),
+                power_w: headline * 1e-6 / secs,
+                share: if total > 0.0 { headline / total } else { 0.0 },
+                ci_j: [
+                    ((headline + lo * part) * 1e-6).max(0.0),
+                    (headline + hi * part) * 1e-6,
+                ],
+                threads: thread_rows,
+                cpu_share: cpu_ids
+                    .iter()
+                    .map(|c| *by_cpu.get(c).unwrap_or(&0) as f64 / window_ns as f64)
+                    .collect(),
+                since_start_j: headline * 1e-6,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.share
+            .total_cmp(&a.share)
+            .then(b.cpu_ns.cmp(&a.cpu_ns))
+            .then(a.pid.cmp(&b.pid))
+            .then(a.instance.cmp(&b.instance))
+    });
+    rows
+}
+
+fn scale(e: &PerDomain, k: f64) -> PerDomain {
+    let mut out = *e;
+    for v in &mut out.0 {
+        *v *= k;
+    }
+    out
+}
+
+/// What process rows are grouped by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupBy {
+    /// The cgroup (container, service).
+    Cgroup,
+    /// The command name.
+    Command,
+}
+
+/// Sums process rows into one row per cgroup or command (the key in `comm`, `pid` 0, the
+/// member processes' threads in `threads`); largest share first. Confidence intervals add
+/// as if the members' errors were independent and of the same sign, which is conservative.
+pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
+    let mut groups: BTreeMap<String, ProcessRow> = BTreeMap::new();
+    for p in rows {
+        let key = match by {
+            GroupBy::Cgroup => p.cgroup.clone(),
+            GroupBy::Command => p.comm.clone(),
+        };
+        let g = groups.entry(key.clone()).or_insert_with(|| ProcessRow {
+            comm: key.clone(),
+            cgroup: if by == GroupBy::Cgroup {
+                key
+            } else {
+                String::new()
+            },
+            cpu_share: vec![0.0; p.cpu_share.len()],
+            ..ProcessRow::default()
+        });
+        g.cpu_ns += p.cpu_ns;
+        g.cpu_pct += p.cpu_pct;
+        g.samples += p.samples;
+        for (d, j) in &p.energy_j {
+            *g.energy_j.entry(d).or_default() += j;
+        }
+        g.power_w += p.power_w;
+        g.share += p.share;
+        g.ci_j[0] += p.ci_j[0];
+        g.ci_j[1] += p.ci_j[1];
+        g.since_start_j += p.since_start_j;
+        for (a, b) in g.cpu_share.iter_mut().zip(&p.cpu_share) {
+            *a += b;
+        }
+        g.threads.extend(p.threads.iter().cloned());
+    }
+    let mut out: Vec<ProcessRow> = groups.into_values().collect();
+    out.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.comm.cmp(&b.comm)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::v1::SwitchEvent;
+
+    fn sw(ts_ns: u64, tid: u32, next_tid: u32) -> SwitchEvent {
+        SwitchEvent {
+            ts_ns,
+            cpu: 0,
+            tid,
+            tgid: tid,
+            next_known: true,
+            next_tid,
+            next_tgid: next_tid,
+            ..Default::default()
+        }
+    }
+
+    fn no_cgroups(_: u64) -> String {
+        String::new()
+    }
+
+    #[test]
+    fn a_reused_pid_is_two_processes_sharing_its_energy_by_cpu_time() {
+        // pid 50 runs 100-300 on cpu 0, exits at 299, and a new pid 50 runs 400-450.
+        let tl = Timeline::build(
+            0,
+            500,
+            &[0],
+            &[
+                sw(100, 0, 50),
+                sw(300, 50, 0),
+                sw(400, 0, 50),
+                sw(450, 50, 0),
+            ],
+        );
+        let mut attr = Attribution::default();
+        let mut e = PerDomain::default();
+        e.add(crate::pb::v1::EnergyDomain::Package, 1000.0);
+        attr.threads.push(ThreadEnergy {
+            tgid: 50,
+            tid: 50,
+            energy: e,
+            ..Default::default()
+        });
+        attr.measured = e;
+        attr.headline = vec![crate::pb::v1::EnergyDomain::Package];
+        let exit = ProcessEvent {
+            ts_ns: 299,
+            kind: Kind::Exit as i32,
+            tid: 50,
+            tgid: 50,
+            ..Default::default()
+        };
+        let rows = processes(&RollupInput {
+            attribution: &attr,
+            timeline: &tl,
+            samples: &[],
+            process_events: &[exit],
+            threads: &HashMap::new(),
+            cgroup_name: &no_cgroups,
+        });
+        let fifty: Vec<(u32, u64, f64)> = rows
+            .iter()
+            .filter(|p| p.pid == 50)
+            .map(|p| (p.instance, p.cpu_ns, p.energy_j["package"] * 1e6))
+            .collect();
+        assert_eq!(fifty.len(), 2, "{rows:?}");
+        assert_eq!((fifty[0].0, fifty[0].1), (0, 200));
+        assert_eq!((fifty[1].0, fifty[1].1), (1, 50));
+        assert!((fifty[0].2 - 800.0).abs() < 1e-9 && (fifty[1].2 - 200.0).abs() < 1e-9);
+        assert!((rows.iter().map(|p| p.share).sum::<f64>() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn groups_sum_their_members() {
+        let row = |pid, comm: &str, cgroup: &str, j: f64| {
+            let mut p = ProcessRow {
+                pid,
+                comm: comm.into(),
+                cgroup: cgroup.into(),
+                cpu_ns: 10,
+                power_w: j,
+                share: j / 10.0,
+                cpu_share: vec![0.1],
+                ..Default::default()
+            };
+            p.energy_j.insert("package", j);
+            p
+        };
+        let rows = [
+            row(1, "a", "/x", 1.0),
+            row(2, "b", "/x", 2.0),
+            row(3, "a", "/y", 4.0),
+        ];
+        let by_cg = group(&rows, GroupBy::Cgroup);
+        assert_eq!(by_cg.len(), 2);
+        assert_eq!(by_cg[0].comm, "/y");
+        assert_eq!(by_cg[1].energy_j["package"], 3.0);
+        assert_eq!(by_cg[1].cpu_ns, 20);
+        let by_comm = group(&rows, GroupBy::Command);
+        assert_eq!(by_comm[0].comm, "a");
+        assert_eq!(by_comm[0].energy_j["package"], 5.0);
+        assert!((by_comm[0].cpu_share[0] - 0.2).abs() < 1e-12);
+    }
+}

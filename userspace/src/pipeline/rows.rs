@@ -1,0 +1,91 @@
+//! The one row model every output reads: a window's processes and their threads, with CPU
+//! time, samples, energy per domain, power, share and confidence interval. `report`
+//! (table, JSON, CSV), the `top` screen and batch frames, and the agent's metrics all
+//! render these rows; none of them computes a per-process number of its own.
+//!
+//! The serialized form is the `processes[]` of `report --format json` and of every
+//! `top --batch --format json` frame.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Energy per domain name (`package`, `dram`, `gpu`, ...), J.
+pub type DomainJoules = BTreeMap<&'static str, f64>;
+
+/// One thread of a process, over one window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ThreadRow {
+    /// Thread id.
+    pub tid: u32,
+    /// Thread name (`comm`).
+    pub comm: String,
+    /// On-CPU time in the window, ns.
+    pub cpu_ns: u64,
+    /// CPU use over the window in percent of one CPU (like top: up to 100 × CPUs).
+    pub cpu_pct: f64,
+    /// Stack samples taken while it ran.
+    pub samples: u64,
+    /// Energy per domain, J.
+    pub energy_j: DomainJoules,
+    /// Average power over the window (headline domains), W.
+    pub power_w: f64,
+    /// Share of the window's measured headline energy, 0..=1.
+    pub share: f64,
+    /// Headline energy since the pipeline started, J (`top`'s energy column).
+    #[serde(skip)]
+    pub since_start_j: f64,
+}
+
+/// One process over one window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ProcessRow {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// 0 for the first process with this pid in the window, 1 for the next one after the
+    /// pid was freed and reused, and so on: a reused PID never merges two processes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub instance: u32,
+    /// Short name (`comm` of the main thread when known).
+    pub comm: String,
+    /// Full command line; empty for kernel threads and when unknown.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cmdline: String,
+    /// cgroup v2 path (or id when no path is known); empty when unknown.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cgroup: String,
+    /// On-CPU time of all its threads, ns.
+    pub cpu_ns: u64,
+    /// CPU use over the window in percent of one CPU.
+    pub cpu_pct: f64,
+    /// Stack samples of all its threads.
+    pub samples: u64,
+    /// Energy per domain, J.
+    pub energy_j: DomainJoules,
+    /// Average power over the window (headline domains), W.
+    pub power_w: f64,
+    /// Share of the window's measured headline energy, 0..=1.
+    pub share: f64,
+    /// 95% confidence interval of the headline energy, J, from the stack samples (seed 001).
+    pub ci_j: [f64; 2],
+    /// Threads, busiest first.
+    pub threads: Vec<ThreadRow>,
+    /// Busy share of each CPU of the window, 0..=1, in CPU id order.
+    #[serde(skip)]
+    pub cpu_share: Vec<f64>,
+    /// Headline energy since the pipeline started, J (`top`'s energy column).
+    #[serde(skip)]
+    pub since_start_j: f64,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+impl ProcessRow {
+    /// Headline energy of the window, J: the sum of [`Self::energy_j`] over the domains that
+    /// do not overlap (see [`crate::attribute::Attribution::headline_uj`]).
+    pub fn headline_j(&self, headline: &[&str]) -> f64 {
+        headline.iter().filter_map(|d| self.energy_j.get(d)).sum()
+    }
+}
