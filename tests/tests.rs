@@ -13,6 +13,8 @@ mod errors;
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
 mod attribution;
+// One pipeline: report, report --window and top --replay agree per process.
+mod pipeline;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.

@@ -47,8 +47,10 @@ pub fn write_json_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
             serde_json::to_value(processes).map_err(io::Error::other)?,
         );
     }
-    serde_json::to_writer(&mut *out, &doc).map_err(io::Error::other)?;
-    writeln!(out)?;
+    // Encoded first, so a closed pipe shows as the write's own BrokenPipe error.
+    let mut line = serde_json::to_vec(&doc).map_err(io::Error::other)?;
+    line.push(b'\n');
+    out.write_all(&line)?;
     out.flush()
 }
 
@@ -141,6 +143,30 @@ mod tests {
         let mut out = Vec::new();
         write_frame(&mut out, &state).expect("writing to a Vec cannot fail");
         String::from_utf8(out).expect("frames are UTF-8")
+    }
+
+    #[test]
+    fn json_frame_is_one_line_with_the_window_and_the_selected_processes() {
+        let mut snap = snapshot(true);
+        snap.start_ns = 4_000_000_000;
+        snap.totals.total_j = 42.5;
+        snap.totals.estimated = true;
+        let pid = snap.rows[0].pid;
+        let mut state = State::new(vec![pid]);
+        state.push_snapshot(snap);
+        let mut out = Vec::new();
+        write_json_frame(&mut out, &state).expect("writing to a Vec cannot fail");
+        let text = String::from_utf8(out).expect("UTF-8");
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(v["start_ns"], 4_000_000_000u64);
+        assert_eq!(v["end_ns"], 5_000_000_000u64);
+        assert_eq!(v["total_j"], 42.5);
+        assert_eq!(v["estimated"], true);
+        let procs = v["processes"].as_array().expect("processes[]");
+        assert_eq!(procs.len(), 1, "only -p {pid}: {text}");
+        assert_eq!(procs[0]["pid"], pid);
+        assert!(procs[0].get("energy_j").is_some() && procs[0].get("ci_j").is_some());
     }
 
     #[test]
