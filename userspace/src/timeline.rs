@@ -4,7 +4,7 @@
 //! CPU `c` closes the run of the task leaving (`prev`), which ran from the previous switch on
 //! `c` (or the window start) to `t`, and opens the run of `next` when the probe could read it.
 //! Busy and idle time come from here, never from sample counts: idle CPUs in a VM may take
-//! no timer samples at all (DESIGN.md §6).
+//! no timer samples at all (docs/ARCHITECTURE.md, "Our machines").
 
 use std::collections::BTreeMap;
 

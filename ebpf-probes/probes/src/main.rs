@@ -5,7 +5,7 @@
 //! Entry points are thin; each fills one ABI struct from `energy-bpf-abi` straight into a
 //! ring buffer reservation. Every submit passes `BPF_RB_NO_WAKEUP`: userspace drains on a
 //! timer, because waking the reader per event is itself a context switch that feeds back
-//! into `sched_switch` (DESIGN.md §3).
+//! into `sched_switch` (docs/ARCHITECTURE.md, "Capture").
 #![no_std]
 #![no_main]
 

@@ -151,7 +151,7 @@ fn book(report: &mut SourceAttribution, iv: &Interval, s: &Split) {
 }
 
 /// CPUs whose threads may receive a source's energy: the package's CPUs for per-package
-/// domains (a package's energy never goes to another package, DESIGN.md §4), every CPU for
+/// domains (a package's energy never goes to another package, docs/ARCHITECTURE.md, "Attribution"), every CPU for
 /// whole-machine domains or when the topology is unknown.
 fn domain_cpus(input: &Input<'_>, source: &EnergySource) -> Vec<u32> {
     if input.cpus.is_empty() {
@@ -187,7 +187,7 @@ fn domain_samples(input: &Input<'_>, cpus: &[u32]) -> Vec<(u64, usize, ThreadKey
     out
 }
 
-/// Static power of a source and where it came from (DESIGN.md §4 "Static/idle power"):
+/// Static power of a source and where it came from (docs/ARCHITECTURE.md, "Attribution"):
 /// given (calibration, config), the model's idle power, or an online estimate — idle
 /// intervals if there are enough, else extrapolation to zero utilisation, else a low
 /// percentile. `occs` is empty for GPU sources.

@@ -3,7 +3,7 @@
 //! An interval runs between two consecutive readings of a source. Intervals shorter than the
 //! counter's update period, or whose delta is zero, are merged into the next one: RAPL
 //! updates about every 1 ms (seeds 000, 004), so a shorter window reads 0 or a whole update
-//! step, and a window that read 0 must never be reported as 0 W (DESIGN.md §4, "Counters").
+//! step, and a window that read 0 must never be reported as 0 W (docs/ARCHITECTURE.md, "Energy counters").
 //! Flagged readings (counter went backwards, implausible power) end a bad interval, which is
 //! dropped and counted — never turned into negative energy.
 

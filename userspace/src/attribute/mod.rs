@@ -1,5 +1,5 @@
 //! Attribution: timeline + stack samples + energy readings + topology → joules per source,
-//! thread, process, cgroup, command and stack sample (DESIGN.md §4).
+//! thread, process, cgroup, command and stack sample (docs/ARCHITECTURE.md, "Attribution").
 //!
 //! PURE: no aya, sysfs, clocks or files; a function of its inputs, tested with tables and
 //! property tests and checked against the simulator ([`sim`]) for accuracy.
@@ -131,7 +131,7 @@ impl Default for Options {
     }
 }
 
-/// Attributes every source's energy (DESIGN.md §4).
+/// Attributes every source's energy (docs/ARCHITECTURE.md, "Attribution").
 pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     let n_samples = input.samples.len();
     let mut sample_energy = vec![PerDomain::default(); n_samples];

@@ -6,7 +6,7 @@
 //! consecutive intervals, ≥ `window_ns` long) each sample gets the thread's energy in the
 //! window in proportion to the thread's power in the interval the sample fell in. With a
 //! window of one interval that is the plain rule "interval energy divided equally over its
-//! samples" (DESIGN.md §4). Windows longer than one interval matter because a 10 ms interval
+//! samples" (docs/ARCHITECTURE.md, "Attribution"). Windows longer than one interval matter because a 10 ms interval
 //! at 99 Hz usually holds no sample of a given thread; a thread with energy but no sample in
 //! a window keeps that energy at thread level (the `[no stack sample]` residual).
 

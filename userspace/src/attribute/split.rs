@@ -1,7 +1,7 @@
 //! Splitting one interval's energy of one domain across threads, idle and unknown.
 //!
 //! TProf (seed 000) apportions each package delta across cores by per-core activity; with
-//! exact per-thread on-CPU time from the switch timeline this becomes (DESIGN.md §4)
+//! exact per-thread on-CPU time from the switch timeline this becomes (docs/ARCHITECTURE.md, "Attribution")
 //! `E_θ = E_dyn · Σ_c w_θ t_{c,θ} / Σ_c Σ_φ w_φ t_{c,φ}` over the domain's CPUs only, after
 //! the static share `min(ΔE, P_static·Δt)` is set aside (policy `separate`) or spread by busy
 //! time (policy `proportional`). Time nobody can name (UNKNOWN_TID) is split like a thread
@@ -107,7 +107,7 @@ impl Split {
     }
 }
 
-/// Static energy of an interval, µJ: `min(ΔE, P_static·Δt)` (DESIGN.md §4).
+/// Static energy of an interval, µJ: `min(ΔE, P_static·Δt)` (docs/ARCHITECTURE.md, "Attribution").
 pub fn static_uj(energy_uj: f64, len_ns: u64, static_w: f64) -> f64 {
     // W × ns = 1e-9 J = 1e-3 µJ.
     (static_w.max(0.0) * len_ns as f64 * 1e-3).min(energy_uj)

@@ -2,7 +2,7 @@
 //!
 //! Rust eBPF has no CO-RE field relocations, so the probes cannot name `task_struct::pid`.
 //! We read the offsets here and hand them to the probes as globals before load
-//! (DESIGN.md §6). Only the BTF type section is walked; the format is the kernel's
+//! (docs/ARCHITECTURE.md, "Our machines"). Only the BTF type section is walked; the format is the kernel's
 //! `include/uapi/linux/btf.h`.
 
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! [`Probes::start`] checks privileges and the kernel, loads the object built from
 //! `ebpf-probes/probes`, attaches `sched_switch`, the lifecycle tracepoints and a cpu-clock
 //! sampler on every online CPU. [`Probes::drain`] empties the ring buffers; the caller calls
-//! it on a timer (the probes never wake us, see DESIGN.md §3). [`session`] builds recording
+//! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). [`session`] builds recording
 //! chunks on top of it.
 
 pub mod btf;

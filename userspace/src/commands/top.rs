@@ -73,7 +73,7 @@ fn parse_interval(text: &str) -> Result<f64, String> {
     let secs: f64 = text
         .parse()
         .map_err(|_| format!("`{text}` is not a number of seconds"))?;
-    // Energy counters update about every millisecond (DESIGN.md §4) but an interval much
+    // Energy counters update about every millisecond (docs/ARCHITECTURE.md, "Energy counters") but an interval much
     // shorter than a tenth of a second is mostly noise on screen.
     if !(0.1..=3600.0).contains(&secs) {
         return Err(format!(

@@ -38,7 +38,7 @@ impl SourceKind {
         }
     }
 
-    /// Hardware kinds in order of preference for CPU domains (DESIGN.md §4 "Counters").
+    /// Hardware kinds in order of preference for CPU domains (docs/ARCHITECTURE.md, "Energy counters").
     pub const CPU_PREFERENCE: [SourceKind; 4] = [
         SourceKind::Perf,
         SourceKind::Powercap,

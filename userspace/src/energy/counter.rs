@@ -1,7 +1,7 @@
 //! Turning raw counter reads into cumulative, unwrapped microjoules.
 //!
 //! RAPL registers are 32-bit and wrap (about 11 minutes at 100 W with 15.3 µJ units), and
-//! update about every 1 ms, so a read sooner than one update shows no change (DESIGN.md §4
+//! update about every 1 ms, so a read sooner than one update shows no change (docs/ARCHITECTURE.md, "Energy counters"
 //! "Counters", seed 004). Rules, shared by every backend:
 //! - unchanged since the last read: merged into the next interval (no reading), never 0 W;
 //! - lower than the last read: a wrap when the counter has a wrap point and the wrapped

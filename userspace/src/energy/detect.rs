@@ -1,7 +1,7 @@
 //! Which energy sources this machine has, why the missing ones are missing, and which to use.
 //!
 //! Every kind is probed under the configured roots. For CPU domains the best kind per
-//! (domain, package) wins: perf PMU > powercap > MSR > hwmon (DESIGN.md §4 "Counters"); a
+//! (domain, package) wins: perf PMU > powercap > MSR > hwmon (docs/ARCHITECTURE.md, "Energy counters"); a
 //! lower kind only adds domains no better kind covers (e.g. AMD per-core MSRs beside the
 //! powercap package zone). GPUs come from NVML. With no CPU package counter the estimated
 //! model covers the packages. `--energy-source KIND` uses that kind only, or fails saying

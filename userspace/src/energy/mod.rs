@@ -2,7 +2,7 @@
 //! unwrapped to cumulative microjoules and stamped with CLOCK_MONOTONIC (the clock of
 //! `bpf_ktime_get_ns`), plus a labelled `estimated` model where no counter exists.
 //!
-//! What this module owns (DESIGN.md §3 step 3, §4 "Counters", "No counter at all"):
+//! What this module owns (docs/ARCHITECTURE.md, "Energy counters" and "Estimated energy"):
 //! - [`EnergySource`]: one seam, one instance per hardware counter (a RAPL zone, an MSR, a
 //!   hwmon input, a GPU). One counter per instance so that one that vanishes mid-run (GPU
 //!   reset, hot-unplug, permission change) is dropped alone while the others go on.

@@ -1,5 +1,5 @@
-//! The estimated model for machines with no energy counter (VMs, like ours: DESIGN.md §4
-//! "No counter at all", §6): per package P = P_idle + (P_max − P_idle)·u, with u the exact
+//! The estimated model for machines with no energy counter (VMs, like ours: see
+//! docs/ARCHITECTURE.md, "Estimated energy" and "Our machines"): per package P = P_idle + (P_max − P_idle)·u, with u the exact
 //! busy share of the package's CPUs from the switch timeline. Every source it makes has
 //! `estimated = true` and says where its parameters came from (`model_origin`).
 //!

@@ -1,6 +1,6 @@
 //! RAPL through model-specific registers: `pread(<devcpu>/N/msr, 8 bytes, offset = register)`.
 //!
-//! Registers (Intel SDM vol. 4 "RAPL interfaces"; AMD PPR "MSRC001_029x"; DESIGN.md §4):
+//! Registers (Intel SDM vol. 4 "RAPL interfaces"; AMD PPR "MSRC001_029x"; docs/ARCHITECTURE.md, "Energy counters"):
 //! Intel 0x606 units, 0x611 package, 0x619 DRAM, 0x639 PP0 (cores), 0x641 PP1 (graphics);
 //! AMD 0xC0010299 units, 0xC001029A per-core, 0xC001029B package. The energy status unit is
 //! 1/2^ESU J with ESU in bits 12:8 of the units register (ESU 16 = 15.3 µJ). Status registers

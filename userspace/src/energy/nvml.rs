@@ -2,7 +2,7 @@
 //! dependency, so the binary runs on machines without the driver).
 //!
 //! Energy: `nvmlDeviceGetTotalEnergyConsumption`, mJ since the driver loaded (Volta and
-//! newer), a 64-bit counter, updated every 20–100 ms (DESIGN.md §4: average over ≥ 5 update
+//! newer), a 64-bit counter, updated every 20–100 ms (docs/ARCHITECTURE.md, "Energy counters": average over ≥ 5 update
 //! periods). Per-process use for attribution: `nvmlDeviceGetProcessUtilization` (SM % per
 //! process since the last call) and `nvmlDeviceGetComputeRunningProcesses_v3` (memory).
 

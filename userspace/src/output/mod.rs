@@ -1,5 +1,5 @@
 //! Everything a person or another tool reads, rendered from one [`Profile`]
-//! (DESIGN.md §5): flamegraph SVG, collapsed stacks, pprof, speedscope, and report tables.
+//! (docs/ARCHITECTURE.md, "Outputs"): flamegraph SVG, collapsed stacks, pprof, speedscope, and report tables.
 //!
 //! Exporters implement [`ProfileSink`], like ripgrep's printers implement its `Sink`: the
 //! profile is built once and pushed into whichever sink the user asked for.

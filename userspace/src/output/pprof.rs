@@ -1,4 +1,4 @@
-//! pprof output (`perftools.profiles`, DESIGN.md §5): multi-valued samples (`samples/count`,
+//! pprof output (`perftools.profiles`, docs/ARCHITECTURE.md, "Outputs"): multi-valued samples (`samples/count`,
 //! `cpu/nanoseconds`, `energy_<domain>/microjoules`), labels pid, tid, comm, cpu, cgroup,
 //! gzip-compressed as pprof writes.
 //!

@@ -1,4 +1,4 @@
-//! The one typed profile model every output reads (DESIGN.md §2, STYLE.md "one sink").
+//! The one typed profile model every output reads (docs/ARCHITECTURE.md, "Data flow").
 //!
 //! A [`Profile`] holds interned [`Frame`]s and [`ProfileSample`]s (leaf-first frame ids, one
 //! value per [`ValueType`], labels). Each sample also lists its [`Location`]s: the sampled

@@ -1,6 +1,6 @@
 //! Symbolization: raw stack addresses to function, file, line and inlined frames.
 //!
-//! User addresses are normalised with the recording's mappings (DESIGN.md §3): file offset =
+//! User addresses are normalised with the recording's mappings (docs/ARCHITECTURE.md, "Capture"): file offset =
 //! addr - start + file_offset, then the file is symbolized by path at that offset with
 //! blazesym (ELF symbols + DWARF) — so reports work after the process exited. The file's
 //! build-id must still match the recorded one; otherwise names would be wrong, so the frame

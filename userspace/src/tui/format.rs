@@ -1,7 +1,7 @@
 //! Text shared by the screen and the batch printer: header lines, column titles, numbers.
 //!
 //! One place decides how a figure reads, so `top` and `top -b` never disagree, and the
-//! `estimated` label (DESIGN.md §4: modelled energy is always labelled) is applied in one
+//! `estimated` label (docs/ARCHITECTURE.md, "Estimated energy": modelled energy is always labelled) is applied in one
 //! spot.
 
 use super::state::State;

@@ -30,7 +30,7 @@ pub struct Snapshot {
 pub struct Header {
     /// Power per energy domain over the interval, e.g. `package-0`, `dram-0`, `gpu-0`.
     pub domains: Vec<DomainPower>,
-    /// Idle/static power over the interval (the `separate` idle row of DESIGN.md §4), W.
+    /// Idle/static power over the interval (the `separate` idle row of docs/ARCHITECTURE.md, "Attribution"), W.
     pub idle_w: f64,
     /// Total machine power over the interval, W (sum of the measured domains).
     pub total_w: f64,

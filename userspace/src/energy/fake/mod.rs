@@ -1,7 +1,7 @@
 //! Fake energy hardware for tests: sysfs and MSR trees built in a directory, and an
 //! [`Emulator`] that advances their counters like real RAPL (about every 1 ms, µJ or
 //! 15.3 µJ units, wrapping). Tests point `--sysfs-root` / `--dev-cpu-root` at the directory
-//! and drive the same code as on real machines (DESIGN.md §6: our VMs have no counters).
+//! and drive the same code as on real machines (docs/ARCHITECTURE.md, "Our machines": our VMs have no counters).
 //!
 //! ```no_run
 //! use energy_bpf::energy::fake::FakePowercap;
