@@ -28,7 +28,7 @@ fn joules_by_pid<'a>(arrays: impl Iterator<Item = &'a serde_json::Value>) -> BTr
     out
 }
 
-fn assert_agree(what: &str, want: &BTreeMap<u64, f64>, got: &BTreeMap<u64, f64>) {
+fn assert_agree(what: &str, want: &BTreeMap<u64, f64>, got: &BTreeMap<u64, f64>, context: &str) {
     let total: f64 = want.values().sum();
     assert!(total > 0.0, "the report attributed no energy");
     for (pid, &w) in want {
@@ -37,13 +37,13 @@ fn assert_agree(what: &str, want: &BTreeMap<u64, f64>, got: &BTreeMap<u64, f64>)
         let tol = (w.abs() * 1e-3).max(total * 1e-6);
         assert!(
             (g - w).abs() <= tol,
-            "{what}: pid {pid} has {g} J, report says {w} J"
+            "{what}: pid {pid} has {g} J, report says {w} J ({context})"
         );
     }
     for (pid, &g) in got {
         assert!(
             want.contains_key(pid) || g.abs() <= total * 1e-6,
-            "{what}: pid {pid} has {g} J but is not in the report"
+            "{what}: pid {pid} has {g} J but is not in the report ({context})"
         );
     }
 }
@@ -92,11 +92,34 @@ fn report_windows_and_replayed_frames_agree_per_process() {
     for pair in windows.windows(2) {
         assert_eq!(pair[0]["end_ns"], pair[1]["start_ns"], "windows tile time");
     }
+    let context = format!(
+        "power model {} whole, {:?} per window; {} events lost",
+        whole["power_model"],
+        windows
+            .iter()
+            .map(|w| w["power_model"].to_string())
+            .collect::<Vec<_>>(),
+        whole["lost_events"]
+    );
     assert_agree(
         "report --window 1",
         &want,
         &joules_by_pid(windows.iter().map(|w| &w["processes"])),
+        &context,
     );
+    // Conservation in every document: rows + idle/static + unknown = measured.
+    for doc in windows.iter().chain(std::iter::once(&whole)) {
+        let rows: f64 = joules_by_pid(std::iter::once(&doc["processes"]))
+            .values()
+            .sum();
+        let idle = doc["idle_j"].as_f64().expect("idle_j");
+        let unknown = doc["unknown_j"].as_f64().expect("unknown_j");
+        let total = doc["total_j"].as_f64().expect("total_j");
+        assert!(
+            (rows + idle + unknown - total).abs() <= total * 1e-6,
+            "rows {rows} + idle {idle} + unknown {unknown} != {total} J"
+        );
+    }
     let total_windows: f64 = windows
         .iter()
         .map(|w| w["total_j"].as_f64().expect("total_j"))
@@ -138,5 +161,6 @@ fn report_windows_and_replayed_frames_agree_per_process() {
         "top --replay",
         &want,
         &joules_by_pid(frames.iter().map(|f| &f["processes"])),
+        &context,
     );
 }

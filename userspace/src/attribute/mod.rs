@@ -20,6 +20,8 @@ pub mod interval;
 mod linalg;
 pub mod regression;
 pub mod samples;
+// The simulator behind the accuracy bench and property tests (`test-support` feature).
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim;
 pub mod split;
 

@@ -18,14 +18,17 @@
 pub mod args;
 pub mod counter;
 pub mod detect;
+// Fake sysfs trees and emulators, for this crate's tests and the integration tests (the
+// `test-support` feature, which the crate's own dev-dependency turns on).
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
-pub mod host;
-pub mod hwmon;
+mod host;
+mod hwmon;
 pub mod model;
-pub mod msr;
-pub mod nvml;
-pub mod perf;
-pub mod powercap;
+mod msr;
+mod nvml;
+mod perf;
+mod powercap;
 pub mod reader;
 pub mod topology;
 

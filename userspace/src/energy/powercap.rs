@@ -23,7 +23,6 @@ pub const PERMISSION_HINT: &str = "energy_uj is root-only since CVE-2020-8694; r
 /// One powercap zone.
 #[derive(Debug)]
 pub struct Zone {
-    dir: PathBuf,
     energy_path: PathBuf,
     desc: pb::EnergySource,
     range_uj: u64,
@@ -125,16 +124,10 @@ impl Zone {
             format!("{} ({})", info.id, info.name),
         );
         Ok(Self {
-            dir: info.dir.clone(),
             energy_path,
             desc,
             range_uj,
         })
-    }
-
-    /// The zone directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 

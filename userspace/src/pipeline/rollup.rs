@@ -107,15 +107,24 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
 
     let energy: HashMap<ThreadKey, &ThreadEnergy> =
         attr.threads.iter().map(|t| ((t.tgid, t.tid), t)).collect();
-    let mut pid_cpu: HashMap<u32, u64> = HashMap::new();
+    // A thread's energy is divided between the instances of its pid by its own CPU time in
+    // each (all of it to the first instance it appears in when it never ran), so every
+    // thread's energy is counted exactly once.
+    let mut tid_cpu: HashMap<ThreadKey, u64> = HashMap::new();
+    let mut tid_first: HashMap<ThreadKey, u32> = HashMap::new();
+    for (&(tgid, inst, tid), f) in &facts {
+        *tid_cpu.entry((tgid, tid)).or_default() += f.cpu_ns;
+        tid_first.entry((tgid, tid)).or_insert(inst);
+    }
+    let part_of = |tgid: u32, inst: u32, tid: u32, cpu_ns: u64| -> f64 {
+        match tid_cpu.get(&(tgid, tid)).copied().unwrap_or(0) {
+            0 => f64::from(u8::from(tid_first.get(&(tgid, tid)) == Some(&inst))),
+            all => cpu_ns as f64 / all as f64,
+        }
+    };
     let mut instances: BTreeMap<(u32, u32), Vec<(u32, ThreadFacts)>> = BTreeMap::new();
     for ((tgid, inst, tid), f) in facts {
-        *pid_cpu.entry(tgid).or_default() += f.cpu_ns;
         instances.entry((tgid, inst)).or_default().push((tid, f));
-    }
-    let mut inst_cpu: HashMap<(u32, u32), u64> = HashMap::new();
-    for (&key, threads) in &instances {
-        inst_cpu.insert(key, threads.iter().map(|(_, f)| f.cpu_ns).sum());
     }
     let cpu_ids: Vec<u32> = tl.cpus.iter().map(|c| c.cpu).collect();
     let name_of = |tid: u32, fallback: &str| -> String {
@@ -130,14 +139,6 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     let mut rows: Vec<ProcessRow> = instances
         .into_iter()
         .map(|((pid, instance), threads)| {
-            let all = pid_cpu.get(&pid).copied().unwrap_or(0);
-            let mine = inst_cpu.get(&(pid, instance)).copied().unwrap_or(0);
-            // Only a reused pid has parts; one instance takes all of its pid's energy.
-            let part = if all == 0 {
-                1.0
-            } else {
-                mine as f64 / all as f64
-            };
             let mut e_proc = PerDomain::default();
             let mut by_cpu: BTreeMap<u32, u64> = BTreeMap::new();
             let mut cgroup_id = 0;
@@ -147,6 +148,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                 .map(|(tid, f)| {
                     members.insert((pid, tid));
                     let te = energy.get(&(pid, tid));
+                    let part = part_of(pid, instance, tid, f.cpu_ns);
                     let e = te.map(|t| scale(&t.energy, part)).unwrap_or_default();
                     e_proc.add_all(&e);
                     for (&c, &ns) in &f.by_cpu {
@@ -181,10 +183,16 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
             });
             let headline = attr.headline_uj(&e_proc);
             // Whole threads carry no sampling error (attribute::ci); the interval comes
-            // from the samples and is shifted onto this instance's energy.
+            // from the samples of the pid's threads and is shifted onto this instance's
+            // energy, scaled by its part of that energy.
             let est = estimate_samples(attr, &attr.headline, |i| {
                 members.contains(&attr.sample_thread[i])
             });
+            let part = if est.energy_uj > 0.0 {
+                (headline / est.energy_uj).min(1.0)
+            } else {
+                1.0
+            };
             let (lo, hi) = (est.lo_uj - est.energy_uj, est.hi_uj - est.energy_uj);
             let main = input.threads.get(&pid);
             let comm = main
@@ -368,6 +376,65 @@ mod tests {
         assert_eq!((fifty[1].0, fifty[1].1), (1, 50));
         assert!((fifty[0].2 - 800.0).abs() < 1e-9 && (fifty[1].2 - 200.0).abs() < 1e-9);
         assert!((rows.iter().map(|p| p.share).sum::<f64>() - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn every_threads_energy_is_counted_once_across_instances() {
+        // Instance 0 of pid 50 has threads 50 and 51; instance 1 only thread 50. Thread
+        // 51's energy must stay whole in instance 0 whatever the instances' CPU shares.
+        let mut ev = vec![sw(100, 0, 51), sw(200, 51, 50), sw(300, 50, 0)];
+        ev.extend([sw(400, 0, 50), sw(450, 50, 0)]);
+        for e in &mut ev {
+            if e.tid == 51 {
+                e.tgid = 50;
+            }
+            if e.next_tid == 51 {
+                e.next_tgid = 50;
+            }
+        }
+        let tl = Timeline::build(0, 500, &[0], &ev);
+        let mut attr = Attribution {
+            headline: vec![crate::pb::v1::EnergyDomain::Package],
+            ..Default::default()
+        };
+        for (tid, uj) in [(50, 600.0), (51, 400.0)] {
+            let mut e = PerDomain::default();
+            e.add(crate::pb::v1::EnergyDomain::Package, uj);
+            attr.measured.add_all(&e);
+            attr.threads.push(ThreadEnergy {
+                tgid: 50,
+                tid,
+                energy: e,
+                ..Default::default()
+            });
+        }
+        let exit = ProcessEvent {
+            ts_ns: 299,
+            kind: Kind::Exit as i32,
+            tid: 50,
+            tgid: 50,
+            ..Default::default()
+        };
+        let rows = processes(&RollupInput {
+            attribution: &attr,
+            timeline: &tl,
+            samples: &[],
+            process_events: &[exit],
+            threads: &HashMap::new(),
+            cgroup_name: &no_cgroups,
+        });
+        let total: f64 = rows.iter().map(|p| p.energy_j["package"] * 1e6).sum();
+        assert!((total - 1000.0).abs() < 1e-9, "{rows:?}");
+        let first = rows.iter().find(|p| p.instance == 0).expect("instance 0");
+        let t51 = first
+            .threads
+            .iter()
+            .find(|t| t.tid == 51)
+            .expect("thread 51");
+        assert!((t51.energy_j["package"] * 1e6 - 400.0).abs() < 1e-9);
+        // Thread 50 ran 100 ns in instance 0 and 50 ns in instance 1.
+        let second = rows.iter().find(|p| p.instance == 1).expect("instance 1");
+        assert!((second.energy_j["package"] * 1e6 - 200.0).abs() < 1e-9);
     }
 
     #[test]

@@ -27,7 +27,9 @@ pub struct WindowEvents {
     pub start_ns: u64,
     /// Window end (exclusive), ns.
     pub end_ns: u64,
-    /// The carried last switch of each CPU before `start_ns`, then the window's switches.
+    /// The carried last switch of each CPU before `start_ns`, the window's switches, then
+    /// each CPU's first switch after the window when it has arrived (a lookahead: it names
+    /// the task running at the end; it stays pending for the next window).
     pub switches: Vec<SwitchEvent>,
     /// Stack samples in `[start_ns, end_ns)`.
     pub samples: Vec<Sample>,
@@ -160,12 +162,23 @@ impl Windower {
             std::mem::take(&mut self.switches)
                 .into_iter()
                 .partition(|s| s.ts_ns < end);
-        self.switches = later;
         let mut switches: Vec<SwitchEvent> = self.carry_switch.values().copied().collect();
         for s in &now {
             self.carry(*s);
         }
         switches.append(&mut now);
+        // Lookahead: each CPU's first switch after the window, when it is already here. A
+        // timeline gives the time before a switch to the task that switch shows leaving, so
+        // with it the window's last run is named exactly as one long timeline would name
+        // it (the `next` of the window's last switch can disagree when events were lost).
+        let mut first_after: BTreeMap<u32, SwitchEvent> = BTreeMap::new();
+        for s in &later {
+            if first_after.get(&s.cpu).is_none_or(|f| s.ts_ns < f.ts_ns) {
+                first_after.insert(s.cpu, *s);
+            }
+        }
+        switches.extend(first_after.into_values());
+        self.switches = later;
 
         let (samples, later) = std::mem::take(&mut self.samples)
             .into_iter()
@@ -284,7 +297,9 @@ mod tests {
         w.push_samples([sample(10), sample(99), sample(100), sample(250)]);
         let a = w.close(100).expect("first window");
         assert_eq!((a.start_ns, a.end_ns), (0, 100));
-        assert_eq!(a.switches.iter().map(|s| s.ts_ns).collect::<Vec<_>>(), [50]);
+        // cpu 0's switch at 50, then each CPU's first later switch as lookahead.
+        let ts: Vec<(u32, u64)> = a.switches.iter().map(|s| (s.cpu, s.ts_ns)).collect();
+        assert_eq!(ts, [(0, 50), (0, 150), (1, 100)]);
         assert_eq!(a.samples.len(), 2);
         // The switch at 100 belongs to the second window ([100, 200)), and cpu 0's switch
         // at 50 is carried so the second window knows tid 2 was running at 100.

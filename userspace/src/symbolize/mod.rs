@@ -8,8 +8,10 @@
 //! cached per (file, offset) and per kernel address. A frame never comes out as a bare
 //! address or an error.
 
+mod frame;
 mod maps;
 
+pub use frame::Frame;
 pub use maps::{process_mappings, read_build_id};
 
 use std::collections::HashMap;
@@ -20,7 +22,6 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized};
 
 use crate::pb::v1::Mapping;
-use crate::profile::Frame;
 
 /// Counts of how symbolization went, for reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
