@@ -5,8 +5,55 @@ use std::{fs, path::Path};
 use anyhow::{Context as _, anyhow};
 
 fn main() -> anyhow::Result<()> {
-    build_probes()?;
+    quietly(build_probes)?;
     build_protos()
+}
+
+/// Runs `f` with this script's stdout going to a log file. aya-build forwards every line of
+/// the probe build as a `cargo:warning`, which buries a newcomer's first build under dozens
+/// of warnings; here the cargo directives pass through, the build's own lines stay in
+/// `$OUT_DIR/probes-build.log`, and they are printed only when the build fails.
+fn quietly(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, Write as _};
+    use std::os::fd::AsRawFd as _;
+
+    let out_dir = std::env::var("OUT_DIR").context("OUT_DIR is not set")?;
+    let log_path = Path::new(&out_dir).join("probes-build.log");
+    let log =
+        fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    std::io::stdout().flush().context("flushing stdout")?;
+    // SAFETY: dup/dup2/close on this process's own descriptors; fd 1 is restored below
+    // before anything else writes to it.
+    let saved = unsafe { libc::dup(1) };
+    anyhow::ensure!(saved >= 0, "dup(1) failed");
+    // SAFETY: as above; `log` outlives the redirection.
+    anyhow::ensure!(
+        unsafe { libc::dup2(log.as_raw_fd(), 1) } >= 0,
+        "dup2 failed"
+    );
+    let result = f();
+    let flushed = std::io::stdout().flush();
+    // SAFETY: restores the saved descriptor and closes the copy.
+    unsafe {
+        libc::dup2(saved, 1);
+        libc::close(saved);
+    }
+    flushed.context("flushing stdout")?;
+    let mut hidden = Vec::new();
+    for line in std::io::BufReader::new(fs::File::open(&log_path)?).lines() {
+        let line = line?;
+        match line.strip_prefix("cargo:warning=") {
+            // A skipped build is worth a warning; compiler progress is not.
+            Some(text) if !text.contains("skipping eBPF build") => hidden.push(text.to_owned()),
+            _ => println!("{line}"),
+        }
+    }
+    if result.is_err() {
+        for line in &hidden {
+            eprintln!("{line}");
+        }
+    }
+    result
 }
 
 fn pinned_toolchain(root_dir: &Path) -> anyhow::Result<String> {

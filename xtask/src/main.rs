@@ -50,7 +50,17 @@ fn test(extra: &[String]) -> util::Result {
 }
 
 fn run(args: &[String]) -> util::Result {
-    util::cargo(&["build", "--locked", "--release", "-p", "energy-bpf"])?;
+    // One progress line; cargo stays quiet unless something fails (then it prints the
+    // errors and the probe build's whole log).
+    eprintln!("xtask: building energy-bpf and its eBPF probes (release)...");
+    util::cargo(&[
+        "build",
+        "--quiet",
+        "--locked",
+        "--release",
+        "-p",
+        "energy-bpf",
+    ])?;
     let bin = util::root().join("target/release/energy-bpf");
     let status = std::process::Command::new(&bin)
         .args(args)
