@@ -95,7 +95,11 @@ fn build_probes() -> anyhow::Result<()> {
 }
 
 fn build_protos() -> anyhow::Result<()> {
-    let protos = ["../proto/energy_bpf.proto", "../proto/profile.proto"];
+    let protos = [
+        "../proto/energy_bpf.proto",
+        "../proto/profile.proto",
+        "../proto/agent.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -43,6 +43,10 @@ pub struct Args {
     /// seconds of recording time (as fast as it can with `--batch`).
     #[arg(long, value_name = "FILE")]
     pub replay: Option<PathBuf>,
+    /// Show what the agent at this socket publishes instead of capturing (what `top` does
+    /// without root when the agent's socket exists).
+    #[arg(long, value_name = "PATH", conflicts_with = "replay")]
+    pub connect: Option<PathBuf>,
     /// Stop after this many refreshes (default: run until quit).
     #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
@@ -106,6 +110,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
         return run_with_feed(&args, feed);
     }
+    // Without root, watch the agent: capturing needs CAP_BPF+CAP_PERFMON.
+    let socket = args.connect.clone().or_else(|| {
+        // SAFETY: geteuid has no preconditions.
+        (unsafe { libc::geteuid() } != 0).then(|| PathBuf::from(crate::remote::DEFAULT_SOCKET))
+    });
+    if let Some(path) = socket {
+        let feed = crate::remote::connect(&path)?;
+        return run_with_feed(&args, feed);
+    }
     if attribute.power_model == crate::attribute::PowerModel::Auto {
         attribute.power_model = crate::attribute::PowerModel::Time;
     }
@@ -146,6 +159,10 @@ pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<Ex
         Exit::Hangup => Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
         // A replay ends with its recording.
         Exit::FeedClosed if args.replay.is_some() => Ok(ExitCode::SUCCESS),
+        Exit::FeedClosed if args.connect.is_some() => anyhow::bail!(
+            "`top`: the agent's feed stopped after {} refreshes (see above)",
+            state.snapshots_shown()
+        ),
         Exit::FeedClosed => anyhow::bail!(
             "`top`: the live feed stopped after {} refreshes (see the errors above)",
             state.snapshots_shown()
