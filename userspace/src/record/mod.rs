@@ -6,6 +6,7 @@
 
 mod columns;
 mod reader;
+pub mod rotate;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
