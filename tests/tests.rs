@@ -13,6 +13,8 @@ mod errors;
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
 mod attribution;
+// `calibrate`: quiet-machine static power, refusal when busy, used by record and report.
+mod calibrate;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.

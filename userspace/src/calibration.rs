@@ -174,6 +174,42 @@ impl CalibrationArgs {
     }
 }
 
+/// The calibration a report of `header` uses: `--calibration FILE` when given, else the one
+/// stored in the recording (so a report stays reproducible), else the default file.
+pub fn for_recording(
+    args: &CalibrationArgs,
+    header: &crate::pb::v1::Header,
+) -> Result<BTreeMap<String, Calibrated>, CalibrationError> {
+    if args.calibration.is_none() && !header.calibration.is_empty() {
+        return Ok(header
+            .calibration
+            .iter()
+            .map(|c| {
+                (
+                    c.source_key.clone(),
+                    Calibrated {
+                        watts: c.static_w,
+                        date: c.date.clone(),
+                        file: String::new(),
+                    },
+                )
+            })
+            .collect());
+    }
+    args.resolve(&header.hostname)
+}
+
+/// For a recording's header: the calibration in use, by source key.
+pub fn to_header(cal: &BTreeMap<String, Calibrated>) -> Vec<crate::pb::v1::CalibratedStatic> {
+    cal.iter()
+        .map(|(key, c)| crate::pb::v1::CalibratedStatic {
+            source_key: key.clone(),
+            static_w: c.watts,
+            date: c.date.clone(),
+        })
+        .collect()
+}
+
 /// Unix time (ns) as RFC 3339 UTC, e.g. `2026-05-20T10:00:00Z`.
 pub fn rfc3339(unix_ns: u64) -> String {
     let secs = unix_ns / 1_000_000_000;

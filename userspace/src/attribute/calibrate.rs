@@ -159,7 +159,9 @@ fn busy_share(
     (busy / total_ns, top)
 }
 
-/// Static power, W per busy CPU, and the method used; bounded by `[0, lowest row power]`.
+/// Static power, W per busy CPU, and the method used; bounded by `[0, mean power]`: what
+/// ran is only ever subtracted. (Not by the quietest row as in attribution: a calibration
+/// window is short and quiet, and one late counter update would pull a minimum down.)
 fn static_of(
     intervals: &[Interval],
     occs: &[Occupancy],
@@ -167,12 +169,10 @@ fn static_of(
     row_ns: u64,
 ) -> (f64, Option<f64>, &'static str) {
     let power = |iv: &Interval| iv.energy_uj / iv.len_ns() as f64 * 1e3;
+    let uj: f64 = intervals.iter().map(|iv| iv.energy_uj).sum();
+    let ns: f64 = intervals.iter().map(|iv| iv.len_ns() as f64).sum();
+    let mean_w = if ns > 0.0 { uj / ns * 1e3 } else { 0.0 };
     let rows = merge_rows(intervals, occs, row_ns);
-    let bound = rows
-        .iter()
-        .map(|r| r.power_w)
-        .fold(f64::INFINITY, f64::min)
-        .max(0.0);
     let (w, slope, method) = match fit_zero_load(&rows) {
         Ok(fit) if !occs.is_empty() => (fit.intercept_w, Some(fit.slope_w), "fit"),
         _ => {
@@ -186,14 +186,11 @@ fn static_of(
                 idle.sort_by(f64::total_cmp);
                 (idle[idle.len() / 2], None, "idle_median")
             } else {
-                let uj: f64 = intervals.iter().map(|iv| iv.energy_uj).sum();
-                let ns: f64 = intervals.iter().map(|iv| iv.len_ns() as f64).sum();
-                (uj / ns * 1e3, None, "mean")
+                (mean_w, None, "mean")
             }
         }
     };
-    let bound = if bound.is_finite() { bound } else { w };
-    (w.clamp(0.0, bound.max(0.0)), slope, method)
+    (w.clamp(0.0, mean_w.max(0.0)), slope, method)
 }
 
 #[cfg(test)]

@@ -239,3 +239,33 @@ fn choose(
         Err((reason, fit)) => (0.0, StaticOrigin::Unidentified { reason, fit }),
     }
 }
+
+/// One line per source saying which static power was used and where it came from, plus the
+/// unidentified warning: the header lines of reports, `top` and other text outputs.
+pub fn describe(sources: &[super::SourceAttribution]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for s in sources.iter().filter(|s| s.domain != EnergyDomain::Gpu) {
+        let detail = match &s.static_origin {
+            StaticOrigin::Calibrated { date, file } if file.is_empty() => {
+                format!("calibrated {date}, from the recording")
+            }
+            StaticOrigin::Calibrated { date, file } => format!("calibrated {date}, {file}"),
+            StaticOrigin::Extrapolated { fit } => format!(
+                "extrapolated to zero load, 95% interval {:.2}–{:.2} W",
+                fit.ci_low_w.max(0.0),
+                fit.ci_high_w
+            ),
+            other => other.kind().replace('_', " "),
+        };
+        let clamped = s
+            .static_clamped_from_w
+            .map(|w| format!("; {w:.2} W asked, above the quietest interval"))
+            .unwrap_or_default();
+        lines.push(format!(
+            "static power {}: {:.2} W ({detail}{clamped})",
+            s.name, s.static_w
+        ));
+        lines.extend(s.static_origin.warning());
+    }
+    lines
+}

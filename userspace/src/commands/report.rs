@@ -50,6 +50,9 @@ pub struct Args {
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
     pub model: ModelOverride,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
 }
 
 /// One thread in the report.
@@ -98,7 +101,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             rec.duration_ns() as f64 / 1e9
         );
     }
-    let analysis = analysis::analyze(&rec, &args.attribute.options(), &args.model);
+    let mut options = args.attribute.options();
+    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    let analysis = analysis::analyze(&rec, &options, &args.model);
     let summary = summary::summarize(&rec, &analysis.timeline);
     let rows = rows(&summary, &analysis);
     let mut stdout = std::io::stdout().lock();
@@ -149,6 +154,8 @@ fn report(by: By, rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysi
         ),
         format!("{} events lost", s.lost_events),
     ];
+    let mut notes = notes;
+    notes.extend(attribute::static_power::describe(&attr.sources));
     // Whole threads and processes carry no sampling error (attribute::ci), so their
     // interval is the headline interval (`ci_j`) scaled to each domain.
     let cells = |e: &PerDomain, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {
@@ -384,6 +391,9 @@ fn json(rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis) -> Stri
             "source": src.name,
             "static_w": src.static_w,
             "origin": src.static_origin,
+            "bound_w": src.static_bound_w,
+            "clamped_from_w": src.static_clamped_from_w,
+            "warning": src.static_origin.warning(),
             "power_model": src.power_model,
             "note": src.power_model_note,
         })).collect::<Vec<_>>(),
