@@ -14,8 +14,8 @@ use super::interval::{self, Interval};
 use super::regression::{self, Row};
 use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, ThreadKey};
-use super::static_power;
 use super::{Input, Options, PowerModel};
+use super::{smt, static_power};
 
 /// What one source contributes.
 pub(super) struct SourceOutcome {
@@ -48,12 +48,28 @@ pub(super) fn run_source(
             .and_then(|m| m.get(&(cpu, run.tid)).copied())
             .unwrap_or(1.0)
     };
+    let cores = smt::cores(input.cpus, &cpus);
     let occs: Vec<Occupancy> = if is_gpu {
         Vec::new()
     } else {
         intervals
             .iter()
-            .map(|iv| Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity))
+            .map(|iv| {
+                let mut occ =
+                    Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity);
+                if !cores.is_empty() {
+                    let (a, b) = (iv.start_ns, iv.end_ns);
+                    smt::apply(
+                        &mut occ,
+                        input.timeline,
+                        &cores,
+                        a,
+                        b,
+                        opts.smt_sibling_extra,
+                    );
+                }
+                occ
+            })
             .collect()
     };
     let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len());

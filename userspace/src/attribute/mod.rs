@@ -22,6 +22,7 @@ mod linalg;
 pub mod regression;
 pub mod samples;
 pub mod sim;
+pub mod smt;
 pub mod split;
 pub mod static_power;
 pub mod zero_load;
@@ -120,6 +121,8 @@ pub struct Options {
     pub fit: regression::FitOptions,
     /// Stack windows span at least this long, ns (0: one interval).
     pub stack_window_ns: u64,
+    /// Power a second busy SMT sibling adds, as a share of one thread's ([`smt`]).
+    pub smt_sibling_extra: f64,
 }
 
 impl Default for Options {
@@ -137,6 +140,7 @@ impl Default for Options {
             regression_stride_ns: 5_000_000_000,
             fit: regression::FitOptions::default(),
             stack_window_ns: 1_000_000_000,
+            smt_sibling_extra: 0.2,
         }
     }
 }

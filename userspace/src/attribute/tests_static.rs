@@ -155,3 +155,57 @@ fn static_power_is_never_above_the_quietest_interval() {
     );
     assert_eq!(s.static_clamped_from_w, Some(100.0));
 }
+
+/// Two cores of two SMT siblings, 10 W per busy thread alone: "shared" often runs on both
+/// siblings of core 0, "alone" never shares core 1.
+pub(super) fn smt_siblings(seed: u64) -> SimConfig {
+    SimConfig {
+        seed,
+        cpus_per_package: 4,
+        threads_per_core: 2,
+        smt_extra: 0.25,
+        duration_ns: 12_000_000_000,
+        static_w: 6.0,
+        never_idle_cpus: vec![0, 2],
+        classes: vec![
+            SimClass {
+                threads: 2,
+                cpus: vec![0, 1],
+                ..class("shared", 1, 10.0, 1.0, 3_000_000)
+            },
+            SimClass {
+                threads: 1,
+                cpus: vec![2],
+                ..class("alone", 2, 10.0, 1.0, 3_000_000)
+            },
+        ],
+        ..SimConfig::default()
+    }
+}
+
+#[test]
+fn smt_siblings_share_their_core() {
+    let cfg = smt_siblings(1);
+    let out = simulate(&cfg);
+    let given = Options {
+        static_w: Some(cfg.static_w),
+        power_model: PowerModel::Time,
+        ..Options::default()
+    };
+    let attr = attribute_sim(&out, &given);
+    let e = worst(&out, &attr);
+    assert!(e < 0.05, "per-core first: worst {:.1}%", e * 100.0);
+    let flat = attribute_sim(
+        &out,
+        &Options {
+            smt_sibling_extra: 1.0,
+            ..given
+        },
+    );
+    let f = worst(&out, &flat);
+    assert!(
+        f > 0.10,
+        "per-CPU time would be off: worst {:.1}%",
+        f * 100.0
+    );
+}
