@@ -21,6 +21,7 @@ pub mod interval;
 mod linalg;
 pub mod regression;
 pub mod samples;
+pub mod scenarios;
 pub mod sim;
 pub mod smt;
 pub mod split;

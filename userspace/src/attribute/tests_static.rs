@@ -1,8 +1,9 @@
 //! Static power on busy machines against the simulator (issue: "Joules you can trust on a
 //! busy machine"): one CPU always busy, every CPU always busy, with and without calibration.
 
-use super::sim::{SimClass, SimConfig, SimOutput, simulate};
-use super::tests::{assert_conserved, class, class_errors, input};
+use super::scenarios::{all_cpus_always_busy, one_cpu_always_busy, smt_siblings};
+use super::sim::{SimOutput, simulate};
+use super::tests::{assert_conserved, class_errors, input};
 use super::*;
 
 fn attribute_sim(out: &SimOutput, opts: &Options) -> Attribution {
@@ -19,55 +20,6 @@ fn attribute_sim(out: &SimOutput, opts: &Options) -> Attribution {
     let attr = attribute(&inp, opts);
     assert_conserved(&attr);
     attr
-}
-
-/// The issue's machine: 2 CPUs, 6 W static, 10 W per busy CPU. "pinned" runs on CPU 0 and
-/// never sleeps; "half" runs about half the time on CPU 1.
-pub(super) fn one_cpu_always_busy(seed: u64) -> SimConfig {
-    SimConfig {
-        seed,
-        cpus_per_package: 2,
-        duration_ns: 12_000_000_000,
-        static_w: 6.0,
-        idle_weight: 1.0,
-        mean_idle_ns: 3_000_000,
-        never_idle_cpus: vec![0],
-        classes: vec![
-            SimClass {
-                threads: 1,
-                cpus: vec![0],
-                ..class("pinned", 1, 10.0, 1.0, 5_000_000)
-            },
-            SimClass {
-                threads: 1,
-                cpus: vec![1],
-                ..class("half", 2, 10.0, 1.0, 3_000_000)
-            },
-        ],
-        ..SimConfig::default()
-    }
-}
-
-/// Every CPU always busy: a 15 W and a 5 W process share both CPUs in phases.
-pub(super) fn all_cpus_always_busy(seed: u64) -> SimConfig {
-    SimConfig {
-        seed,
-        cpus_per_package: 2,
-        duration_ns: 12_000_000_000,
-        static_w: 6.0,
-        never_idle_cpus: vec![0, 1],
-        classes: vec![
-            SimClass {
-                threads: 2,
-                ..class("hot", 1, 15.0, 1.0, 4_000_000)
-            },
-            SimClass {
-                threads: 2,
-                ..class("cool", 2, 5.0, 1.0, 4_000_000)
-            },
-        ],
-        ..SimConfig::default()
-    }
 }
 
 fn worst(out: &SimOutput, attr: &Attribution) -> f64 {
@@ -154,33 +106,6 @@ fn static_power_is_never_above_the_quietest_interval() {
         "{s:?}"
     );
     assert_eq!(s.static_clamped_from_w, Some(100.0));
-}
-
-/// Two cores of two SMT siblings, 10 W per busy thread alone: "shared" often runs on both
-/// siblings of core 0, "alone" never shares core 1.
-pub(super) fn smt_siblings(seed: u64) -> SimConfig {
-    SimConfig {
-        seed,
-        cpus_per_package: 4,
-        threads_per_core: 2,
-        smt_extra: 0.25,
-        duration_ns: 12_000_000_000,
-        static_w: 6.0,
-        never_idle_cpus: vec![0, 2],
-        classes: vec![
-            SimClass {
-                threads: 2,
-                cpus: vec![0, 1],
-                ..class("shared", 1, 10.0, 1.0, 3_000_000)
-            },
-            SimClass {
-                threads: 1,
-                cpus: vec![2],
-                ..class("alone", 2, 10.0, 1.0, 3_000_000)
-            },
-        ],
-        ..SimConfig::default()
-    }
 }
 
 #[test]
