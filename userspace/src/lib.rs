@@ -3,6 +3,7 @@
 //! The binary is thin; these modules do the work (`docs/ARCHITECTURE.md` draws the map):
 //! - [`attribute`]: pure attribution of measured energy to threads, processes and stacks.
 //! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events.
+//! - [`calibration`]: the calibration file (static power per host and source).
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
 //! - [`commands`]: one module per subcommand (argument parsing and wiring only).
 //! - [`energy`]: energy counters (perf PMU, powercap, MSR, hwmon, NVML) and the estimated
@@ -20,6 +21,7 @@
 
 pub mod analysis;
 pub mod attribute;
+pub mod calibration;
 pub mod capture;
 pub mod clock;
 pub mod commands;

@@ -24,6 +24,8 @@ enum Command {
     Top(commands::top::Args),
     /// Energy flamegraph (SVG, collapsed, pprof, speedscope) from a recording.
     Flamegraph(commands::flamegraph::Args),
+    /// Measure static (all-idle) power per energy source on a quiet machine.
+    Calibrate(commands::calibrate::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
         Command::Sources(args) => commands::sources::run(args),
         Command::Top(args) => commands::top::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
+        Command::Calibrate(args) => commands::calibrate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -40,7 +40,7 @@ fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
     }
 }
 
-fn input<'a>(
+pub(super) fn input<'a>(
     timeline: &'a Timeline,
     samples: &'a [Sample],
     sources: &'a [EnergySource],
@@ -63,8 +63,14 @@ fn rel_eq(a: f64, b: f64) -> bool {
 }
 
 /// Checks every conservation law; panics with a message naming the broken one.
-fn assert_conserved(attr: &Attribution) {
+pub(super) fn assert_conserved(attr: &Attribution) {
     for s in &attr.sources {
+        assert!(
+            s.static_w >= 0.0 && s.static_w <= s.static_bound_w * (1.0 + 1e-12),
+            "static {} W above the lowest interval power {} W",
+            s.static_w,
+            s.static_bound_w
+        );
         assert!(
             rel_eq(s.measured_uj, s.attributed_uj + s.idle_uj + s.unknown_uj),
             "source {}: {s:?}",
@@ -347,11 +353,11 @@ fn estimated_sources_never_use_regression() {
             .as_deref()
             .is_some_and(|n| n.contains("estimated"))
     );
-    assert_eq!((s.static_w, s.static_origin), (7.0, StaticOrigin::Model));
+    assert_eq!((s.static_w, &s.static_origin), (7.0, &StaticOrigin::Model));
     assert!(attr.estimated);
 }
 
-fn class(name: &str, tgid: u32, watts: f64, weight: f64, mean_run_ns: u64) -> SimClass {
+pub(super) fn class(name: &str, tgid: u32, watts: f64, weight: f64, mean_run_ns: u64) -> SimClass {
     SimClass {
         name: name.into(),
         tgid,
@@ -360,6 +366,7 @@ fn class(name: &str, tgid: u32, watts: f64, weight: f64, mean_run_ns: u64) -> Si
         weight,
         mean_run_ns,
         functions: vec![2.0, 1.0],
+        cpus: Vec::new(),
     }
 }
 
@@ -378,7 +385,7 @@ fn spread_config(seed: u64) -> SimConfig {
 }
 
 /// Relative error of each class's attributed energy against the truth.
-fn class_errors(out: &sim::SimOutput, attr: &Attribution) -> Vec<(u32, f64)> {
+pub(super) fn class_errors(out: &sim::SimOutput, attr: &Attribution) -> Vec<(u32, f64)> {
     let procs = by_process(attr);
     out.truth
         .class_uj

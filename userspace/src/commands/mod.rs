@@ -2,6 +2,7 @@
 //! Each is a thin shell over the library modules.
 
 pub mod args;
+pub mod calibrate;
 pub mod flamegraph;
 pub mod record;
 pub mod report;

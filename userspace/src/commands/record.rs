@@ -46,6 +46,9 @@ pub struct Args {
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
     pub energy: crate::energy::EnergyArgs,
+    /// Static power from `energy-bpf calibrate`, stored in the recording's header.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
     /// Command to run; recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -70,6 +73,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let energy =
         crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
     let (kernel_release, hostname) = host::uname();
+    let calibration = args
+        .calibration
+        .resolve(&hostname)
+        .context("cannot use the calibration")?;
+    for (key, c) in &calibration {
+        eprintln!(
+            "energy-bpf: static power of {key}: {:.2} W, calibrated {} ({})",
+            c.watts, c.date, c.file
+        );
+    }
     let header = Header {
         format_version: FORMAT_VERSION,
         hostname,
@@ -82,6 +95,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         recorder_version: env!("CARGO_PKG_VERSION").into(),
         command_line: std::env::args().collect(),
         target_pids: args.pids.clone(),
+        calibration: crate::calibration::to_header(&calibration),
     };
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;

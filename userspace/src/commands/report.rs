@@ -60,6 +60,9 @@ pub struct Args {
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
 }
 
 fn parse_window(text: &str) -> Result<f64, String> {
@@ -138,7 +141,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             rec.duration_ns() as f64 / 1e9
         );
     }
-    let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
+    let mut options = args.attribute.options();
+    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    let cfg = analysis::config(&rec, options, &args.model.model());
     let mut stdout = std::io::stdout().lock();
     let text = match args.window {
         Some(secs) => windowed(&args, &rec, &cfg, secs)?,
@@ -308,6 +313,8 @@ fn report(
         ),
         format!("{} events lost", lost_events(&rec.losses)),
     ];
+    let mut notes = notes;
+    notes.extend(crate::attribute::static_power::describe(&attr.sources));
     // Whole threads and processes carry no sampling error (attribute::ci), so a process's
     // interval is its headline interval (`ci_j`) scaled to each domain.
     let cells = |e: &pipeline::DomainJoules, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {

@@ -64,6 +64,9 @@ pub struct Args {
     /// regression needs minutes of intervals, which `report` has and a live view does not.
     #[command(flatten)]
     pub attribute: AttributeArgs,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
 }
 
 impl Args {
@@ -122,6 +125,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if attribute.power_model == crate::attribute::PowerModel::Auto {
         attribute.power_model = crate::attribute::PowerModel::Time;
     }
+    let (_, hostname) = crate::capture::host::uname();
+    attribute.calibrated = args
+        .calibration
+        .resolve(&hostname)
+        .context("cannot use the calibration")?;
     let feed = crate::feed::live(crate::feed::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),

@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use super::{Writer, WriteError, merge_thread};
+use super::{WriteError, Writer, merge_thread};
 use crate::pb::v1::{
     Chunk, EnergySource, Header, LossCounters, Mapping, ThreadInfo, Trailer, process_event::Kind,
 };
@@ -274,7 +274,10 @@ mod tests {
 
     #[test]
     fn retention_parses_durations_and_sizes() {
-        assert_eq!("7d".parse(), Ok(Retain::Age(Duration::from_secs(7 * 86_400))));
+        assert_eq!(
+            "7d".parse(),
+            Ok(Retain::Age(Duration::from_secs(7 * 86_400)))
+        );
         assert_eq!("30m".parse(), Ok(Retain::Age(Duration::from_secs(1800))));
         assert_eq!("500MiB".parse(), Ok(Retain::Size(500 << 20)));
         assert_eq!("2G".parse(), Ok(Retain::Size(2 << 30)));
@@ -324,7 +327,10 @@ mod tests {
         assert_eq!(files.len(), 2, "{files:?}");
         // The second file alone still knows thread 7's name.
         let second = super::super::read_file(&files[1].0).expect("readable");
-        assert_eq!(second.threads.get(&7).map(|t| t.comm.as_str()), Some("worker"));
+        assert_eq!(
+            second.threads.get(&7).map(|t| t.comm.as_str()),
+            Some("worker")
+        );
         assert_eq!(second.header.start_ns, 3_000);
         let first = super::super::read_file(&files[0].0).expect("readable");
         assert!(!first.truncated, "a rotated file is finished");

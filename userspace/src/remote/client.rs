@@ -106,7 +106,10 @@ mod tests {
         let mut bytes = encode(&snap);
         bytes.extend(encode(&snap));
         let mut r = bytes.as_slice();
-        assert_eq!(read_frame(&mut r).expect("first").expect("frame").rows, snap.rows);
+        assert_eq!(
+            read_frame(&mut r).expect("first").expect("frame").rows,
+            snap.rows
+        );
         assert!(read_frame(&mut r).expect("second").is_some());
         assert!(read_frame(&mut r).expect("clean end").is_none());
         // 1 GiB announced: refused before allocating.
@@ -125,7 +128,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("run").join("agent.sock");
         let server = Server::bind(&path).expect("bind");
-        let mode = std::fs::metadata(&path).expect("socket").permissions().mode() & 0o777;
+        let mode = std::fs::metadata(&path)
+            .expect("socket")
+            .permissions()
+            .mode()
+            & 0o777;
         assert!(mode == 0o600 || mode == 0o660, "mode {mode:o}");
         assert!(matches!(
             Server::bind(&path),

@@ -231,6 +231,9 @@ mod tests {
         .encode_to_vec();
         assert!(matches!(decode(&f), Err(RemoteError::BadFrame { .. })));
         f.clear();
-        assert!(decode(&f).is_ok(), "an empty frame is a valid, empty window");
+        assert!(
+            decode(&f).is_ok(),
+            "an empty frame is a valid, empty window"
+        );
     }
 }

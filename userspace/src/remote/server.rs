@@ -56,12 +56,13 @@ impl Server {
             path: path.to_path_buf(),
             source,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            if !dir.exists() {
-                std::fs::create_dir_all(dir).map_err(|e| io("cannot create the directory of", e))?;
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
-                    .map_err(|e| io("cannot set the mode of the directory of", e))?;
-            }
+        if let Some(dir) = path
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+        {
+            std::fs::create_dir_all(dir).map_err(|e| io("cannot create the directory of", e))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| io("cannot set the mode of the directory of", e))?;
         }
         match std::fs::symlink_metadata(path) {
             Ok(meta) if !meta.file_type().is_socket() => {
@@ -74,7 +75,9 @@ impl Server {
                     path: path.to_path_buf(),
                 });
             }
-            Ok(_) => std::fs::remove_file(path).map_err(|e| io("cannot remove the stale socket", e))?,
+            Ok(_) => {
+                std::fs::remove_file(path).map_err(|e| io("cannot remove the stale socket", e))?
+            }
             Err(_) => {}
         }
         // Created 0600 (umask) so no one can connect before the mode below is set.
@@ -191,10 +194,7 @@ fn serve(mut stream: UnixStream, shared: &Shared) {
     let mut sent = 0u64;
     loop {
         let frame = {
-            let mut latest = shared
-                .latest
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut latest = shared.latest.lock().unwrap_or_else(PoisonError::into_inner);
             while latest.seq == sent && !shared.stop.load(Ordering::Relaxed) {
                 latest = shared
                     .fresh
