@@ -12,7 +12,6 @@
 //! intervals ([`aggregate`], [`ci`]). Conservation is the hard invariant: for every interval
 //! and domain, attributed + idle + unknown = measured.
 
-pub mod aggregate;
 mod apportion;
 pub mod attribution;
 pub mod calibrate;
@@ -41,7 +40,6 @@ use std::collections::{BTreeMap, HashMap};
 use crate::pb::v1::{Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, ThreadInfo};
 use crate::timeline::Timeline;
 
-pub use aggregate::{Group, GroupKey, by_cgroup, by_comm, by_process};
 pub use attribution::{
     Attribution, ClassLabel, IntervalRow, PerDomain, PowerModelUsed, RegressionReport,
     SourceAttribution, ThreadEnergy, domain_name,
