@@ -19,5 +19,7 @@ mod pipeline;
 mod calibrate;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
+// OTLP profiles, decoded by a receiver built from the official definitions.
+mod otlp;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.
 mod top_tmux;

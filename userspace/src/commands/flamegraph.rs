@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 
 use crate::analysis;
 use crate::commands::args::{AttributeArgs, ModelArgs, RangeArgs};
-use crate::output::{ProfileSink, collapsed, pprof, speedscope, svg};
+use crate::output::{ProfileSink, collapsed, otlp, pprof, speedscope, svg};
 use crate::profile::{self, Filter};
 
 /// Output format.
@@ -25,6 +25,9 @@ pub enum Format {
     Pprof,
     /// speedscope JSON.
     Speedscope,
+    /// One binary OTLP `ExportProfilesServiceRequest` (opentelemetry-proto v1.10.0): a CPU
+    /// profile and an energy profile per domain, for an OpenTelemetry Collector later.
+    Otlp,
 }
 
 /// What the widths measure.
@@ -90,6 +93,22 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
+/// Resource attributes of a recording: its host and kernel, and this machine's id when the
+/// recording was made here.
+fn otlp_origin(rec: &crate::record::Recording) -> otlp::Origin {
+    let (_, here) = crate::capture::host::uname();
+    let host_id = (here == rec.header.hostname)
+        .then(|| std::fs::read_to_string("/etc/machine-id").ok())
+        .flatten()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    otlp::Origin {
+        host_name: rec.header.hostname.clone(),
+        host_id,
+        kernel: rec.header.kernel_release.clone(),
+    }
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rec = args
@@ -137,6 +156,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Speedscope => Box::new(speedscope::Speedscope {
             value: value.to_string(),
         }),
+        Format::Otlp => Box::new(otlp::Otlp {
+            origin: otlp_origin(&rec),
+            // Recordings keep cgroup ids, not paths: no container ids offline.
+            container_of: &|_| None,
+        }),
     };
     if rec.truncated {
         eprintln!(
@@ -156,6 +180,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let stdout = std::io::stdout();
             if args.format == Format::Pprof && stdout.is_terminal() {
                 bail!("pprof output is binary; write it to a file with -o FILE.pb.gz");
+            }
+            if args.format == Format::Otlp && stdout.is_terminal() {
+                bail!("OTLP output is binary; write it to a file with -o FILE.pb");
             }
             let mut out = std::io::BufWriter::new(stdout.lock());
             sink.write_profile(&profile, &mut out)
