@@ -13,6 +13,7 @@
 //!   attribution and rows out; every output stands on it.
 //! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
+//! - [`exporter`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
@@ -26,6 +27,7 @@ pub mod capture;
 pub mod clock;
 pub mod commands;
 pub mod energy;
+pub mod exporter;
 pub mod feed;
 pub mod output;
 pub mod pipeline;
