@@ -32,31 +32,40 @@ pub struct RollupInput<'a> {
     pub cgroup_name: &'a dyn Fn(u64) -> String,
 }
 
-/// When each process id's holder exited, to tell apart processes that reused a pid.
+/// When a process id was given to a new process after its holder exited, to tell apart
+/// processes that reused a pid. A new instance starts at the fork that creates a process
+/// with that pid after the main thread's exit, not at the exit itself: an exiting task can
+/// still be switched in and out after its exit event, and that is still the old process.
 #[derive(Clone, Debug, Default)]
 struct Lifetimes {
-    exits: HashMap<u32, Vec<u64>>,
+    births: HashMap<u32, Vec<u64>>,
 }
 
 impl Lifetimes {
     fn of(events: &[ProcessEvent]) -> Self {
-        let mut exits: HashMap<u32, Vec<u64>> = HashMap::new();
-        for e in events {
-            if e.kind() == Kind::Exit && e.tid == e.tgid {
-                exits.entry(e.tgid).or_default().push(e.ts_ns);
+        let mut sorted: Vec<&ProcessEvent> = events.iter().collect();
+        sorted.sort_by_key(|e| e.ts_ns);
+        let mut exited: HashSet<u32> = HashSet::new();
+        let mut births: HashMap<u32, Vec<u64>> = HashMap::new();
+        for e in sorted {
+            match e.kind() {
+                Kind::Exit if e.tid == e.tgid => {
+                    exited.insert(e.tgid);
+                }
+                Kind::Fork if e.child_tid == e.child_tgid && exited.remove(&e.child_tgid) => {
+                    births.entry(e.child_tgid).or_default().push(e.ts_ns);
+                }
+                _ => {}
             }
         }
-        for v in exits.values_mut() {
-            v.sort_unstable();
-        }
-        Self { exits }
+        Self { births }
     }
 
     /// Which instance of `tgid` was alive at `ts_ns` (0 = the first one seen).
     fn instance(&self, tgid: u32, ts_ns: u64) -> u32 {
-        self.exits
+        self.births
             .get(&tgid)
-            .map_or(0, |v| v.partition_point(|&t| t < ts_ns) as u32)
+            .map_or(0, |v| v.partition_point(|&t| t <= ts_ns) as u32)
     }
 }
 
@@ -326,6 +335,55 @@ mod tests {
         String::new()
     }
 
+    /// A fork at `ts_ns` that creates process `pid`.
+    fn fork_of(pid: u32, ts_ns: u64) -> ProcessEvent {
+        ProcessEvent {
+            ts_ns,
+            kind: Kind::Fork as i32,
+            tid: 1,
+            tgid: 1,
+            child_tid: pid,
+            child_tgid: pid,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_exiting_task_switched_in_after_its_exit_event_is_still_one_process() {
+        // pid 60 exits at 150 but runs again 200-250 (the kernel's exit path can be
+        // preempted): one row, not two instances.
+        let tl = Timeline::build(
+            0,
+            300,
+            &[0],
+            &[
+                sw(100, 0, 60),
+                sw(160, 60, 0),
+                sw(200, 0, 60),
+                sw(250, 60, 0),
+            ],
+        );
+        let exit = ProcessEvent {
+            ts_ns: 150,
+            kind: Kind::Exit as i32,
+            tid: 60,
+            tgid: 60,
+            ..Default::default()
+        };
+        let attr = Attribution::default();
+        let rows = processes(&RollupInput {
+            attribution: &attr,
+            timeline: &tl,
+            samples: &[],
+            process_events: &[exit],
+            threads: &HashMap::new(),
+            cgroup_name: &no_cgroups,
+        });
+        let sixty: Vec<&ProcessRow> = rows.iter().filter(|p| p.pid == 60).collect();
+        assert_eq!(sixty.len(), 1, "{rows:?}");
+        assert_eq!(sixty[0].cpu_ns, 110);
+    }
+
     #[test]
     fn a_reused_pid_is_two_processes_sharing_its_energy_by_cpu_time() {
         // pid 50 runs 100-300 on cpu 0, exits at 299, and a new pid 50 runs 400-450.
@@ -358,11 +416,12 @@ mod tests {
             tgid: 50,
             ..Default::default()
         };
+        let events = [exit, fork_of(50, 350)];
         let rows = processes(&RollupInput {
             attribution: &attr,
             timeline: &tl,
             samples: &[],
-            process_events: &[exit],
+            process_events: &events,
             threads: &HashMap::new(),
             cgroup_name: &no_cgroups,
         });
@@ -419,7 +478,7 @@ mod tests {
             attribution: &attr,
             timeline: &tl,
             samples: &[],
-            process_events: &[exit],
+            process_events: &[exit, fork_of(50, 350)],
             threads: &HashMap::new(),
             cgroup_name: &no_cgroups,
         });
