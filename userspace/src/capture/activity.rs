@@ -132,6 +132,12 @@ impl ActivityCounters {
         Ok(Self { event, per_cpu })
     }
 
+    /// What `--activity-event auto` picks on this machine (`sources` says it without
+    /// loading probes): the event, or why there is none.
+    pub fn auto_choice(cpus: &[u32]) -> Result<ActivityEvent, ActivityError> {
+        Self::open_event(ActivityEvent::Cycles, cpus).map(|c| c.event)
+    }
+
     /// The event counted.
     pub fn event(&self) -> ActivityEvent {
         self.event
