@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use energy_bpf::attribute::sim::{SimClass, SimConfig, SimOutput, simulate};
 use energy_bpf::attribute::{
-    self, ActivityWeights, Attribution, Calibrated, GroupKey, Input, Options, PowerModel,
-    by_process, estimate_samples, scenarios,
+    self, ActivityWeights, Attribution, Calibrated, Input, Options, PowerModel,
+    estimate_samples, scenarios,
 };
+use energy_bpf::pipeline;
 
 const WINDOW_NS: u64 = 5_000_000_000;
 
@@ -116,17 +117,27 @@ fn evaluate_weighted(
         opts,
     );
     let base = baseline(&out, cfg.static_w);
-    let procs = by_process(&attr);
+    let threads = std::collections::HashMap::new();
+    let procs = pipeline::rollup::processes(&pipeline::rollup::RollupInput {
+        attribution: &attr,
+        timeline: &out.timeline,
+        samples: &out.samples,
+        process_events: &[],
+        threads: &threads,
+        cgroup_name: &|_| String::new(),
+    });
     let cpu_total = (cfg.packages * cfg.cpus_per_package) as f64 * cfg.duration_ns as f64;
     let rows = cfg
         .classes
         .iter()
         .map(|c| {
             let truth = out.truth.class_uj[&c.tgid];
+            // The rows every output reads: the pipeline's rollup.
             let ours = procs
                 .iter()
-                .find(|g| g.key == GroupKey::Process(c.tgid))
-                .map_or(0.0, |g| attr.headline_uj(&g.energy));
+                .filter(|p| p.pid == c.tgid)
+                .map(|p| p.energy_j.values().sum::<f64>() * 1e6)
+                .sum::<f64>();
             let theirs = base.get(&c.tgid).copied().unwrap_or(0.0);
             Row {
                 name: c.name.clone(),

@@ -13,7 +13,6 @@
 //! and domain, attributed + idle + unknown = measured.
 
 pub mod activity;
-pub mod aggregate;
 mod apportion;
 pub mod attribution;
 pub mod calibrate;
@@ -45,7 +44,6 @@ use crate::pb::v1::{Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, Thre
 use crate::timeline::Timeline;
 
 pub use activity::{ActivityUsed, ActivityWeights};
-pub use aggregate::{Group, GroupKey, by_cgroup, by_comm, by_process};
 pub use attribution::{
     Attribution, ClassLabel, IntervalRow, PerDomain, PowerModelUsed, RegressionReport,
     SourceAttribution, ThreadEnergy, domain_name,

@@ -105,10 +105,6 @@ pub(super) fn assert_conserved(attr: &Attribution) {
             rel_eq(stacks, threads),
             "stacks {stacks} vs threads {threads}, {d:?}"
         );
-        let procs: f64 = by_process(attr).iter().map(|g| g.energy.get(d)).sum();
-        assert!(rel_eq(procs, threads), "processes, {d:?}");
-        let cgroups: f64 = by_cgroup(attr).iter().map(|g| g.energy.get(d)).sum();
-        assert!(rel_eq(cgroups, threads), "cgroups, {d:?}");
     }
     assert!(
         attr.sample_energy
@@ -387,15 +383,16 @@ fn spread_config(seed: u64) -> SimConfig {
 
 /// Relative error of each class's attributed energy against the truth.
 pub(super) fn class_errors(out: &sim::SimOutput, attr: &Attribution) -> Vec<(u32, f64)> {
-    let procs = by_process(attr);
     out.truth
         .class_uj
         .iter()
         .map(|(&tgid, &truth)| {
-            let got = procs
+            let got: f64 = attr
+                .threads
                 .iter()
-                .find(|g| g.key == GroupKey::Process(tgid))
-                .map_or(0.0, |g| attr.headline_uj(&g.energy));
+                .filter(|t| t.tgid == tgid)
+                .map(|t| attr.headline_uj(&t.energy))
+                .sum();
             (tgid, (got - truth) / truth)
         })
         .collect()

@@ -10,10 +10,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use crate::analysis;
-use crate::commands::args::{AttributeArgs, ModelArgs};
+use crate::commands::args::{AttributeArgs, ModelArgs, RangeArgs};
 use crate::output::{ProfileSink, collapsed, pprof, speedscope, svg};
 use crate::profile::{self, Filter};
-use crate::record;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -56,8 +55,15 @@ impl Domain {
 /// Arguments of `energy-bpf flamegraph`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Recording made by `energy-bpf record`.
+    /// Recording made by `energy-bpf record`, or a directory of the agent's rotating
+    /// recordings.
     pub file: PathBuf,
+    /// Which part of it.
+    #[command(flatten)]
+    pub range: RangeArgs,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Svg)]
     pub format: Format,
@@ -86,9 +92,13 @@ pub struct Args {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rec = record::read_file(&args.file)
+    let rec = args
+        .range
+        .read(&args.file)
         .with_context(|| format!("cannot read recording {}", args.file.display()))?;
-    let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
+    let mut options = args.attribute.options();
+    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    let cfg = analysis::config(&rec, options, &args.model.model());
     let analysis = analysis::analyze(&rec, &cfg);
     let filter = Filter {
         pids: args.pids.clone(),
@@ -218,6 +228,8 @@ mod tests {
             comms: vec![],
             output: Some(output.to_path_buf()),
             width: Some(1200),
+            range: RangeArgs::default(),
+            calibration: Default::default(),
             attribute: AttributeArgs::default(),
             model: ModelArgs::default(),
         }
@@ -284,6 +296,8 @@ mod tests {
             comms: vec![],
             output: None,
             width: None,
+            range: RangeArgs::default(),
+            calibration: Default::default(),
             attribute: AttributeArgs::default(),
             model: ModelArgs::default(),
         };

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::commands::args::AttributeArgs;
+use crate::commands::args::{AttributeArgs, RangeArgs};
 use crate::tui::{self, Exit, FrameFormat, Snapshot, State};
 
 /// How `--batch` prints frames.
@@ -43,6 +43,10 @@ pub struct Args {
     /// seconds of recording time (as fast as it can with `--batch`).
     #[arg(long, value_name = "FILE")]
     pub replay: Option<PathBuf>,
+    /// With `--replay`: which part of the recording (or of a directory of the agent's
+    /// rotating recordings).
+    #[command(flatten)]
+    pub range: RangeArgs,
     /// Show what the agent at this socket publishes instead of capturing (what `top` does
     /// without root when the agent's socket exists).
     #[arg(long, value_name = "PATH", conflicts_with = "replay")]
@@ -97,7 +101,7 @@ fn parse_interval(text: &str) -> Result<f64, String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut attribute = args.attribute.options();
     if let Some(path) = &args.replay {
-        let rec = crate::record::read_file(path).context("cannot replay")?;
+        let rec = args.range.read(path).context("cannot replay")?;
         if rec.truncated {
             eprintln!(
                 "energy-bpf: warning: {} was cut short (recorder killed or disk full); replaying the {:.1} s it holds",
