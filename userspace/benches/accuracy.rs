@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use energy_bpf::attribute::sim::{SimClass, SimConfig, SimOutput, simulate};
 use energy_bpf::attribute::{
-    self, ActivityWeights, Attribution, Calibrated, Input, Options, PowerModel,
-    estimate_samples, scenarios,
+    self, ActivityWeights, Attribution, Calibrated, Input, Options, PowerModel, estimate_samples,
+    scenarios,
 };
 use energy_bpf::pipeline;
 
