@@ -7,6 +7,8 @@ mod util;
 
 // Capture: real probes on this kernel, rebuilt timeline vs known workloads.
 mod capture;
+// The per-run activity counter: a software event through the real sched_switch probe.
+mod activity;
 // Bad input and missing privileges: clear errors, nothing lost.
 mod errors;
 // Energy readings from fake RAPL trees through the real record path.

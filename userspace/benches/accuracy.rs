@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use energy_bpf::attribute::sim::{SimClass, SimConfig, SimOutput, simulate};
 use energy_bpf::attribute::{
-    self, Attribution, Calibrated, Input, Options, PowerModel, estimate_samples, scenarios,
+    self, ActivityWeights, Attribution, Calibrated, Input, Options, PowerModel, estimate_samples,
+    scenarios,
 };
 use energy_bpf::pipeline;
 
@@ -24,6 +25,7 @@ fn class(name: &str, tgid: u32, watts: f64, weight: f64, mean_run_ns: u64) -> Si
         mean_run_ns,
         functions: vec![2.0, 1.0],
         cpus: Vec::new(),
+        ghz: 0.0,
     }
 }
 
@@ -93,8 +95,27 @@ struct Row {
 }
 
 fn evaluate(cfg: &SimConfig, opts: &Options) -> (Vec<Row>, Attribution) {
+    evaluate_weighted(cfg, opts, false)
+}
+
+/// [`evaluate`], with the runs' activity counts (the simulator's cycles) as weights when
+/// `by_activity`.
+fn evaluate_weighted(
+    cfg: &SimConfig,
+    opts: &Options,
+    by_activity: bool,
+) -> (Vec<Row>, Attribution) {
     let out = simulate(cfg);
-    let attr = attribute::attribute(&input(&out), opts);
+    let weights = by_activity
+        .then(|| ActivityWeights::from_timeline(&out.timeline))
+        .flatten();
+    let attr = attribute::attribute(
+        &Input {
+            activity: weights.as_ref(),
+            ..input(&out)
+        },
+        opts,
+    );
     let base = baseline(&out, cfg.static_w);
     let threads = std::collections::HashMap::new();
     let procs = pipeline::rollup::processes(&pipeline::rollup::RollupInput {
@@ -369,6 +390,8 @@ fn busy_machines() -> bool {
         format!("worst {:.2}%", e * 100.0),
     );
 
+    ok &= dvfs();
+
     let smt = scenarios::smt_siblings(23);
     let time = Options {
         static_w: Some(smt.static_w),
@@ -388,6 +411,40 @@ fn busy_machines() -> bool {
         format!("worst {:.2}%", e * 100.0),
     );
     ok
+}
+
+/// DVFS classes (1.2–3.6 GHz, power ∝ frequency): time weights against the probe's cycles
+/// weights, both with the busy-time split (`--power-model time`) and the true static power.
+fn dvfs() -> bool {
+    let cfg = scenarios::dvfs_classes(24);
+    let opts = Options {
+        static_w: Some(cfg.static_w),
+        power_model: PowerModel::Time,
+        ..Options::default()
+    };
+    let (rows, attr) = evaluate_weighted(&cfg, &opts, false);
+    print_table(
+        "DVFS classes (1.2–3.6 GHz, 5 W per GHz), time weights (no counter)",
+        &rows,
+        &attr,
+    );
+    let time = max_err(&rows, 0.0, |r| r.ours_err);
+    let (rows, attr) = evaluate_weighted(&cfg, &opts, true);
+    print_table(
+        "DVFS classes (1.2–3.6 GHz, 5 W per GHz), cycles weights",
+        &rows,
+        &attr,
+    );
+    let cycles = max_err(&rows, 0.0, |r| r.ours_err);
+    verdict(
+        "DVFS: cycles weights ≤ 5% where time weights are off by > 20%",
+        cycles <= 0.05 && time > 0.20,
+        format!(
+            "cycles worst {:.2}%, time worst {:.1}%",
+            cycles * 100.0,
+            time * 100.0
+        ),
+    )
 }
 
 /// Coverage of the 95% intervals of function energies over many short simulated runs.

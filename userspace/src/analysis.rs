@@ -52,7 +52,13 @@ pub fn config(rec: &Recording, options: Options, model: &ModelOverride) -> Confi
         cpus: rec.header.cpus.clone(),
         sources,
         options,
+        activity_event: activity_event(rec),
     }
+}
+
+/// The activity event a recording's switch events count, if any.
+pub fn activity_event(rec: &Recording) -> Option<String> {
+    Some(rec.header.activity_event.clone()).filter(|e| !e.is_empty())
 }
 
 /// Analyses a whole recording as one window.

@@ -16,7 +16,7 @@ use anyhow::Context as _;
 use crate::{
     attribute::{Options, domain_name},
     capture::{
-        Probes,
+        ActivityEvent, Probes,
         session::{Session, Targets},
     },
     clock,
@@ -37,6 +37,8 @@ pub struct LiveConfig {
     pub energy: EnergyArgs,
     /// Attribution options.
     pub attribute: Options,
+    /// The activity counter to weigh runs by.
+    pub activity: ActivityEvent,
 }
 
 /// Starts capture on its own thread and returns the snapshot channel. Start-up errors
@@ -71,13 +73,14 @@ struct Live {
 
 impl Live {
     fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
-        let probes = Probes::start(cfg.sample_hz).context("cannot start capture")?;
+        let probes = Probes::start(cfg.sample_hz, cfg.activity).context("cannot start capture")?;
         let cpus = energy::topology::of(&cfg.energy.sysfs_root, probes.cpus());
         let energy = energy::start(&cfg.energy, &cpus).context("cannot start energy readings")?;
         let config = Config {
             cpus,
             sources: energy.sources(),
             options: cfg.attribute.clone(),
+            activity_event: probes.activity_event().map(|e| e.name().to_owned()),
         };
         let names = std::cell::RefCell::new(CgroupNames::default());
         let mut pipeline = Pipeline::new(config, clock::monotonic_ns())
@@ -159,6 +162,7 @@ pub fn replay(
                 cpus: rec.header.cpus.clone(),
                 sources: rec.sources.clone(),
                 options,
+                activity_event: crate::analysis::activity_event(&rec),
             };
             for window in pipeline::windows(&rec, config, cfg.interval) {
                 if tx.send(snapshot(&window, sample_hz)).is_err() {

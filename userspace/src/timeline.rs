@@ -30,6 +30,9 @@ pub struct Run {
     pub tgid: u32,
     /// cgroup v2 id of the thread (0 when unknown).
     pub cgroup_id: u64,
+    /// Activity count (e.g. cycles) over `[start_ns, end_ns)`, when the probe counted the
+    /// run: a run cut by the window keeps the share of its count its length says.
+    pub activity: Option<u64>,
 }
 
 impl Run {
@@ -132,46 +135,67 @@ impl Timeline {
 }
 
 fn cpu_runs(start_ns: u64, end_ns: u64, events: &[&SwitchEvent]) -> Vec<Run> {
-    let mut runs = Vec::with_capacity(events.len() + 1);
-    let mut push = |from: u64, to: u64, tid: u32, tgid: u32, cgroup_id: u64| {
-        let (from, to) = (from.max(start_ns), to.min(end_ns));
-        if from >= to {
+    let mut runs: Vec<Run> = Vec::with_capacity(events.len() + 1);
+    let mut push = |run: Run| {
+        if run.start_ns >= run.end_ns {
             return;
         }
         // Merge with the previous run when it is the same thread (e.g. a gap filled by an
         // unknown-next run that the next event shows was the same task).
         if let Some(last) = runs.last_mut()
-            && let Run {
-                end_ns: last_end,
-                tid: last_tid,
-                ..
-            } = *last
-            && last_end == from
-            && last_tid == tid
+            && last.end_ns == run.start_ns
+            && last.tid == run.tid
         {
-            last.end_ns = to;
+            last.end_ns = run.end_ns;
+            last.activity = last.activity.zip(run.activity).map(|(a, b)| a + b);
             return;
         }
-        runs.push(Run {
-            start_ns: from,
-            end_ns: to,
-            tid,
-            tgid,
-            cgroup_id,
-        });
+        runs.push(run);
     };
     let mut cursor = start_ns;
+    // The previous switch on this CPU, where the run a switch ends began.
+    let mut previous: Option<u64> = None;
     for event in events {
-        push(cursor, event.ts_ns, event.tid, event.tgid, event.cgroup_id);
+        let (from, to) = (cursor.max(start_ns), event.ts_ns.min(end_ns));
+        let activity = match (event.activity, previous) {
+            (Some(count), Some(began)) => Some(clip(count, began, event.ts_ns, from, to)),
+            _ => None,
+        };
+        push(Run {
+            start_ns: from,
+            end_ns: to,
+            tid: event.tid,
+            tgid: event.tgid,
+            cgroup_id: event.cgroup_id,
+            activity,
+        });
         cursor = cursor.max(event.ts_ns);
+        previous = Some(event.ts_ns);
     }
-    match events.last() {
-        Some(last) if last.next_known => {
-            push(cursor, end_ns, last.next_tid, last.next_tgid, 0);
-        }
-        _ => push(cursor, end_ns, UNKNOWN_TID, 0, 0),
-    }
+    let (tid, tgid) = match events.last() {
+        Some(last) if last.next_known => (last.next_tid, last.next_tgid),
+        _ => (UNKNOWN_TID, 0),
+    };
+    // The last run is still going: its count comes with the switch that ends it.
+    push(Run {
+        start_ns: cursor.max(start_ns),
+        end_ns,
+        tid,
+        tgid,
+        cgroup_id: 0,
+        activity: None,
+    });
     runs
+}
+
+/// The part of `count` (over the run `[began, ended)`) that falls in `[from, to)`, assuming
+/// the rate was even over the run.
+fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
+    let (full, part) = (ended.saturating_sub(began), to.saturating_sub(from));
+    if part >= full || full == 0 {
+        return count;
+    }
+    (u128::from(count) * u128::from(part) / u128::from(full)) as u64
 }
 
 #[cfg(test)]
@@ -260,6 +284,44 @@ mod tests {
         ];
         let t = Timeline::build(100, 400, &[0], &ev);
         assert_eq!(spans(&t, 0), vec![(100, 150, 3), (150, 400, 2)]);
+    }
+
+    #[test]
+    fn activity_counts_are_clipped_with_their_runs() {
+        let counted = |ts_ns, tid, next, count| SwitchEvent {
+            activity: Some(count),
+            ..sw(ts_ns, 0, tid, Some(next))
+        };
+        // The first switch's run began before any event: its count cannot be placed.
+        let ev = [
+            counted(50, 2, 3, 100),
+            counted(150, 3, 2, 1_000),
+            counted(450, 2, 0, 3_000),
+        ];
+        let t = Timeline::build(100, 400, &[0], &ev);
+        let runs: Vec<(u64, u64, Option<u64>)> = t.cpus[0]
+            .runs
+            .iter()
+            .map(|r| (r.start_ns, r.end_ns, r.activity))
+            .collect();
+        // (50, 150] keeps half its count inside the window; (150, 450] keeps 250/300.
+        assert_eq!(runs, vec![(100, 150, Some(500)), (150, 400, Some(2_500))]);
+        // The run still going at the end has no count yet; merged runs add theirs.
+        let ev = [
+            counted(100, 0, 8, 1),
+            counted(200, 8, 8, 40),
+            counted(300, 8, 5, 60),
+        ];
+        let t = Timeline::build(0, 400, &[0], &ev);
+        let runs: Vec<(u64, u64, Option<u64>)> = t.cpus[0]
+            .runs
+            .iter()
+            .map(|r| (r.start_ns, r.end_ns, r.activity))
+            .collect();
+        assert_eq!(
+            runs,
+            vec![(0, 100, None), (100, 300, Some(100)), (300, 400, None)]
+        );
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub struct SwitchEvent {
     pub prev_state: u32,
     /// [`switch_flags`].
     pub flags: u32,
+    /// Count of the activity event (cycles where the PMU has them, or the software event
+    /// userspace chose) over the run this switch ends; valid only with
+    /// [`switch_flags::ACTIVITY`]. It lets dynamic energy be split by activity instead of
+    /// time (docs/ARCHITECTURE.md, "Attribution").
+    pub activity: u64,
     // No comm and no cgroup id here on purpose: each is a helper call on every switch
     // (~150 ns and ~20 ns measured with kernel.bpf_stats_enabled). Userspace learns both
     // from samples, lifecycle events, or /proc the first time a thread is seen.
@@ -43,9 +48,12 @@ pub mod switch_flags {
     pub const PREEMPT: u32 = 1;
     /// `next_tid`/`next_tgid` were read (the task_struct offsets were known).
     pub const NEXT_KNOWN: u32 = 2;
+    /// `activity` holds the run's count: the counter was read at this switch and at the
+    /// previous one on the same CPU.
+    pub const ACTIVITY: u32 = 4;
 }
 
-/// Switch events per [`SwitchBatch`]. 63, not 64: the probe sends `8 + len * 32` bytes and
+/// Switch events per [`SwitchBatch`]. 63, not 64: the probe sends `8 + len * 40` bytes and
 /// the verifier bounds that through bit masks, which for `len <= 63` stay inside the map
 /// value but for `len <= 64` do not.
 pub const SWITCH_BATCH: usize = 63;
@@ -168,5 +176,6 @@ pub fn comm_bytes(comm: &[u8; COMM_LEN]) -> &[u8] {
     &comm[..end]
 }
 
-const _: () = assert!(core::mem::size_of::<SwitchEvent>() == 32);
+const _: () = assert!(core::mem::size_of::<SwitchEvent>() == 40);
+const _: () = assert!(core::mem::offset_of!(SwitchEvent, activity) == 32);
 const _: () = assert!(core::mem::offset_of!(SwitchBatch, events) == SWITCH_BATCH_HEADER);

@@ -1,6 +1,7 @@
 //! The eBPF side of energy-bpf: who ran on each CPU and when (`sched_switch`), what they
 //! were doing (a cpu-clock perf timer that walks kernel and user stacks), and process
-//! lifecycle (`sched_process_exec/fork/exit`).
+//! lifecycle (`sched_process_exec/fork/exit`). Where userspace opened an activity counter
+//! (cycles, or a software event), `sched_switch` also counts it per run.
 //!
 //! Entry points are thin; each fills one ABI struct from `energy-bpf-abi` straight into a
 //! ring buffer reservation. Every submit passes `BPF_RB_NO_WAKEUP`: userspace drains on a
@@ -11,13 +12,14 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::BPF_F_USER_STACK,
+    bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, bpf_perf_event_value},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, generated::bpf_get_stack,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        generated::{bpf_get_stack, bpf_perf_event_read_value},
     },
     macros::{btf_tracepoint, map, perf_event},
-    maps::{PerCpuArray, RingBuf},
+    maps::{PerCpuArray, PerfEventArray, RingBuf},
     programs::{BtfTracePointContext, PerfEventContext},
 };
 use energy_bpf_abi::{
@@ -44,6 +46,30 @@ static SWITCH_BATCHES: PerCpuArray<SwitchBatch> = PerCpuArray::with_max_entries(
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// The activity counter of each CPU (cycles, or a software event), opened by userspace
+/// and stored at the CPU's index; read, never written to, by [`activity_delta`].
+#[map]
+static ACTIVITY: PerfEventArray<u32> = PerfEventArray::new(0);
+
+/// Each CPU's activity counter at its previous switch.
+#[map]
+static ACTIVITY_LAST: PerCpuArray<ActivityCursor> = PerCpuArray::with_max_entries(1, 0);
+
+/// Nonzero when userspace opened an activity counter: without one, the probe skips the
+/// helper call on every switch.
+#[unsafe(no_mangle)]
+static ACTIVITY_ON: u32 = 0;
+
+/// The activity counter's value at a CPU's previous switch. Private to the probe (userspace
+/// never reads it), so not an ABI struct.
+#[repr(C)]
+struct ActivityCursor {
+    /// Counter value.
+    value: u64,
+    /// Nonzero when `value` was read at the previous switch on this CPU.
+    known: u64,
+}
 
 /// Byte offsets of `task_struct::pid` and `::tgid`, computed by userspace from the running
 /// kernel's BTF (Rust eBPF has no CO-RE field relocations). Zero means unknown.
@@ -100,6 +126,45 @@ fn task_ids(task: *const u8) -> Option<(u32, u32)> {
     }
 }
 
+/// The activity count of the run that ends at this switch on this CPU, if the counter was
+/// read now and at the previous switch. A failed read forgets the previous value, so a
+/// later count never spans two runs.
+#[inline(always)]
+fn activity_delta() -> Option<u64> {
+    if global(&ACTIVITY_ON) == 0 {
+        return None;
+    }
+    let cursor = ACTIVITY_LAST.get_ptr_mut(0)?;
+    let mut value = bpf_perf_event_value {
+        counter: 0,
+        enabled: 0,
+        running: 0,
+    };
+    // SAFETY: ACTIVITY is #[repr(transparent)] over its map definition, which is what the
+    // helper expects; `value` is a live, writable bpf_perf_event_value of the size passed.
+    // The events are opened pinned, so they are never multiplexed and `counter` needs no
+    // enabled/running scaling.
+    let rc = unsafe {
+        bpf_perf_event_read_value(
+            core::ptr::from_ref(&ACTIVITY).cast_mut().cast(),
+            u64::from(BPF_F_CURRENT_CPU),
+            &mut value,
+            core::mem::size_of::<bpf_perf_event_value>() as u32,
+        )
+    };
+    // SAFETY: this CPU's slot; nothing else runs on this CPU meanwhile (see flush_switches).
+    unsafe {
+        if rc != 0 {
+            (*cursor).known = 0;
+            return None;
+        }
+        let previous = ((*cursor).known != 0).then(|| value.counter.wrapping_sub((*cursor).value));
+        (*cursor).value = value.counter;
+        (*cursor).known = 1;
+        previous
+    }
+}
+
 /// Sends this CPU's pending switch events to the ring buffer and empties the batch.
 ///
 /// Never runs concurrently with itself or [`sched_switch`] on one CPU: the switch
@@ -136,6 +201,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
     let Some(batch) = SWITCH_BATCHES.get_ptr_mut(0) else {
         return 0;
     };
+    let activity = activity_delta();
     let preempt: u64 = ctx.arg(0);
     let prev_state: u64 = ctx.arg(3);
     let (prev_tid, prev_tgid, next_tid, next_tgid, known) =
@@ -165,7 +231,14 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
             next_tid,
             next_tgid,
             prev_state: prev_state as u32,
-            flags: (preempt & 1) as u32 | known,
+            flags: (preempt & 1) as u32
+                | known
+                | if activity.is_some() {
+                    switch_flags::ACTIVITY
+                } else {
+                    0
+                },
+            activity: activity.unwrap_or(0),
         };
         (*batch).len = len as u32 + 1;
         if len + 1 == SWITCH_BATCH

@@ -42,12 +42,7 @@ pub(super) fn run_source(
     } else {
         domain_cpus(input, source)
     };
-    let activity = |cpu: u32, run: &Run| {
-        input
-            .activity
-            .and_then(|m| m.get(&(cpu, run.tid)).copied())
-            .unwrap_or(1.0)
-    };
+    let activity = |cpu: u32, run: &Run| input.activity.map_or(1.0, |w| w.weight(cpu, run));
     let cores = smt::cores(input.cpus, &cpus);
     let occs: Vec<Occupancy> = if is_gpu {
         Vec::new()
@@ -110,7 +105,16 @@ pub(super) fn run_source(
             residual: splitter.residual,
         };
     }
-    let plan = plan_model(source, opts, &intervals, &occs, static_w, &mut report);
+    let by_activity = input.activity.is_some();
+    let plan = plan_model(
+        source,
+        opts,
+        &intervals,
+        &occs,
+        static_w,
+        by_activity,
+        &mut report,
+    );
     let samples = domain_samples(input, &cpus);
     let mut next_sample = 0;
     for (i, (iv, occ)) in intervals.iter().zip(&occs).enumerate() {
@@ -249,6 +253,7 @@ fn plan_model(
     intervals: &[Interval],
     occs: &[Occupancy],
     static_w: f64,
+    by_activity: bool,
     report: &mut SourceAttribution,
 ) -> Option<Plan> {
     if opts.power_model == PowerModel::Time || intervals.is_empty() {
@@ -274,6 +279,7 @@ fn plan_model(
         &class_of,
         other,
         opts.regression_row_ns,
+        by_activity,
     );
     let global = regression::fit(&rows, k, &opts.fit);
     let (sse_time, sse_reg) = regression::heldout_sse(&rows, k, 5, &opts.fit);
@@ -354,7 +360,9 @@ fn plan_model(
 }
 
 /// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the
-/// classes and "other" (with unknown time).
+/// classes and "other" (with unknown time). With activity weights the columns are
+/// activity-weighted time, so the fitted watts multiply the weights instead of counting
+/// the same difference twice.
 fn build_rows(
     intervals: &[Interval],
     occs: &[Occupancy],
@@ -362,8 +370,10 @@ fn build_rows(
     class_of: &HashMap<u32, usize>,
     other: usize,
     row_ns: u64,
+    by_activity: bool,
 ) -> Vec<Row> {
     let k = other + 1;
+    let time = |t: &split::ThreadTime| if by_activity { t.weighted } else { t.ns };
     let mut rows = Vec::new();
     let mut cur: Option<Row> = None;
     for (iv, occ) in intervals.iter().zip(occs) {
@@ -377,9 +387,9 @@ fn build_rows(
         let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
         row.y_j += (iv.energy_uj - st) * 1e-6;
         for (&(tgid, _), t) in &occ.threads {
-            row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += t.ns * 1e-9;
+            row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += time(t) * 1e-9;
         }
-        row.t_s[other] += occ.unknown.ns * 1e-9;
+        row.t_s[other] += time(&occ.unknown) * 1e-9;
         if row.end_ns - row.start_ns >= row_ns
             && let Some(done) = cur.take()
         {

@@ -216,6 +216,7 @@ mod tests {
                 mean_run_ns: 500_000,
                 functions: vec![1.0],
                 cpus: Vec::new(),
+                ghz: 0.0,
             }],
             ..SimConfig::default()
         }

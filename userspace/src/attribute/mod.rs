@@ -12,6 +12,7 @@
 //! intervals ([`aggregate`], [`ci`]). Conservation is the hard invariant: for every interval
 //! and domain, attributed + idle + unknown = measured.
 
+pub mod activity;
 mod apportion;
 pub mod attribution;
 pub mod calibrate;
@@ -33,6 +34,8 @@ pub mod zero_load;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_activity;
+#[cfg(test)]
 mod tests_static;
 
 use std::collections::{BTreeMap, HashMap};
@@ -40,6 +43,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::pb::v1::{Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, ThreadInfo};
 use crate::timeline::Timeline;
 
+pub use activity::{ActivityUsed, ActivityWeights};
 pub use attribution::{
     Attribution, ClassLabel, IntervalRow, PerDomain, PowerModelUsed, RegressionReport,
     SourceAttribution, ThreadEnergy, domain_name,
@@ -63,13 +67,10 @@ pub struct Input<'a> {
     pub cpus: &'a [Cpu],
     /// Thread names and cgroups (may be empty).
     pub threads: &'a [ThreadInfo],
-    /// Optional activity weight per `(cpu, tid)`, e.g. cycles per ns read at switch where
-    /// hardware counters exist; missing entries weigh 1.0 (busy time).
+    /// Activity weights from the runs' counts (cycles where the PMU has them, see
+    /// [`activity`]); `None` splits by busy time.
     pub activity: Option<&'a ActivityWeights>,
 }
-
-/// Activity weight per `(cpu, tid)`, relative (1.0 = plain busy time).
-pub type ActivityWeights = HashMap<(u32, u32), f64>;
 
 /// Where idle/static energy goes (`--idle`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]

@@ -1,4 +1,4 @@
-//! Simulator scenarios of the busy-machine cases (static power, SMT) shared by the unit
+//! Simulator scenarios of the busy-machine cases (static power, SMT, DVFS) shared by the unit
 //! tests and the accuracy bench, so both measure the same machines.
 
 use super::sim::{SimClass, SimConfig};
@@ -13,6 +13,7 @@ fn class(name: &str, tgid: u32, watts: f64, threads: u32, cpus: Vec<u32>) -> Sim
         mean_run_ns: 3_000_000,
         functions: vec![2.0, 1.0],
         cpus,
+        ghz: 0.0,
     }
 }
 
@@ -83,6 +84,31 @@ pub fn smt_siblings(seed: u64) -> SimConfig {
                 mean_run_ns: 3_000_000,
                 ..class("alone", 2, 10.0, 1, vec![2])
             },
+        ],
+        ..SimConfig::default()
+    }
+}
+
+/// DVFS: four processes on 4 CPUs at 1.2, 2.0, 3.0 and 3.6 GHz, each drawing 5 W per GHz
+/// (dynamic power ∝ frequency at a fixed voltage step): equal busy time is not equal
+/// energy. Each run's switch event carries its cycles, as the probe's counter would.
+pub fn dvfs_classes(seed: u64) -> SimConfig {
+    let at = |name: &str, tgid: u32, ghz: f64, weight: f64| SimClass {
+        weight,
+        ghz,
+        mean_run_ns: 2_000_000,
+        ..class(name, tgid, 5.0 * ghz, 4, Vec::new())
+    };
+    SimConfig {
+        seed,
+        cpus_per_package: 4,
+        duration_ns: 12_000_000_000,
+        static_w: 6.0,
+        classes: vec![
+            at("eco-1.2GHz", 1, 1.2, 1.0),
+            at("base-2.0GHz", 2, 2.0, 0.8),
+            at("fast-3.0GHz", 3, 3.0, 0.8),
+            at("turbo-3.6GHz", 4, 3.6, 0.6),
         ],
         ..SimConfig::default()
     }

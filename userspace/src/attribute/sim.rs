@@ -37,6 +37,10 @@ pub struct SimClass {
     pub functions: Vec<f64>,
     /// CPUs the class may run on (empty: any), like a CPU affinity mask.
     pub cpus: Vec<u32>,
+    /// Clock while on a CPU, GHz = cycles per ns: each of its runs' switch events then
+    /// carries `ghz × run ns` cycles, as the probe's activity counter would (0: no count,
+    /// like a machine without hardware counters).
+    pub ghz: f64,
 }
 
 /// Everything about a simulated machine and run.
@@ -323,6 +327,13 @@ fn schedule_cpu(
 
 fn switches_of(cfg: &SimConfig, per_cpu: &[Vec<Seg>]) -> Vec<SwitchEvent> {
     let tgid_of = |s: &Seg| s.class.map_or(0, |c| cfg.classes[c].tgid);
+    // A halted idle CPU counts no cycles; a class without a clock has no counter.
+    let counting = cfg.classes.iter().any(|c| c.ghz > 0.0);
+    let cycles = |s: &Seg| match s.class.map(|c| cfg.classes[c].ghz) {
+        Some(ghz) if ghz > 0.0 => Some((ghz * (s.end - s.start) as f64).round() as u64),
+        None if counting => Some(0),
+        _ => None,
+    };
     let mut out = Vec::new();
     for (cpu, segs) in per_cpu.iter().enumerate() {
         for pair in segs.windows(2) {
@@ -337,6 +348,7 @@ fn switches_of(cfg: &SimConfig, per_cpu: &[Vec<Seg>]) -> Vec<SwitchEvent> {
                 next_known: true,
                 next_tid: b.tid,
                 next_tgid: tgid_of(b),
+                activity: cycles(a),
             });
         }
     }
@@ -527,6 +539,7 @@ mod tests {
                     mean_run_ns: 2_000_000,
                     functions: vec![1.0, 1.0],
                     cpus: Vec::new(),
+                    ghz: 0.0,
                 },
                 SimClass {
                     name: "cool".into(),
@@ -537,6 +550,7 @@ mod tests {
                     mean_run_ns: 300_000,
                     functions: vec![1.0],
                     cpus: Vec::new(),
+                    ghz: 0.0,
                 },
             ],
             ..SimConfig::default()

@@ -75,6 +75,7 @@ impl Occupancy {
                     tid: UNKNOWN_TID,
                     tgid: 0,
                     cgroup_id: 0,
+                    activity: None,
                 };
                 occ.unknown.ns += gap;
                 occ.unknown.weighted += gap * weight(cpu, &unknown_run);

@@ -363,6 +363,7 @@ pub(super) fn class(name: &str, tgid: u32, watts: f64, weight: f64, mean_run_ns:
         mean_run_ns,
         functions: vec![2.0, 1.0],
         cpus: Vec::new(),
+        ghz: 0.0,
     }
 }
 

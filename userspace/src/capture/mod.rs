@@ -6,11 +6,13 @@
 //! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). [`session`] builds recording
 //! chunks on top of it.
 
+pub mod activity;
 pub mod btf;
 pub mod host;
 mod probes;
 pub mod session;
 
+pub use activity::ActivityEvent;
 pub use probes::{CaptureError, Comm, Event, Probes, comm_string};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.

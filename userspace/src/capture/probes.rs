@@ -15,7 +15,10 @@ use energy_bpf_abi::{
     comm_bytes, counter, proc_kind, switch_flags,
 };
 
-use super::{btf, host};
+use super::{
+    activity::{ActivityCounters, ActivityError, ActivityEvent},
+    btf, host,
+};
 use crate::pb::v1::{self as pb, process_event::Kind};
 
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -46,6 +49,9 @@ pub enum CaptureError {
     /// Listing online CPUs failed.
     #[error("cannot list online CPUs: {0}")]
     Cpus(#[source] std::io::Error),
+    /// The activity counter asked for could not be opened or installed.
+    #[error(transparent)]
+    Activity(#[from] ActivityError),
 }
 
 /// A task's `comm` as the kernel keeps it: NUL-padded bytes. Kept raw on the hot path (one
@@ -80,13 +86,16 @@ pub struct Probes {
     /// (a batch read from the map at the end may also have reached the ring buffer).
     delivered: HashMap<u32, u64>,
     cpus: Vec<u32>,
+    /// The per-CPU activity counters `sched_switch` reads (kept open while capturing).
+    activity: Option<ActivityCounters>,
     /// Whether the probes could read the task switched in (task_struct offsets known).
     pub next_known: bool,
 }
 
 impl Probes {
-    /// Loads and attaches every probe; samples stacks at `sample_hz` on each online CPU.
-    pub fn start(sample_hz: u64) -> Result<Self, CaptureError> {
+    /// Loads and attaches every probe; samples stacks at `sample_hz` on each online CPU and
+    /// counts `activity` per run (see [`ActivityEvent`]).
+    pub fn start(sample_hz: u64, activity: ActivityEvent) -> Result<Self, CaptureError> {
         host::preflight(Path::new(VMLINUX_BTF))?;
         let (pid_off, tgid_off) = match btf::task_pid_offsets(Path::new(VMLINUX_BTF)) {
             Ok(offsets) => offsets,
@@ -95,11 +104,22 @@ impl Probes {
                 (0, 0)
             }
         };
+        let cpus = aya::util::online_cpus().map_err(|(_, err)| CaptureError::Cpus(err))?;
+        // Opened before loading: whether there is a counter is frozen into the probe.
+        let activity = ActivityCounters::open(activity, &cpus)?;
+        let activity_on = u32::from(activity.is_some());
         let mut ebpf = EbpfLoader::new()
             .override_global("TASK_PID_OFFSET", &pid_off, true)
             .override_global("TASK_TGID_OFFSET", &tgid_off, true)
+            .override_global("ACTIVITY_ON", &activity_on, true)
             .load(super::PROBES_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
+        if let Some(counters) = &activity {
+            match ebpf.map("ACTIVITY") {
+                Some(aya::maps::Map::PerfEventArray(map)) => counters.install(map)?,
+                _ => return Err(CaptureError::Map("ACTIVITY")),
+            }
+        }
         let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(Box::new(e.into())))?;
         for (program, tracepoint) in [
             ("sched_switch", "sched_switch"),
@@ -121,7 +141,6 @@ impl Probes {
                 source: Box::new(e),
             })?;
         }
-        let cpus = aya::util::online_cpus().map_err(|(_, err)| CaptureError::Cpus(err))?;
         let attach_sampler = |ebpf: &mut Ebpf| -> Result<(), aya::programs::ProgramError> {
             let prog: &mut PerfEvent = ebpf
                 .program_mut("sample_stack")
@@ -164,10 +183,16 @@ impl Probes {
             batches,
             delivered: HashMap::new(),
             cpus,
+            activity,
             next_known: pid_off != 0,
         };
         probes.sweep_cpus();
         Ok(probes)
+    }
+
+    /// The activity event counted per run, or `None` (split by time).
+    pub fn activity_event(&self) -> Option<ActivityEvent> {
+        self.activity.as_ref().map(ActivityCounters::event)
     }
 
     /// Online CPUs the sampler is attached to.
@@ -313,6 +338,7 @@ fn decode_switch(cpu: u32, e: &SwitchEvent) -> Event {
         next_known: e.flags & switch_flags::NEXT_KNOWN != 0,
         next_tid: e.next_tid,
         next_tgid: e.next_tgid,
+        activity: (e.flags & switch_flags::ACTIVITY != 0).then_some(e.activity),
     })
 }
 
@@ -364,6 +390,7 @@ mod tests {
             next_tgid: next_tid,
             prev_state: 1,
             flags: switch_flags::NEXT_KNOWN,
+            activity: 0,
         }
     }
 

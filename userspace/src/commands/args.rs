@@ -6,7 +6,44 @@ use clap::{ValueEnum, builder::PossibleValue};
 use crate::{
     analysis::ModelOverride,
     attribute::{IdlePolicy, Options, PowerModel},
+    capture::ActivityEvent,
 };
+
+/// The counter `sched_switch` reads per run, for `record` and `top`.
+#[derive(Clone, Copy, Debug, Default, clap::Args)]
+pub struct ActivityArgs {
+    /// Counter that weighs each run's share of dynamic energy: hardware cycles or
+    /// instructions where the PMU has them; `task-clock` or `cpu-clock` (software, the same
+    /// as time) to exercise the path where it has not; `none` to split by time. `auto`:
+    /// cycles if available, else none.
+    #[arg(long = "activity-event", value_enum, default_value_t = ActivityEvent::Auto)]
+    pub event: ActivityEvent,
+}
+
+impl ValueEnum for ActivityEvent {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            ActivityEvent::Auto,
+            ActivityEvent::Cycles,
+            ActivityEvent::Instructions,
+            ActivityEvent::TaskClock,
+            ActivityEvent::CpuClock,
+            ActivityEvent::None,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            ActivityEvent::Auto => "Cycles if the PMU has them, else none",
+            ActivityEvent::Cycles => "Hardware CPU cycles",
+            ActivityEvent::Instructions => "Hardware retired instructions",
+            ActivityEvent::TaskClock => "Software task-clock (ns)",
+            ActivityEvent::CpuClock => "Software cpu-clock (ns)",
+            ActivityEvent::None => "No counter: split by time",
+        };
+        Some(PossibleValue::new(self.name()).help(help))
+    }
+}
 
 /// Command-line flags of attribution, for `report`, `flamegraph` and `top`.
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -127,6 +164,8 @@ mod tests {
         attribute: AttributeArgs,
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        activity: ActivityArgs,
     }
 
     #[test]
@@ -148,5 +187,9 @@ mod tests {
         assert_eq!(o.static_w, Some(6.0));
         assert_eq!(cli.model.model().max_w, Some(9.0));
         assert!(Cli::try_parse_from(["x", "--idle", "nope"]).is_err());
+        assert_eq!(cli.activity.event, ActivityEvent::Auto);
+        let cli = Cli::parse_from(["x", "--activity-event", "task-clock"]);
+        assert_eq!(cli.activity.event, ActivityEvent::TaskClock);
+        assert!(Cli::try_parse_from(["x", "--activity-event", "joules"]).is_err());
     }
 }

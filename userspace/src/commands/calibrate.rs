@@ -21,7 +21,7 @@ use crate::{
     attribute::calibrate,
     calibration::{self, CalibrationFile, SourceCalibration},
     capture::{
-        Probes, host,
+        ActivityEvent, Probes, host,
         session::{Session, Targets},
     },
     pb::v1::{EnergyReading, SwitchEvent},
@@ -55,7 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "--duration must be between 0 and 3600 seconds"
     );
     // A low sampling rate: stacks are not needed, only the switch timeline.
-    let probes = Probes::start(1).context("cannot start capture")?;
+    // Only who ran matters here, not what each run did.
+    let probes = Probes::start(1, ActivityEvent::None).context("cannot start capture")?;
     let cpu_ids = probes.cpus().to_vec();
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, &cpu_ids);
     let energy =

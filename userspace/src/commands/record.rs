@@ -49,6 +49,9 @@ pub struct Args {
     /// Static power from `energy-bpf calibrate`, stored in the recording's header.
     #[command(flatten)]
     pub calibration: crate::calibration::CalibrationArgs,
+    /// The per-run activity counter, stored with every switch event.
+    #[command(flatten)]
+    pub activity: super::args::ActivityArgs,
     /// Command to run; recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -68,7 +71,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
-    let probes = Probes::start(args.freq).context("cannot start capture")?;
+    let probes = Probes::start(args.freq, args.activity.event).context("cannot start capture")?;
+    let activity_event = probes.activity_event().map(|e| e.name());
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
     let energy =
         crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
@@ -96,6 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         command_line: std::env::args().collect(),
         target_pids: args.pids.clone(),
         calibration: crate::calibration::to_header(&calibration),
+        activity_event: activity_event.unwrap_or_default().into(),
     };
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
@@ -117,10 +122,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     eprintln!(
-        "energy-bpf: recording {} CPUs at {} Hz to {} (Ctrl-C to stop)",
+        "energy-bpf: recording {} CPUs at {} Hz to {}, activity: {} (Ctrl-C to stop)",
         header.cpus.len(),
         args.freq,
-        args.output.display()
+        args.output.display(),
+        activity_event.unwrap_or("none: split by time"),
     );
     let started = Instant::now();
     let deadline = args

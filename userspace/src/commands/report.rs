@@ -315,6 +315,7 @@ fn report(
             totals.power_model,
             totals.idle_j.max(0.0),
         ),
+        format!("activity: {}", totals.activity.label()),
         format!("{} events lost", lost_events(&rec.losses)),
     ];
     let mut notes = notes;

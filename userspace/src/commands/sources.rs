@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::capture::activity::ActivityCounters;
 use crate::energy::{
     EnergyArgs, EnergySource,
     counter::MAX_PLAUSIBLE_W,
@@ -42,6 +43,16 @@ struct Report {
     /// Present when the estimated model covers the CPU packages.
     model: Option<ModelReport>,
     in_use: Vec<String>,
+    /// The activity counter `record` and `top` weigh runs by (`--activity-event auto`).
+    activity: ActivityReport,
+}
+
+#[derive(Serialize)]
+struct ActivityReport {
+    /// `cycles`, or `None`: dynamic energy is split by time.
+    event: Option<String>,
+    /// Why there is no counter.
+    reason: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -133,7 +144,19 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for s in &plan.model {
         in_use.push(format!("model package {} (estimated)", s.package));
     }
+    let online = aya::util::online_cpus().unwrap_or_else(|_| cpus.iter().map(|c| c.id).collect());
+    let activity = match ActivityCounters::auto_choice(&online) {
+        Ok(event) => ActivityReport {
+            event: Some(event.name().to_owned()),
+            reason: None,
+        },
+        Err(err) => ActivityReport {
+            event: None,
+            reason: Some(err.to_string()),
+        },
+    };
     let report = Report {
+        activity,
         sysfs_root: args.energy.sysfs_root.display().to_string(),
         dev_cpu_root: args.energy.dev_cpu_root.display().to_string(),
         energy_source: args.energy.energy_source.to_string(),
@@ -286,6 +309,20 @@ fn text(r: &Report) -> String {
         }
         let _ = writeln!(out, "  To calibrate: {}.", m.how_to_set);
     }
+    let _ = match (&r.activity.event, &r.activity.reason) {
+        (Some(e), _) => writeln!(
+            out,
+            "\nActivity weights: {e} (read per run at every switch; dynamic energy split by it)"
+        ),
+        (None, reason) => writeln!(
+            out,
+            "\nActivity weights: none: split by time{}\n  (record and top take \
+             --activity-event task-clock to exercise the path with a software event)",
+            reason
+                .as_ref()
+                .map_or(String::new(), |r| format!("\n  why: {r}"))
+        ),
+    };
     let _ = writeln!(
         out,
         "\nIn use: {}",
@@ -372,6 +409,10 @@ mod tests {
             ],
             model: None,
             in_use: vec!["powercap intel-rapl:0 (package-0)".into()],
+            activity: ActivityReport {
+                event: None,
+                reason: Some("cannot open the cycles counter on CPU 0".into()),
+            },
         };
         let t = text(&report);
         assert!(
@@ -387,6 +428,12 @@ mod tests {
         );
         assert!(
             t.ends_with("In use: powercap intel-rapl:0 (package-0)\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "Activity weights: none: split by time\n  why: cannot open the cycles counter"
+            ),
             "{t}"
         );
     }
@@ -428,6 +475,10 @@ mod tests {
             }],
             model: None,
             in_use: vec![],
+            activity: ActivityReport {
+                event: Some("cycles".into()),
+                reason: None,
+            },
         };
         let t = text(&report);
         assert!(
@@ -436,6 +487,7 @@ mod tests {
             ),
             "{t}"
         );
+        assert!(t.contains("Activity weights: cycles (read per run"), "{t}");
         // A measured counter with a normal interval carries no note.
         let m = Measurement {
             update_period_ns: 1_000_000,

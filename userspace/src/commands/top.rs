@@ -71,6 +71,9 @@ pub struct Args {
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
     pub calibration: crate::calibration::CalibrationArgs,
+    /// The per-run activity counter.
+    #[command(flatten)]
+    pub activity: super::args::ActivityArgs,
 }
 
 impl Args {
@@ -139,6 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         interval: args.interval(),
         energy: args.energy.clone(),
         attribute,
+        activity: args.activity.event,
     })?;
     run_with_feed(&args, feed)
 }

@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::{
-    attribute::{self, Attribution, Options, PowerModelUsed, StaticOrigin},
+    attribute::{
+        self, ActivityUsed, ActivityWeights, Attribution, Options, PowerModelUsed, StaticOrigin,
+    },
     energy,
     pb::v1::{
         Chunk, Cpu, EnergyReading, EnergySource, LossCounters, ProcessEvent, Sample, SwitchEvent,
@@ -42,6 +44,9 @@ pub struct Config {
     pub sources: Vec<EnergySource>,
     /// Attribution options.
     pub options: Options,
+    /// The activity event the switch events count per run (`Header.activity_event`), if
+    /// any: where runs carry counts, dynamic energy is split by them instead of time.
+    pub activity_event: Option<String>,
 }
 
 impl Config {
@@ -111,6 +116,8 @@ pub struct Analysis {
     pub readings: Vec<EnergyReading>,
     /// Energy per thread, process, sample.
     pub attribution: Attribution,
+    /// The activity that weighted the split (or none: by time).
+    pub activity: ActivityUsed,
 }
 
 /// Analyses one window: its timeline, its readings (modelled ones recomputed from the
@@ -119,6 +126,7 @@ pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) ->
     let cpu_ids: Vec<u32> = cfg.cpus.iter().map(|c| c.id).collect();
     let timeline = Timeline::build(input.start_ns, input.end_ns, &cpu_ids, input.switches);
     let readings = energy::readings_for(&cfg.sources, input.readings, &timeline, &cfg.cpus);
+    let weights = ActivityWeights::from_timeline(&timeline);
     let attribution = attribute::attribute(
         &attribute::Input {
             timeline: &timeline,
@@ -127,7 +135,7 @@ pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) ->
             readings: &readings,
             cpus: &cfg.cpus,
             threads,
-            activity: None,
+            activity: weights.as_ref(),
         },
         &cfg.options,
     );
@@ -136,6 +144,7 @@ pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) ->
         sources: cfg.sources.clone(),
         readings,
         attribution,
+        activity: ActivityUsed::of(cfg.activity_event.as_deref(), weights.as_ref()),
     }
 }
 
@@ -166,6 +175,8 @@ pub struct Totals {
     /// Static power per source and where it came from.
     #[serde(rename = "static")]
     pub static_power: Vec<StaticPower>,
+    /// The activity event that weighted dynamic energy between threads, or none (time).
+    pub activity: ActivityUsed,
 }
 
 /// A source's static power in [`Totals`].
@@ -226,6 +237,7 @@ impl Analysis {
                     note: s.power_model_note.clone(),
                 })
                 .collect(),
+            activity: self.activity.clone(),
         }
     }
 }

@@ -15,6 +15,8 @@ const NEXT_KNOWN: u32 = 2;
 const PREV_IS_LAST_NEXT: u32 = 4;
 /// (next_tid, next_tgid) is the CPU's previous (tid, tgid): no next_tid entry.
 const NEXT_IS_LAST_PREV: u32 = 8;
+/// The event has an activity count: one `activity` entry.
+const HAS_ACTIVITY: u32 = 16;
 
 /// What the columns of an event are relative to: its CPU's previous event in the chunk.
 #[derive(Clone, Copy, Default)]
@@ -118,6 +120,10 @@ pub fn to_columns(events: &[SwitchEvent]) -> SwitchColumns {
             c.next_tid.push(e.next_tid);
             c.next_tgid_minus_tid.push(diff32(e.next_tgid, e.next_tid));
         }
+        if let Some(count) = e.activity {
+            flags |= HAS_ACTIVITY;
+            c.activity.push(count);
+        }
         c.flags.push(flags);
         if e.cgroup_id != 0 {
             // A chunk is one protobuf message, far below 2^32 events.
@@ -159,6 +165,7 @@ pub fn from_columns(c: &SwitchColumns) -> Result<Vec<SwitchEvent>, ColumnsError>
     let mut prevs = c.tid.iter().zip(&c.tgid_minus_tid);
     let mut nexts = c.next_tid.iter().zip(&c.next_tgid_minus_tid);
     let mut cgroups = c.cgroup_event.iter().zip(&c.cgroup_id).peekable();
+    let mut activities = c.activity.iter();
     let mut walk = Walk::default();
     let mut events = Vec::with_capacity(n);
     for (i, (&delta, &flags)) in c.ts_delta_ns.iter().zip(&c.flags).enumerate() {
@@ -182,6 +189,15 @@ pub fn from_columns(c: &SwitchColumns) -> Result<Vec<SwitchEvent>, ColumnsError>
             Some((_, &id)) => id,
             None => 0,
         };
+        let activity = if flags & HAS_ACTIVITY != 0 {
+            Some(
+                *activities
+                    .next()
+                    .ok_or(ColumnsError("activity column ends early"))?,
+            )
+        } else {
+            None
+        };
         let e = SwitchEvent {
             ts_ns: add64(last.ts_ns, delta),
             cpu,
@@ -192,12 +208,16 @@ pub fn from_columns(c: &SwitchColumns) -> Result<Vec<SwitchEvent>, ColumnsError>
             next_known: flags & NEXT_KNOWN != 0,
             next_tid,
             next_tgid,
+            activity,
         };
         walk.push(&e);
         events.push(e);
     }
     if prevs.next().is_some() || nexts.next().is_some() {
         return Err(ColumnsError("thread id columns have entries left over"));
+    }
+    if activities.next().is_some() {
+        return Err(ColumnsError("activity column has entries left over"));
     }
     if cgroups.next().is_some() {
         return Err(ColumnsError(
@@ -262,10 +282,16 @@ mod tests {
         bad.tid.push(1);
         bad.tgid_minus_tid.push(0);
         assert!(from_columns(&bad).is_err(), "tid entries left over");
-        let mut bad = good;
+        let mut bad = good.clone();
         bad.cgroup_event.push(7);
         bad.cgroup_id.push(1);
         assert!(from_columns(&bad).is_err(), "cgroup index past the end");
+        let mut bad = good.clone();
+        bad.activity.push(5);
+        assert!(from_columns(&bad).is_err(), "activity entry left over");
+        let mut bad = good;
+        bad.flags[1] |= HAS_ACTIVITY;
+        assert!(from_columns(&bad).is_err(), "activity column too short");
     }
 
     /// Interleaved runs of a few CPUs, each CPU mostly forward in time with some events
@@ -281,6 +307,13 @@ mod tests {
                     prop::sample::select(vec![0u32, 1, 7, 8, 1_000, u32::MAX]),
                     0u32..16,
                     prop::sample::select(vec![0u64, 0, 0, 0, 1, u64::MAX]),
+                    prop::sample::select(vec![
+                        None,
+                        None,
+                        Some(0u64),
+                        Some(3_000_000),
+                        Some(u64::MAX),
+                    ]),
                 ),
                 1..20,
             ),
@@ -294,7 +327,7 @@ mod tests {
                 let mut last: HashMap<u32, SwitchEvent> = HashMap::new();
                 let mut out = Vec::new();
                 for (cpu, events) in runs {
-                    for (step, tid, other, bits, cgroup_id) in events {
+                    for (step, tid, other, bits, cgroup_id, activity) in events {
                         let ts_ns = ts.entry(cpu).or_insert(start);
                         *ts_ns = add64(*ts_ns, step);
                         // Mostly continue from the CPU's previous switch, like a real one.
@@ -317,6 +350,7 @@ mod tests {
                             next_known: bits & 2 != 0,
                             next_tid,
                             next_tgid,
+                            activity,
                         };
                         last.insert(cpu, e);
                         out.push(e);

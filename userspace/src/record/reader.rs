@@ -350,6 +350,7 @@ mod tests {
                     next_known: rand(8) != 0,
                     next_tid,
                     next_tgid: next_tid,
+                    activity: None,
                 });
                 running[cpu] = next_tid;
             }

@@ -4,7 +4,7 @@ use prost::Message as _;
 
 use super::RemoteError;
 use crate::{
-    attribute::{PowerModelUsed, attribution::DOMAINS, domain_name},
+    attribute::{ActivityUsed, PowerModelUsed, attribution::DOMAINS, domain_name},
     pb::agent as wire,
     pipeline::{DomainJoules, ProcessRow, ThreadRow, Totals},
     tui::{DomainPower, Header, Snapshot},
@@ -48,6 +48,9 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
                 PowerModelUsed::Regression => "regression",
             }
             .into(),
+            activity_event: s.totals.activity.event.clone().unwrap_or_default(),
+            activity_weighted: s.totals.activity.weighted,
+            activity_coverage: s.totals.activity.coverage,
         }),
         processes: s.rows.iter().map(process_to_wire).collect(),
     };
@@ -105,6 +108,11 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, RemoteError> {
             },
             // Static-power origins stay with the agent (its metrics and logs say them).
             static_power: Vec::new(),
+            activity: ActivityUsed {
+                event: Some(t.activity_event).filter(|e| !e.is_empty()),
+                weighted: t.activity_weighted,
+                coverage: t.activity_coverage,
+            },
         },
         rows: f.processes.into_iter().map(process_from_wire).collect(),
     })

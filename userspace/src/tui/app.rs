@@ -177,7 +177,7 @@ pub fn event_loop<B: Backend, E: EventSource>(
         }
         if dirty {
             let size = terminal.size().map_err(draw_error)?;
-            state.set_page_size(table_capacity(size.into()));
+            state.set_page_size(table_capacity(size.into(), state));
             terminal
                 .draw(|frame| render(frame, state))
                 .map_err(draw_error)?;

@@ -7,7 +7,7 @@
 use std::io::{self, Write};
 
 use super::format::{column_title, command_cell, estimated, numeric_cells};
-use super::format::{power_line, summary_line, view_line};
+use super::format::{power_line, summary_line, view_line, warning_lines};
 use super::state::State;
 use super::table::SortColumn;
 
@@ -59,6 +59,9 @@ pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
     let est = estimated(state);
     writeln!(out, "{}", summary_line(state))?;
     writeln!(out, "{}", power_line(state))?;
+    for warning in warning_lines(state) {
+        writeln!(out, "{warning}")?;
+    }
     writeln!(out, "{}", view_line(state))?;
     writeln!(out)?;
     let widths = SortColumn::ALL.map(|c| column_title(c, est).len().max(7));
@@ -196,7 +199,7 @@ mod tests {
         );
         assert_eq!(
             lines[1],
-            "Power: total 42.50 W | package-0 30.00 W | GPU gpu-0 12.50 W | idle/static 10.00 W (23.5%)"
+            "Power: total 42.50 W | package-0 30.00 W | GPU gpu-0 12.50 W | idle/static 10.00 W (23.5%) | activity none: split by time"
         );
         assert_eq!(
             lines[2],
@@ -211,6 +214,22 @@ mod tests {
         );
         assert_eq!(lines[7], "");
         assert_eq!(lines.len(), 8);
+    }
+
+    #[test]
+    fn unidentified_static_power_is_a_header_line_in_batch_frames() {
+        let mut state = State::new(Vec::new());
+        state.push_snapshot(crate::tui::fixtures::unidentified(snapshot(false)));
+        let mut out = Vec::new();
+        write_frame(&mut out, &state).expect("write to a Vec");
+        let text = String::from_utf8(out).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[2].starts_with("WARNING static power of package-0 unidentified"),
+            "{text}"
+        );
+        assert!(lines[2].contains("energy-bpf calibrate"), "{}", lines[2]);
+        assert!(lines[3].starts_with("Sort:"), "{text}");
     }
 
     #[test]

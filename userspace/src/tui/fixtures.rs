@@ -81,3 +81,23 @@ pub fn snapshot(estimated: bool) -> Snapshot {
         rows: four_processes(),
     }
 }
+
+/// `snap` with its package's static power unidentified (every CPU always busy).
+pub fn unidentified(mut snap: Snapshot) -> Snapshot {
+    use crate::attribute::{PowerModelUsed, StaticOrigin, Unidentified};
+    let origin = StaticOrigin::Unidentified {
+        reason: Unidentified::NoSpread,
+        fit: None,
+    };
+    snap.totals.static_power = vec![crate::pipeline::StaticPower {
+        source: "package-0".into(),
+        static_w: 0.0,
+        warning: origin.warning(),
+        origin,
+        bound_w: 20.0,
+        clamped_from_w: None,
+        power_model: PowerModelUsed::Time,
+        note: None,
+    }];
+    snap
+}

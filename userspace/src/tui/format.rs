@@ -6,6 +6,7 @@
 
 use super::state::State;
 use super::table::{Grouping, SortColumn, TableRow};
+use crate::attribute::StaticOrigin;
 
 /// Prefix on every modelled power or energy value ("approximately").
 pub const ESTIMATED_MARK: &str = "~";
@@ -112,7 +113,30 @@ pub fn power_line(state: &State) -> String {
         0.0
     };
     parts.push(format!("idle/static {:.2} W ({idle_pct:.1}%)", h.idle_w));
+    parts.push(format!("activity {}", s.totals.activity.label()));
     parts.join(" | ")
+}
+
+/// Header lines after the power line, one per source whose static power could not be
+/// identified: the per-process joules then include static power, and the line says what
+/// fixes it. Empty in the normal case.
+pub fn warning_lines(state: &State) -> Vec<String> {
+    let Some(s) = state.snapshot() else {
+        return Vec::new();
+    };
+    s.totals
+        .static_power
+        .iter()
+        .filter_map(|p| match &p.origin {
+            StaticOrigin::Unidentified { reason, .. } => Some(format!(
+                "WARNING static power of {} unidentified ({}): rows include static power; run \
+                 `energy-bpf calibrate` on a quiet machine or pass --static-power-w",
+                p.source,
+                reason.describe()
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Third header line: sort, grouping, filter and how many lines are shown.

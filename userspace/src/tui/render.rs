@@ -12,26 +12,35 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 
 use super::format::{
     column_title, command_cell, estimated, numeric_cells, power_line, summary_line, view_line,
+    warning_lines,
 };
 use super::input::{BINDINGS, HELP_LINE};
 use super::state::State;
 use super::table::SortColumn;
 
-/// Lines above the table: summary, power, view.
+/// Lines above the table: summary, power, view, then one per warning.
 const HEADER_LINES: u16 = 3;
 /// Lines below the table: the help line or filter prompt.
 const FOOTER_LINES: u16 = 1;
 
+/// Header height for `state`: the fixed lines and its warnings.
+fn header_lines(state: &State) -> u16 {
+    HEADER_LINES + u16::try_from(warning_lines(state).len()).unwrap_or(u16::MAX)
+}
+
 /// How many table lines fit in a screen of this size (for paging and scrolling).
-pub fn table_capacity(area: Rect) -> usize {
+pub fn table_capacity(area: Rect, state: &State) -> usize {
     // One more line for the column titles.
-    usize::from(area.height.saturating_sub(HEADER_LINES + FOOTER_LINES + 1))
+    usize::from(
+        area.height
+            .saturating_sub(header_lines(state).saturating_add(FOOTER_LINES + 1)),
+    )
 }
 
 /// Draws the whole screen.
 pub fn render(frame: &mut Frame<'_>, state: &State) {
     let [header, table, footer] = Layout::vertical([
-        Constraint::Length(HEADER_LINES),
+        Constraint::Length(header_lines(state)),
         Constraint::Min(1),
         Constraint::Length(FOOTER_LINES),
     ])
@@ -51,8 +60,15 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, state: &State) {
             Style::new().add_modifier(Modifier::BOLD),
         ),
         Line::raw(power_line(state)),
-        Line::raw(view_line(state)),
     ];
+    let warnings = warning_lines(state)
+        .into_iter()
+        .map(|w| Line::styled(w, Style::new().add_modifier(Modifier::BOLD)));
+    let lines: Vec<Line<'_>> = lines
+        .into_iter()
+        .chain(warnings)
+        .chain([Line::raw(view_line(state))])
+        .collect();
     frame.render_widget(Paragraph::new(lines), area);
 }
 
@@ -79,7 +95,7 @@ fn render_table(frame: &mut Frame<'_>, area: Rect, state: &State) {
         _ => Constraint::Length(column_title(column, est).chars().count().max(6) as u16 + 1),
     });
 
-    let visible = table_capacity(frame.area());
+    let visible = table_capacity(frame.area(), state);
     let start = state.offset().min(state.rows().len());
     let end = (start + visible).min(state.rows().len());
     let rows = state.rows()[start..end].iter().enumerate().map(|(i, row)| {

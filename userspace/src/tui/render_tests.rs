@@ -9,7 +9,8 @@ use crate::tui::table::SortColumn;
 /// Draws `state` on a `width` x `height` test terminal and returns the screen's lines.
 fn screen(state: &mut State, width: u16, height: u16) -> Vec<String> {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test backend");
-    state.set_page_size(table_capacity(Rect::new(0, 0, width, height)));
+    let capacity = table_capacity(Rect::new(0, 0, width, height), state);
+    state.set_page_size(capacity);
     terminal
         .draw(|frame| render(frame, state))
         .expect("drawing on a test backend");
@@ -48,13 +49,35 @@ fn header_shows_source_domains_gpu_idle_rate_and_losses() {
     );
     assert_eq!(
         lines[1],
-        "Power: total 50.00 W | package-0 25.50 W | dram-0 3.25 W | GPU gpu-0 21.25 W | idle/static 10.00 W (20.0%)"
+        "Power: total 50.00 W | package-0 25.50 W | dram-0 3.25 W | GPU gpu-0 21.25 W | idle/static 10.00 W (20.0%) | activity none: split by time"
     );
     assert_eq!(
         lines[2],
         "Sort: power (descending) | group by: process | 4 lines, 4 processes"
     );
     assert!(!lines.concat().contains("estimated"), "{lines:#?}");
+}
+
+#[test]
+fn unidentified_static_power_gets_a_header_line_saying_what_to_do() {
+    let mut state = State::new(Vec::new());
+    state.push_snapshot(crate::tui::fixtures::unidentified(snapshot(false)));
+    let lines = screen(&mut state, 220, 14);
+    assert!(
+        lines[2].starts_with(
+            "WARNING static power of package-0 unidentified (utilisation never varied"
+        ),
+        "{lines:#?}"
+    );
+    assert!(
+        lines[2].contains("run `energy-bpf calibrate`") && lines[2].contains("--static-power-w"),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[3].starts_with("Sort:"), "{}", lines[3]);
+    assert!(lines[4].contains("PID"), "{}", lines[4]);
+    // The table gives the warning its line: every process still fits.
+    assert!(lines[8].contains("zsh"), "{lines:#?}");
 }
 
 #[test]
@@ -153,7 +176,8 @@ fn only_the_window_around_the_selection_is_drawn() {
     let mut state = loaded(false);
     // 8 lines: 3 header + titles + 3 table lines + help line.
     let height = 8;
-    state.set_page_size(table_capacity(Rect::new(0, 0, 120, height)));
+    let capacity = table_capacity(Rect::new(0, 0, 120, height), &state);
+    state.set_page_size(capacity);
     state.apply(Action::End);
     let lines = screen(&mut state, 120, height);
     assert_eq!(first_column(&lines), ["20", "4000", "1"]);
