@@ -246,8 +246,11 @@ async fn send_loop(
     stats: Arc<ExportStats>,
     timeout: Duration,
 ) {
-    use rand::RngExt as _;
-    let mut rng = rand::make_rng::<rand::rngs::ChaCha8Rng>();
+    use rand::{RngExt as _, SeedableRng as _};
+    // Jitter only needs to differ between agents that restart together.
+    let mut rng = rand::rngs::ChaCha8Rng::seed_from_u64(
+        crate::clock::realtime_ns() ^ u64::from(std::process::id()),
+    );
     let mut grpc = tonic::client::Grpc::new(channel)
         .send_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Gzip);
