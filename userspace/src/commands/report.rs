@@ -98,6 +98,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             rec.duration_ns() as f64 / 1e9
         );
     }
+    if let Some(note) = rec.damage.note() {
+        eprintln!(
+            "energy-bpf: warning: {} is damaged: {note}; reporting the rest",
+            args.file.display()
+        );
+    }
     let analysis = analysis::analyze(&rec, &args.attribute.options(), &args.model);
     let summary = summary::summarize(&rec, &analysis.timeline);
     let rows = rows(&summary, &analysis);
@@ -371,6 +377,7 @@ fn json(rows: &[ProcessRow], s: &Summary, rec: &Recording, a: &Analysis) -> Stri
         "duration_ns": s.duration_ns,
         "lost_events": s.lost_events,
         "truncated": rec.truncated,
+        "damage": rec.damage.to_json(),
         "unknown_ns": s.unknown_ns,
         "idle_j": attr.headline_uj(&attr.idle) * 1e-6,
         "unknown_j": attr.headline_uj(&attr.unknown) * 1e-6,
