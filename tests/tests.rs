@@ -9,6 +9,8 @@ mod util;
 mod capture;
 // Bad input and missing privileges: clear errors, nothing lost.
 mod errors;
+// Damaged recordings: damage reported, memory bounded.
+mod damage;
 // Energy readings from fake RAPL trees through the real record path.
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
