@@ -11,6 +11,8 @@ mod capture;
 mod errors;
 // Damaged recordings: damage reported, memory bounded.
 mod damage;
+// Output files: modes, planted symlinks, a full disk.
+mod files;
 // Energy readings from fake RAPL trees through the real record path.
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
