@@ -31,11 +31,27 @@ const APT: &[(&str, &str, &str)] = &[
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// cargo-fuzz, for `cargo xtask fuzz` (the targets in `fuzz/`).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
 /// Runs every setup step.
 pub fn run() -> Result {
     apt()?;
     nightly()?;
-    bpf_linker()
+    bpf_linker()?;
+    cargo_fuzz()
+}
+
+fn cargo_fuzz() -> Result {
+    let current = output("cargo", &["fuzz", "--version"]).unwrap_or_default();
+    if current.contains(CARGO_FUZZ_VERSION) {
+        return Ok(());
+    }
+    status(Command::new("cargo").args([
+        "install",
+        "--locked",
+        &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
+    ]))
 }
 
 fn apt() -> Result {
