@@ -1,10 +1,11 @@
 //! Damaged recordings: the damage is reported, never shown as real numbers, and no damaged
-//! file makes a command use more than 200 MiB + 20 × its size of memory.
+//! file makes a command use more than 200 MiB + 20 × its size of memory (heap).
 
 use std::{
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
+    time::Duration,
 };
 
 use energy_bpf::{
@@ -156,11 +157,19 @@ fn sixteen_flipped_bytes_in_a_chunk_are_reported_not_shown_as_data() {
     );
 }
 
-/// Runs `energy-bpf ARGS` with its address space limited to 200 MiB + 20 × `input` bytes.
+/// Runs `energy-bpf ARGS` with its heap limited to 200 MiB + 20 × `input` bytes, killed
+/// after 120 s. `RLIMIT_DATA` (brk and private writable mappings) is the memory the input
+/// can make grow; `RLIMIT_AS` would also count the read-only mappings of the binaries that
+/// symbolization opens, whose size depends on the machine, not on the file.
 fn run_bounded(args: &[&str], input: u64) -> Output {
     let limit = (200 << 20) + 20 * input;
     let mut cmd = Command::new(bin());
-    cmd.args(args);
+    cmd.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A failed allocation must abort at once, not capture a backtrace first.
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
     // SAFETY: setrlimit is async-signal-safe; the closure touches no other state.
     unsafe {
         cmd.pre_exec(move || {
@@ -168,13 +177,28 @@ fn run_bounded(args: &[&str], input: u64) -> Output {
                 rlim_cur: limit,
                 rlim_max: limit,
             };
-            if libc::setrlimit(libc::RLIMIT_AS, &rlim) != 0 {
+            if libc::setrlimit(libc::RLIMIT_DATA, &rlim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
     }
-    cmd.output().expect("run energy-bpf")
+    let child = cmd.spawn().expect("run energy-bpf");
+    let pid = child.id() as libc::pid_t;
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let hung = finished.recv_timeout(Duration::from_secs(120)).is_err();
+        if hung {
+            // SAFETY: kill on our own child, not yet reaped (the main thread is waiting).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        hung
+    });
+    let out = child.wait_with_output().expect("output");
+    let _ = done.send(());
+    let hung = watchdog.join().expect("watchdog");
+    assert!(!hung, "{args:?} still running after 120 s: {}", text(&out));
+    out
 }
 
 #[test]
