@@ -11,6 +11,10 @@ mod capture;
 mod activity;
 // Bad input and missing privileges: clear errors, nothing lost.
 mod errors;
+// Damaged recordings: damage reported, memory bounded.
+mod damage;
+// Output files: modes, planted symlinks, a full disk.
+mod files;
 // Energy readings from fake RAPL trees through the real record path.
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.

@@ -320,3 +320,23 @@ fn top_shows_a_busy_process_sorts_and_quits_cleanly_in_tmux() {
     let _guard = crate::util::exclusive();
     top_in_tmux(&crate::util::bin());
 }
+
+#[test]
+fn top_batch_prints_exactly_n_frames_then_exits() {
+    if !crate::util::require_root("top_batch_prints_exactly_n_frames_then_exits") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let out = crate::util::run(&["top", "--batch", "-n", "2", "-i", "0.3"]);
+    assert!(out.status.success(), "{}", crate::util::text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("energy-bpf top - source:").count(),
+        2,
+        "two frames, each with its summary line:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("PID"),
+        "each frame has the table:\n{stdout}"
+    );
+}

@@ -3,13 +3,16 @@
 //! - `setup`: install what a fresh machine lacks (apt packages, the pinned eBPF nightly
 //!   with rust-src, bpf-linker built against LLVM 22). Idempotent; does nothing when all
 //!   is present.
-//! - `test`: setup, then format check, clippy, and the whole test suite (the eBPF
-//!   integration tests run for real: they need root, which CI has).
+//! - `test`: setup, then format check, clippy, the whole test suite (the eBPF
+//!   integration tests run for real: they need root, which CI has), and each fuzz target
+//!   for a short fixed time.
+//! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
 //! - `bench overhead|accuracy|outputs`: benchmarks (see README).
 use std::process::ExitCode;
 
 mod bench;
+mod fuzz;
 mod setup;
 mod util;
 
@@ -18,10 +21,11 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("setup") => setup::run(),
         Some("test") => setup::run().and_then(|()| test(&args[1..])),
+        Some("fuzz") => setup::run().and_then(|()| fuzz::run(&args[1..])),
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | test | run ARGS... | bench overhead|accuracy|outputs"
+            "usage: cargo xtask setup | test | fuzz [SECS] | run ARGS... | bench overhead|accuracy|outputs"
                 .into(),
         ),
     };
@@ -46,7 +50,9 @@ fn test(extra: &[String]) -> util::Result {
     let mut args = vec!["test", "--locked", "--no-fail-fast"];
     args.extend(host);
     args.extend(extra.iter().map(String::as_str));
-    util::cargo(&args)
+    util::cargo(&args)?;
+    // Every decoder of outside bytes, fuzzed briefly: the seeds replay, then some search.
+    fuzz::run_all(fuzz::TEST_SECS)
 }
 
 fn run(args: &[String]) -> util::Result {

@@ -38,12 +38,28 @@ const PIP: &[(&str, &str, &str)] = &[(
     "the OTLP tests compile the official .proto files into a receiver of their own",
 )];
 
+/// cargo-fuzz, for `cargo xtask fuzz` (the targets in `fuzz/`).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
 /// Runs every setup step.
 pub fn run() -> Result {
     apt()?;
     pip()?;
     nightly()?;
-    bpf_linker()
+    bpf_linker()?;
+    cargo_fuzz()
+}
+
+fn cargo_fuzz() -> Result {
+    let current = output("cargo", &["fuzz", "--version"]).unwrap_or_default();
+    if current.contains(CARGO_FUZZ_VERSION) {
+        return Ok(());
+    }
+    status(Command::new("cargo").args([
+        "install",
+        "--locked",
+        &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
+    ]))
 }
 
 fn pip() -> Result {

@@ -1,9 +1,7 @@
 //! `energy-bpf flamegraph FILE`: an energy-weighted flamegraph (SVG, collapsed, pprof or
 //! speedscope) from a recording. Reading, weighting, symbolizing and exporting are library
 //! work; this module parses arguments and wires them.
-use std::fs::OpenOptions;
 use std::io::{IsTerminal, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -168,6 +166,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.file.display()
         );
     }
+    if let Some(note) = rec.damage.note() {
+        eprintln!(
+            "energy-bpf: warning: {} is damaged: {note}; showing the rest",
+            args.file.display()
+        );
+    }
     match &args.output {
         Some(path) => {
             let mut file = create_private(path)?;
@@ -196,21 +200,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// Creates (or truncates) `path` readable by its owner only: profiles name processes and
 /// command lines.
 fn create_private(path: &Path) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| {
-            format!(
-                "cannot create {} (check the directory exists and is writable)",
-                path.display()
-            )
-        })?;
-    // An existing file keeps its old mode through open(); tighten it.
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("cannot set permissions of {}", path.display()))?;
+    let file = crate::output::file::create_private(path).with_context(|| {
+        format!(
+            "cannot write {} (check the directory exists and is writable)",
+            path.display()
+        )
+    })?;
     Ok(std::io::BufWriter::new(file))
 }
 

@@ -3,7 +3,7 @@
 //! the recorder is killed; a clean stop adds a trailer.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitCode},
     sync::{
         Arc,
@@ -21,7 +21,7 @@ use crate::{
         session::{Session, Targets},
     },
     pb::v1::{Header, Trailer},
-    record::{FORMAT_VERSION, Writer},
+    record::{FORMAT_VERSION, WriteError, Writer},
 };
 
 /// Arguments of `energy-bpf record`.
@@ -147,10 +147,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         faults_seen = faults.len();
         if let Err(err) = writer.chunk(chunk) {
-            // Keep what is on disk; say what happened.
             kill(&mut child);
-            return Err(anyhow::Error::new(err)
-                .context("recording stopped early; the file keeps everything before this point"));
+            return Err(stopped_early(writer, err, &header, &args.output));
         }
         if stop.load(Ordering::Relaxed) {
             break "signal".to_string();
@@ -170,7 +168,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut last = session.finish();
     last.readings = energy.stop();
     let losses = last.losses;
-    writer.chunk(last).context("writing the last chunk")?;
+    if let Err(err) = writer.chunk(last) {
+        return Err(stopped_early(writer, err, &header, &args.output));
+    }
     let end_ns = crate::clock::monotonic_ns();
     let bytes = writer
         .finish(Trailer {
@@ -194,6 +194,35 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => ExitCode::SUCCESS,
     })
+}
+
+/// A write failed (disk full, I/O error): the writer has cut the partial record off, so
+/// the file ends on a whole record. Try to close it with a trailer saying why (the cut-off
+/// record freed more than a trailer needs), then report what the file keeps.
+fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) -> anyhow::Error {
+    let why = if err.is_disk_full() {
+        "the disk is full"
+    } else {
+        "writing failed"
+    };
+    let end_ns = crate::clock::monotonic_ns();
+    let kept = match writer.finish(Trailer {
+        end_ns,
+        stop_reason: format!("error: {err}"),
+        losses: None,
+    }) {
+        Ok(bytes) => format!(
+            "{} keeps the first {:.1} s ({} KiB) and reads normally",
+            path.display(),
+            end_ns.saturating_sub(header.start_ns) as f64 / 1e9,
+            bytes / 1024
+        ),
+        Err(_) => format!(
+            "{} keeps everything before this point (it reads as cut short)",
+            path.display()
+        ),
+    };
+    anyhow::Error::new(err).context(format!("recording stopped early because {why}; {kept}"))
 }
 
 fn kill(child: &mut Option<Child>) {

@@ -86,6 +86,7 @@ fn parse_window(text: &str) -> Result<f64, String> {
 struct RecordingFacts {
     lost_events: u64,
     truncated: bool,
+    damage: serde_json::Value,
     losses: Losses,
 }
 
@@ -104,6 +105,7 @@ impl RecordingFacts {
         Self {
             lost_events: lost_events(l),
             truncated: rec.truncated,
+            damage: rec.damage.to_json(),
             losses: Losses {
                 switch_dropped: l.switch_dropped,
                 sample_dropped: l.sample_dropped,
@@ -143,6 +145,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "energy-bpf: warning: {} was cut short (recorder killed or disk full); reporting the {:.1} s it holds",
             args.file.display(),
             rec.duration_ns() as f64 / 1e9
+        );
+    }
+    if let Some(note) = rec.damage.note() {
+        eprintln!(
+            "energy-bpf: warning: {} is damaged: {note}; reporting the rest",
+            args.file.display()
         );
     }
     let mut options = args.attribute.options();

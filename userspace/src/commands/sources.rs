@@ -99,6 +99,25 @@ struct ModelPackage {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let report = report(&args)?;
+    match args.format {
+        Format::Json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).context("encoding JSON")?
+            )
+        }
+        Format::Text => print!("{}", text(&report)),
+    }
+    Ok(if report.in_use.is_empty() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// What `sources` prints: every kind probed, its counters, and what would be used.
+fn report(args: &Args) -> anyhow::Result<Report> {
     let cpus = topology::cpus(&args.energy.sysfs_root);
     let mut plan = detect::plan(&args.energy, &cpus, true).context("choosing energy sources")?;
     let mut kinds = Vec::new();
@@ -155,7 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             reason: Some(err.to_string()),
         },
     };
-    let report = Report {
+    Ok(Report {
         activity,
         sysfs_root: args.energy.sysfs_root.display().to_string(),
         dev_cpu_root: args.energy.dev_cpu_root.display().to_string(),
@@ -163,20 +182,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         kinds,
         model,
         in_use,
-    };
-    match args.format {
-        Format::Json => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&report).context("encoding JSON")?
-            )
-        }
-        Format::Text => print!("{}", text(&report)),
-    }
-    Ok(if report.in_use.is_empty() {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
     })
 }
 
@@ -356,7 +361,35 @@ mod tests {
     fn empty_machine_reports_the_model() {
         let tmp = tempfile::tempdir().expect("tempdir");
         fake::topology(tmp.path(), 1, 2).expect("topology");
-        let code = run(args(tmp.path(), Format::Text)).expect("run");
+        let r = report(&args(tmp.path(), Format::Text)).expect("report");
+        // No counter in the fake tree: none is used.
+        assert!(
+            r.kinds
+                .iter()
+                .all(|k| k.counters.iter().all(|c| !c.used || c.error.is_some())),
+            "a counter is in use on an empty machine"
+        );
+        assert_eq!(r.in_use, ["model package 0 (estimated)"]);
+        let model = r.model.as_ref().expect("the model covers the package");
+        assert!(model.estimated);
+        assert_eq!(model.packages.len(), 1);
+        // Defaults: 1 W idle and 4 W full load per logical CPU, 2 CPUs.
+        assert_eq!(
+            (model.packages[0].idle_w, model.packages[0].max_w),
+            (2.0, 8.0)
+        );
+        assert!(
+            model.packages[0].origin.contains("default"),
+            "{}",
+            model.packages[0].origin
+        );
+        let shown = text(&r);
+        assert!(shown.contains("ESTIMATED"), "{shown}");
+        assert!(
+            shown.contains("--model-idle-w"),
+            "says how to set it: {shown}"
+        );
+        let code = run(args(tmp.path(), Format::Json)).expect("run");
         assert_eq!(code, ExitCode::SUCCESS);
     }
 

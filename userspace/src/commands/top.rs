@@ -109,6 +109,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 rec.duration_ns() as f64 / 1e9
             );
         }
+        if let Some(note) = rec.damage.note() {
+            eprintln!(
+                "energy-bpf: warning: {} is damaged: {note}; replaying the rest",
+                path.display()
+            );
+        }
         let paced = !args.batch && io::stdout().is_terminal();
         let feed = crate::feed::replay(
             rec,
@@ -242,6 +248,10 @@ mod tests {
         let args = parse(&["--batch", "-n", "2"]).expect("valid");
         let code = run_with_feed(&args, rx).expect("two frames are queued");
         assert_eq!(code, ExitCode::SUCCESS);
+        // The feed is dropped on return, so the live thread's next send fails and it stops.
+        assert!(tx.send(Snapshot::default()).is_err(), "feed still held");
+        // What the frames hold is checked where they are written (tui::app tests, and
+        // tests/top_tmux.rs on the real binary).
     }
 
     #[test]

@@ -25,6 +25,15 @@ pub const DEFAULT_MAX_W_PER_CPU: f64 = 4.0;
 /// Interval of modelled readings when the caller has no other choice, ns.
 pub const DEFAULT_INTERVAL_NS: u64 = 10_000_000;
 
+/// The most modelled readings [`readings`] makes, all sources together: an hour at
+/// [`DEFAULT_INTERVAL_NS`] for one package (about 26 MiB). Longer captures get longer
+/// intervals, so memory never grows with a time span read from a file.
+pub const MAX_READINGS: u64 = 360_000;
+
+/// The most (interval, CPU) busy-time lookups [`readings`] makes: bounds its time on
+/// machines with many CPUs the same way.
+pub const MAX_CPU_STEPS: u64 = 200_000_000;
+
 /// How users set the parameters (printed by `sources`).
 pub const HOW_TO_SET: &str = "set per-package watts with --model-idle-w W --model-max-w W, or \
      --model-config FILE with lines `idle_w = W` and `max_w = W`";
@@ -140,6 +149,9 @@ pub fn is_model(source: &pb::EnergySource) -> bool {
 /// A package's CPUs are those of `cpus` with its id (every timeline CPU when `cpus` is
 /// empty); its energy over [a, b) is P_idle·(b−a) + (P_max − P_idle)·busy/n, i.e.
 /// ∫ P_idle + (P_max − P_idle)·u dt with u = busy / (n·(b−a)).
+///
+/// The interval grows when the window would otherwise need more than [`MAX_READINGS`]
+/// readings or [`MAX_CPU_STEPS`] lookups; energy over the window is the same either way.
 pub fn readings(
     timeline: &Timeline,
     cpus: &[pb::Cpu],
@@ -170,10 +182,25 @@ pub fn readings(
             (s, ids)
         })
         .collect();
+    let interval = bounded_interval(
+        end - start,
+        interval,
+        models.len() as u64,
+        models.iter().map(|(_, ids)| ids.len() as u64).sum(),
+    );
+    // Each source's CPU timelines, found once rather than at every step.
+    let models: Vec<_> = models
+        .into_iter()
+        .map(|(s, ids)| {
+            let n = ids.len().max(1) as f64;
+            let cpus: Vec<_> = ids.iter().filter_map(|&c| timeline.cpu(c)).collect();
+            (s, cpus, n)
+        })
+        .collect();
     let mut energy = vec![0.0f64; models.len()];
     let mut out: Vec<pb::EnergyReading> = models
         .iter()
-        .map(|(s, _)| pb::EnergyReading {
+        .map(|(s, _, _)| pb::EnergyReading {
             source_id: s.id,
             ts_ns: start,
             ..Default::default()
@@ -182,13 +209,8 @@ pub fn readings(
     let mut a = start;
     while a < end {
         let b = a.saturating_add(interval).min(end);
-        for (i, (source, ids)) in models.iter().enumerate() {
-            let busy: u64 = ids
-                .iter()
-                .filter_map(|&c| timeline.cpu(c))
-                .map(|c| c.busy_ns(a, b))
-                .sum();
-            let n = ids.len().max(1) as f64;
+        for (i, (source, cpus, n)) in models.iter().enumerate() {
+            let busy: u64 = cpus.iter().map(|c| c.busy_ns(a, b)).sum();
             // W × ns = 1e-3 µJ.
             let dynamic_w = source.model_max_w - source.model_idle_w;
             energy[i] +=
@@ -203,6 +225,13 @@ pub fn readings(
         a = b;
     }
     out
+}
+
+/// `interval_ns`, or longer so that a window of `span_ns` needs at most [`MAX_READINGS`]
+/// readings over `sources` sources and [`MAX_CPU_STEPS`] lookups over `cpus` CPUs.
+fn bounded_interval(span_ns: u64, interval_ns: u64, sources: u64, cpus: u64) -> u64 {
+    let steps = (MAX_READINGS / sources.max(1)).min(MAX_CPU_STEPS / cpus.max(1));
+    interval_ns.max(span_ns.div_ceil(steps.max(1)))
 }
 
 #[cfg(test)]
@@ -259,6 +288,31 @@ mod tests {
         assert!(got.iter().all(|r| r.source_id == 7 && r.flag.is_empty()));
         // Average watts over the window.
         got[10].energy_uj / 1e6 / 0.1
+    }
+
+    #[test]
+    fn a_window_of_centuries_makes_a_bounded_number_of_readings() {
+        // A damaged end time once made this loop allocate 24 GB.
+        let cpus = crate::energy::fake::cpus(1, 2);
+        let end = u64::MAX / 2;
+        let timeline = Timeline::build(0, end, &[0, 1], &[switch(0, 0, 0, 42)]);
+        let got = readings(&timeline, &cpus, &[model_source(10.0, 30.0)], 10 * MS);
+        assert!(got.len() as u64 <= MAX_READINGS + 1, "{}", got.len());
+        assert_eq!(got.last().map(|r| r.ts_ns), Some(end));
+        // CPU 0 busy throughout, CPU 1 idle: 20 W on average, whatever the interval.
+        let watts = got.last().map_or(0.0, |r| r.energy_uj) / (end as f64 * 1e-3);
+        assert!((watts - 20.0).abs() < 1e-6, "{watts}");
+    }
+
+    #[test]
+    fn intervals_grow_only_past_the_caps() {
+        assert_eq!(bounded_interval(3_600 * 1_000 * MS, 10 * MS, 1, 8), 10 * MS);
+        assert_eq!(bounded_interval(7_200 * 1_000 * MS, 10 * MS, 1, 8), 20 * MS);
+        assert_eq!(bounded_interval(3_600 * 1_000 * MS, 10 * MS, 2, 8), 20 * MS);
+        assert!(bounded_interval(u64::MAX, 10 * MS, 0, 0) > 10 * MS);
+        // 65536 CPUs over 1000 s: a few thousand steps, not 100 000.
+        let iv = bounded_interval(1_000_000 * MS, 10 * MS, 1, 65_536);
+        assert!(1_000_000 * MS / iv <= MAX_CPU_STEPS / 65_536, "{iv}");
     }
 
     #[test]

@@ -76,19 +76,24 @@ impl Drop for Api {
 }
 
 fn load() -> Result<Api, EnergyError> {
+    load_from(LIBRARY)
+}
+
+/// [`load`] from a given library file (tests point it at libraries that are not NVML).
+fn load_from(library: &str) -> Result<Api, EnergyError> {
     // SAFETY: loading the NVIDIA management library runs its initialisers, which have no
     // preconditions; the symbols below are looked up with their documented signatures.
     unsafe {
-        let lib = libloading::Library::new(LIBRARY).map_err(|e| {
+        let lib = libloading::Library::new(library).map_err(|e| {
             EnergyError::Nvml(format!(
-                "no NVIDIA GPU/driver ({LIBRARY} not loadable: {e})"
+                "no NVIDIA GPU/driver ({library} not loadable: {e})"
             ))
         })?;
         macro_rules! sym {
             ($name:literal) => {
                 *lib.get($name).map_err(|e| {
                     EnergyError::Nvml(format!(
-                        "{LIBRARY} lacks {}: {e}",
+                        "{library} lacks {}: {e}",
                         String::from_utf8_lossy($name)
                     ))
                 })?
@@ -301,14 +306,39 @@ mod tests {
     }
 
     #[test]
-    fn absent_library_says_no_nvidia() {
-        // This VM has no NVIDIA driver; on a GPU machine the open succeeds instead.
+    fn a_missing_library_says_no_nvidia() {
+        let Err(err) = load_from("/nonexistent/libnvidia-ml.so.1") else {
+            panic!("a missing file loaded");
+        };
+        let text = err.to_string();
+        assert!(text.contains("no NVIDIA GPU/driver"), "{text}");
+        assert!(text.contains("/nonexistent/libnvidia-ml.so.1"), "{text}");
+    }
+
+    #[test]
+    fn a_library_without_nvml_names_the_missing_symbol() {
+        let Err(err) = load_from("libc.so.6") else {
+            panic!("libc loaded as NVML");
+        };
+        let text = err.to_string();
+        assert!(text.contains("lacks nvmlInit_v2"), "{text}");
+    }
+
+    #[test]
+    fn open_matches_whether_the_driver_is_loaded() {
+        // The kernel driver is the independent witness: with it, NVML must open and list
+        // a GPU; without it, open must fail and say there is no NVIDIA GPU or driver.
+        let driver = std::path::Path::new("/proc/driver/nvidia/version").exists();
         match open() {
-            Err(e) => {
-                let text = e.to_string();
-                assert!(text.contains("NVIDIA") || text.contains("GPU"), "{text}");
+            Ok(gpus) => {
+                assert!(driver, "NVML opened without the NVIDIA kernel driver");
+                assert!(!gpus.is_empty(), "open lists at least one GPU");
             }
-            Ok(gpus) => assert!(!gpus.is_empty()),
+            Err(e) => {
+                assert!(!driver, "the NVIDIA driver is loaded but NVML failed: {e}");
+                let text = e.to_string();
+                assert!(text.contains("NVIDIA"), "{text}");
+            }
         }
     }
 }

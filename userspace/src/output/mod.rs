@@ -5,6 +5,7 @@
 //! profile is built once and pushed into whichever sink the user asked for.
 
 pub mod collapsed;
+pub mod file;
 pub mod functions;
 pub mod otlp;
 pub mod pprof;

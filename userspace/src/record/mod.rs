@@ -2,16 +2,27 @@
 //!
 //! [`Writer`] appends self-contained chunks and flushes each one, so a recorder killed at
 //! any point leaves a file that [`read_file`] reads back up to its last whole record and
-//! marks as truncated. [`Recording`] is the in-memory form every report starts from.
+//! marks as truncated. From format version 3 every record carries a CRC32C: a damaged one
+//! is skipped and counted ([`Damage`]) and reading goes on at the next whole record.
+//! [`Recording`] is the in-memory form every report starts from.
+//!
+//! Reading is bounded: the file is read once into memory, every record is at most
+//! [`frame::MAX_RECORD_LEN`] bytes, and timestamps that cannot be true are dropped
+//! (`validate`), so no later stage can size work from a damaged number.
 
-mod columns;
+pub mod columns;
+#[cfg(test)]
+mod damage_tests;
+pub mod frame;
 mod reader;
 pub mod rotate;
 pub mod series;
+mod validate;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
+pub use validate::{MAX_CPUS, MAX_QUIET_NS, PRE_START_NS};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
@@ -26,8 +37,10 @@ pub const MAGIC: &[u8; 8] = b"EBPFREC\n";
 
 /// Version written in every header; readers refuse versions outside
 /// [`OLDEST_FORMAT_VERSION`]..=[`FORMAT_VERSION`] with a clear error.
-/// Version 2 stores switch events as columns (`SwitchColumns`) instead of messages.
-pub const FORMAT_VERSION: u32 = 2;
+/// Version 2 stores switch events as columns (`SwitchColumns`) instead of messages;
+/// version 3 frames every record after the header with a sync marker and a CRC32C
+/// ([`frame`]).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The oldest version this reader still reads (version 1: switch events as messages).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
@@ -82,6 +95,74 @@ pub struct Recording {
     pub truncated: bool,
     /// Bytes at the end of a truncated file that did not form a whole record.
     pub trailing_garbage_bytes: u64,
+    /// Damaged records skipped and impossible timestamps dropped while reading.
+    pub damage: Damage,
+}
+
+/// What reading found damaged and left out. Every command that reads a recording says so
+/// ([`Damage::note`]) and goes on with the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Damage {
+    /// Records skipped because their checksum failed or they did not decode.
+    pub records_damaged: u64,
+    /// Bytes skipped while looking for the next whole record.
+    pub bytes_skipped: u64,
+    /// Capture time with no data because of skipped records, ns: from the latest
+    /// timestamp before the damage to the earliest one after it.
+    pub lost_ns: u64,
+    /// Events and readings dropped because their timestamp cannot be true: before the
+    /// capture started, after a silence longer than [`MAX_QUIET_NS`], or on a CPU the
+    /// header does not list.
+    pub events_dropped: u64,
+    /// Whether the trailer's end time was impossible and was clamped to the data.
+    pub end_clamped: bool,
+}
+
+impl Damage {
+    /// Whether anything was damaged.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// One line for users, e.g. "2 records damaged, 0.3 s of data lost"; `None` when the
+    /// file was whole.
+    pub fn note(&self) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let plural =
+            |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let mut parts = Vec::new();
+        if self.records_damaged > 0 || self.lost_ns > 0 {
+            parts.push(format!(
+                "{} damaged, {:.1} s of data lost",
+                plural(self.records_damaged, "record", "records"),
+                self.lost_ns as f64 / 1e9
+            ));
+        }
+        if self.events_dropped > 0 {
+            parts.push(format!(
+                "{} with impossible timestamps dropped",
+                plural(self.events_dropped, "event", "events")
+            ));
+        }
+        if self.end_clamped {
+            parts.push("end time clamped to the data".into());
+        }
+        Some(parts.join("; "))
+    }
+
+    /// The counters as JSON, for reports (`lost_s` beside `lost_ns` for people).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "records_damaged": self.records_damaged,
+            "bytes_skipped": self.bytes_skipped,
+            "lost_ns": self.lost_ns,
+            "lost_s": self.lost_ns as f64 / 1e9,
+            "events_dropped": self.events_dropped,
+            "end_clamped": self.end_clamped,
+        })
+    }
 }
 
 impl Recording {

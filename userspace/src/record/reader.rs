@@ -1,5 +1,8 @@
 //! Reading a recording back. A file cut short (killed recorder, full disk) reads up to its
 //! last whole record and is marked truncated; garbage and unknown versions are clear errors.
+//! In version 3 files a damaged record is skipped and counted, and reading resumes at the
+//! next whole one ([`super::frame`]); in every version, timestamps that cannot be true are
+//! dropped and counted ([`super::validate`]).
 
 use std::{
     io::Read,
@@ -8,8 +11,10 @@ use std::{
 
 use prost::Message as _;
 
-use super::{FORMAT_VERSION, MAGIC, OLDEST_FORMAT_VERSION, Recording};
-use crate::pb::v1::{Chunk, Record, Trailer, record::Kind};
+use super::{
+    FORMAT_VERSION, MAGIC, MAX_CPUS, OLDEST_FORMAT_VERSION, Recording, frame, validate::Window,
+};
+use crate::pb::v1::{Chunk, Header, Record, Trailer, record::Kind};
 
 /// Why a recording could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -85,17 +90,65 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
         return Err(ReadError::NotARecording { path: path.into() });
     }
     let mut rest = &bytes[MAGIC.len()..];
+    let header = read_header(&mut rest, path)?;
+    let framed = header.format_version >= 3;
+    let mut reading = Reading {
+        window: Window::new(&header),
+        rec: Recording {
+            end_ns: header.start_ns,
+            header,
+            ..Default::default()
+        },
+        gap_from: None,
+    };
+    loop {
+        let before = rest.len();
+        let next = if framed {
+            next_frame(&mut rest, &mut reading)
+        } else {
+            next_record(&mut rest)
+        };
+        match next {
+            Next::Record(Record {
+                kind: Some(Kind::Chunk(chunk)),
+            }) => reading.chunk(chunk),
+            Next::Record(Record {
+                kind: Some(Kind::Trailer(t)),
+            }) => {
+                reading.trailer(t);
+                return Ok(reading.rec);
+            }
+            // Kinds from a newer writer, or a second header: nothing to use.
+            Next::Record(_) => {}
+            Next::Damaged => {}
+            Next::End => break,
+            Next::Cut | Next::Corrupt => {
+                reading.rec.trailing_garbage_bytes = before as u64;
+                break;
+            }
+        }
+    }
+    // No trailer: the recorder did not finish. Keep everything read so far.
+    let (end_ns, _) = reading.window.end(None);
+    reading.rec.end_ns = reading.rec.end_ns.max(end_ns);
+    reading.rec.truncated = true;
+    Ok(reading.rec)
+}
+
+/// The header record, checked: a known version, its checksum (version 3), a sane CPU count.
+fn read_header(rest: &mut &[u8], path: &Path) -> Result<Header, ReadError> {
     let bad_header = |what: &str| ReadError::BadHeader {
         path: path.into(),
         what: what.into(),
     };
-    let header = match next_record(&mut rest) {
+    let start = *rest;
+    let header = match next_record(rest) {
         Next::Record(Record {
             kind: Some(Kind::Header(h)),
         }) => h,
         Next::Record(_) => return Err(bad_header("first record is not a header")),
         Next::End | Next::Cut => return Err(bad_header("file ends inside the header")),
-        Next::Corrupt => return Err(bad_header("header does not decode")),
+        Next::Corrupt | Next::Damaged => return Err(bad_header("header does not decode")),
     };
     if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&header.format_version) {
         return Err(ReadError::Version {
@@ -103,34 +156,25 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
             found: header.format_version,
         });
     }
-    let mut rec = Recording {
-        end_ns: header.start_ns,
-        header,
-        ..Default::default()
-    };
-    loop {
-        let before = rest.len();
-        match next_record(&mut rest) {
-            Next::Record(Record {
-                kind: Some(Kind::Chunk(chunk)),
-            }) => merge_chunk(&mut rec, chunk),
-            Next::Record(Record {
-                kind: Some(Kind::Trailer(t)),
-            }) => {
-                apply_trailer(&mut rec, t);
-                return Ok(rec);
-            }
-            Next::Record(_) => {}
-            Next::End => break,
-            Next::Cut | Next::Corrupt => {
-                rec.trailing_garbage_bytes = before as u64;
-                break;
-            }
+    if header.format_version >= 3 {
+        // Version 3: the header record is followed by the CRC32C of its bytes.
+        let record = &start[..start.len() - rest.len()];
+        let Some(stored) = rest.get(..4) else {
+            return Err(bad_header("file ends inside the header"));
+        };
+        let stored = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]);
+        if crc32c::crc32c(record) != stored {
+            return Err(bad_header("header checksum does not match"));
         }
+        *rest = &rest[4..];
     }
-    // No trailer: the recorder did not finish. Keep everything read so far.
-    rec.truncated = true;
-    Ok(rec)
+    if header.cpus.len() > MAX_CPUS {
+        return Err(bad_header(&format!(
+            "header lists {} CPUs, more than Linux supports ({MAX_CPUS})",
+            header.cpus.len()
+        )));
+    }
+    Ok(header)
 }
 
 #[allow(
@@ -139,11 +183,93 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
 )]
 enum Next {
     Record(Record),
+    /// A damaged record was skipped (and counted); reading goes on.
+    Damaged,
     End,
     Cut,
     Corrupt,
 }
 
+/// A recording being read: what was read so far and what is known about the damage.
+struct Reading {
+    rec: Recording,
+    window: Window,
+    /// After damage, the latest timestamp before it: the data lost runs from there to the
+    /// next timestamp read.
+    gap_from: Option<u64>,
+}
+
+impl Reading {
+    fn damaged(&mut self, records: u64, bytes: usize) {
+        self.rec.damage.records_damaged += records;
+        self.rec.damage.bytes_skipped += bytes as u64;
+        self.gap_from.get_or_insert(self.window.frontier());
+    }
+
+    fn close_gap(&mut self, next_ns: u64) {
+        if let Some(from) = self.gap_from.take() {
+            self.rec.damage.lost_ns += next_ns.saturating_sub(from);
+        }
+    }
+
+    fn chunk(&mut self, mut chunk: Chunk) {
+        self.rec.damage.events_dropped += self.window.admit(&mut chunk);
+        let earliest = [
+            chunk.switches.iter().map(|s| s.ts_ns).min(),
+            chunk.samples.iter().map(|s| s.ts_ns).min(),
+            chunk.readings.iter().map(|r| r.ts_ns).min(),
+        ];
+        if let Some(next) = earliest.into_iter().flatten().min() {
+            self.close_gap(next);
+        }
+        merge_chunk(&mut self.rec, chunk);
+        self.rec.end_ns = self.rec.end_ns.max(self.window.frontier());
+    }
+
+    fn trailer(&mut self, t: Trailer) {
+        let (end_ns, clamped) = self.window.end(Some(t.end_ns));
+        self.close_gap(end_ns);
+        self.rec.damage.end_clamped |= clamped;
+        apply_trailer(&mut self.rec, Trailer { end_ns, ..t });
+    }
+}
+
+/// The next version 3 frame. Damage is skipped up to the next whole frame and counted; a
+/// frame cut by the end of the file (and nothing whole after it) is a truncated tail.
+fn next_frame(rest: &mut &[u8], reading: &mut Reading) -> Next {
+    if rest.is_empty() {
+        return Next::End;
+    }
+    match frame::parse(rest) {
+        frame::Frame::Whole { payload, len } => {
+            *rest = &rest[len..];
+            match decode(payload) {
+                Some(record) => Next::Record(record),
+                // The checksum holds but the contents do not: written damaged or crafted.
+                None => {
+                    reading.damaged(1, 0);
+                    Next::Damaged
+                }
+            }
+        }
+        found => match frame::resync(rest) {
+            (Some(skip), frames) => {
+                reading.damaged(frames, skip);
+                *rest = &rest[skip..];
+                Next::Damaged
+            }
+            (None, _) if found == frame::Frame::Cut => Next::Cut,
+            (None, frames) => {
+                // Damaged up to the end: nothing after it to go on with.
+                reading.damaged(frames, rest.len());
+                *rest = &[];
+                Next::End
+            }
+        },
+    }
+}
+
+/// The next version 1 or 2 record: a varint length and the record.
 fn next_record(rest: &mut &[u8]) -> Next {
     if rest.is_empty() {
         return Next::End;
@@ -155,30 +281,28 @@ fn next_record(rest: &mut &[u8]) -> Next {
     if len > cursor.len() {
         return Next::Cut;
     }
-    let Ok(mut record) = Record::decode(&cursor[..len]) else {
+    let Some(record) = decode(&cursor[..len]) else {
         return Next::Corrupt;
     };
-    if let Some(Kind::Chunk(chunk)) = &mut record.kind
-        && let Some(columns) = chunk.switch_columns.take()
-    {
-        // Version 2: switch events as columns, after any written as messages.
-        match super::columns::from_columns(&columns) {
-            Ok(events) => chunk.switches.extend(events),
-            Err(_) => return Next::Corrupt,
-        }
-    }
     *rest = &cursor[len..];
     Next::Record(record)
 }
 
+/// A record's bytes, with a chunk's switch columns turned back into events.
+fn decode(bytes: &[u8]) -> Option<Record> {
+    let mut record = Record::decode(bytes).ok()?;
+    if let Some(Kind::Chunk(chunk)) = &mut record.kind
+        && let Some(columns) = chunk.switch_columns.take()
+    {
+        // Version 2: switch events as columns, after any written as messages.
+        chunk
+            .switches
+            .extend(super::columns::from_columns(&columns).ok()?);
+    }
+    Some(record)
+}
+
 fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
-    let latest = [
-        chunk.switches.last().map(|s| s.ts_ns),
-        chunk.samples.last().map(|s| s.ts_ns),
-        chunk.readings.last().map(|r| r.ts_ns),
-        chunk.process_events.last().map(|p| p.ts_ns),
-    ];
-    rec.end_ns = latest.into_iter().flatten().fold(rec.end_ns, u64::max);
     rec.switches.extend(chunk.switches);
     rec.samples.extend(chunk.samples);
     rec.process_events.extend(chunk.process_events);
@@ -297,8 +421,8 @@ mod tests {
         drop(Writer::create(&path, &header).expect("create"));
         let err = read_file(&path).expect_err("version");
         assert!(err.to_string().contains("format version 9"), "{err}");
-        assert!(err.to_string().contains("reads versions 1 to 2"), "{err}");
-        for version in [1, 2] {
+        assert!(err.to_string().contains("reads versions 1 to 3"), "{err}");
+        for version in [1, 2, 3] {
             let path = dir.path().join(format!("v{version}.ebpr"));
             let header = Header {
                 format_version: version,
@@ -418,20 +542,45 @@ mod tests {
         assert_eq!(rec.switches, switches);
     }
 
-    #[test]
-    fn inconsistent_switch_columns_are_a_corrupt_tail() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = write_sample_file(dir.path(), 2, false);
-        let mut bytes = std::fs::read(&path).expect("read");
+    /// `write_sample_file` in the framing of version 2.
+    fn version_2_file(dir: &Path, chunks: usize) -> (PathBuf, Vec<u8>) {
+        let path = dir.join("v2.ebpr");
+        let header = Header {
+            format_version: 2,
+            start_ns: 1_000,
+            ..Default::default()
+        };
+        let mut w = Writer::create(&path, &header).expect("create");
+        for i in 0..chunks {
+            w.chunk(Chunk {
+                switches: vec![SwitchEvent {
+                    ts_ns: 2_000 + i as u64,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .expect("chunk");
+        }
+        let bytes = std::fs::read(&path).expect("read");
+        (path, bytes)
+    }
+
+    fn inconsistent_columns_chunk() -> Record {
         let mut columns = super::super::columns::to_columns(&random_switches(3, 50));
         columns.flags.pop();
-        let bad = Record {
+        Record {
             kind: Some(Kind::Chunk(Chunk {
                 switch_columns: Some(columns),
                 ..Default::default()
             })),
         }
-        .encode_length_delimited_to_vec();
+    }
+
+    #[test]
+    fn inconsistent_switch_columns_are_a_corrupt_tail_in_version_2() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, mut bytes) = version_2_file(dir.path(), 2);
+        let bad = inconsistent_columns_chunk().encode_length_delimited_to_vec();
         bytes.extend_from_slice(&bad);
         let rec = read_from(bytes.as_slice(), &path).expect("read");
         assert!(rec.truncated);
@@ -440,14 +589,36 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_tail_keeps_the_whole_chunks_before_it() {
+    fn inconsistent_switch_columns_are_a_damaged_record_in_version_3() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_sample_file(dir.path(), 2, false);
         let mut bytes = std::fs::read(&path).expect("read");
-        bytes.extend_from_slice(&[0x05, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        // A whole frame, checksum and all, around contents that do not decode.
+        frame::encode(&inconsistent_columns_chunk().encode_to_vec(), &mut bytes).expect("frame");
+        let rec = read_from(bytes.as_slice(), &path).expect("read");
+        assert!(rec.truncated);
+        assert_eq!(rec.switches.len(), 2);
+        assert_eq!(rec.damage.records_damaged, 1);
+    }
+
+    #[test]
+    fn corrupt_tail_keeps_the_whole_chunks_before_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let garbage = [0x05, 0xff, 0xff, 0xff, 0xff, 0xff];
+        let (path, mut bytes) = version_2_file(dir.path(), 2);
+        bytes.extend_from_slice(&garbage);
         let rec = read_from(bytes.as_slice(), &path).expect("read");
         assert!(rec.truncated);
         assert_eq!(rec.switches.len(), 2);
         assert_eq!(rec.trailing_garbage_bytes, 6);
+        // Version 3: bytes that cannot start a frame are damage, not a cut record.
+        let path = write_sample_file(dir.path(), 2, false);
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes.extend_from_slice(&garbage);
+        let rec = read_from(bytes.as_slice(), &path).expect("read");
+        assert!(rec.truncated);
+        assert_eq!(rec.switches.len(), 2);
+        assert_eq!(rec.damage.records_damaged, 1);
+        assert_eq!(rec.damage.bytes_skipped, 6);
     }
 }

@@ -160,6 +160,12 @@ fn append(into: &mut Recording, next: Recording) {
     into.stop_reason = next.stop_reason;
     into.truncated = next.truncated;
     into.trailing_garbage_bytes += next.trailing_garbage_bytes;
+    let (d, n) = (&mut into.damage, next.damage);
+    d.records_damaged += n.records_damaged;
+    d.bytes_skipped += n.bytes_skipped;
+    d.lost_ns += n.lost_ns;
+    d.events_dropped += n.events_dropped;
+    d.end_clamped |= n.end_clamped;
 }
 
 /// Cuts a recording to a wall-clock range (see the module comment).

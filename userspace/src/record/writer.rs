@@ -1,22 +1,27 @@
-//! Appending records to a recording file. Each record is written whole and flushed, so a
-//! recorder killed between writes leaves a file that reads back to its last record.
+//! Appending records to a recording file. Each record is written whole, in one write, so
+//! a recorder killed between writes leaves a file that reads back to its last record; a
+//! write that fails (disk full) is cut back off the file, so the file still ends on a
+//! whole record and a trailer may follow.
 
 use std::{
-    fs::{File, OpenOptions},
-    io::{BufWriter, Write as _},
-    os::unix::fs::OpenOptionsExt as _,
+    fs::File,
+    io::{Seek as _, SeekFrom, Write as _},
     path::{Path, PathBuf},
 };
 
 use prost::Message as _;
 
-use super::MAGIC;
+use super::{MAGIC, frame};
+use crate::output::file::{CreateError, create_private};
 use crate::pb::v1::{Chunk, Header, Record, Trailer, record::Kind};
 
 /// Why a record could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
-    /// Creating or writing the file failed (permissions, missing directory, disk full).
+    /// Creating the file failed (permissions, missing directory, a planted symlink).
+    #[error(transparent)]
+    Create(#[from] CreateError),
+    /// Writing failed (disk full, I/O error).
     #[error("cannot write {path}: {source}")]
     Io {
         /// The file.
@@ -24,44 +29,69 @@ pub enum WriteError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A record over [`frame::MAX_RECORD_LEN`]: no reader would accept it.
+    #[error("cannot write {path}: a record of {len} bytes is over the {max} byte limit")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// The record's size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+}
+
+impl WriteError {
+    /// Whether the disk (or the file system's quota) is full.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, Self::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)))
+    }
 }
 
 /// Appends records to a recording file.
 pub struct Writer {
-    out: BufWriter<File>,
+    out: File,
     path: PathBuf,
+    /// Frame records with a checksum (format version 3) or write them bare (1 and 2,
+    /// kept so tests can write old files).
+    framed: bool,
+    record: Vec<u8>,
     buf: Vec<u8>,
+    /// Bytes of whole records in the file.
     bytes: u64,
 }
 
 impl Writer {
-    /// Creates (truncates) `path` with mode 0600 and writes the magic and `header`.
+    /// Creates (truncates) `path` with mode 0600, refusing a symlink, and writes the magic
+    /// and `header` in the framing of `header.format_version`.
     pub fn create(path: &Path, header: &Header) -> Result<Self, WriteError> {
-        let io = |source| WriteError::Io {
-            path: path.into(),
-            source,
-        };
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(io)?;
         let mut writer = Self {
-            out: BufWriter::new(file),
+            out: create_private(path)?,
             path: path.into(),
+            framed: header.format_version >= 3,
+            record: Vec::new(),
             buf: Vec::new(),
             bytes: 0,
         };
-        writer.out.write_all(MAGIC).map_err(io)?;
-        writer.bytes += MAGIC.len() as u64;
-        writer.write(Kind::Header(header.clone()))?;
+        writer.buf.extend_from_slice(MAGIC);
+        Record {
+            kind: Some(Kind::Header(header.clone())),
+        }
+        .encode_length_delimited(&mut writer.buf)
+        .map_err(|e| writer.io(std::io::Error::other(e)))?;
+        if writer.framed {
+            // Version 3: the header stays a bare record, so older readers still find its
+            // version and refuse it clearly; its checksum follows.
+            let crc = crc32c::crc32c(&writer.buf[MAGIC.len()..]);
+            writer.buf.extend_from_slice(&crc.to_le_bytes());
+        }
+        writer.flush_buf()?;
         Ok(writer)
     }
 
-    /// Appends one chunk and flushes it to the file. Its switch events go on disk as
-    /// columns (format version 2); a reader turns them back into `switches`.
+    /// Appends one chunk. Its switch events go on disk as columns (format version 2); a
+    /// reader turns them back into `switches`.
     pub fn chunk(&mut self, mut chunk: Chunk) -> Result<(), WriteError> {
         if !chunk.switches.is_empty() {
             chunk.switch_columns = Some(super::columns::to_columns(&chunk.switches));
@@ -70,40 +100,57 @@ impl Writer {
         self.write(Kind::Chunk(chunk))
     }
 
-    /// Bytes written so far.
+    /// Appends the trailer that marks a clean finish, and syncs the file.
+    pub fn finish(mut self, trailer: Trailer) -> Result<u64, WriteError> {
+        self.write(Kind::Trailer(trailer))?;
+        self.out.sync_all().map_err(|e| self.io(e))?;
+        Ok(self.bytes)
+    }
+
+    /// Bytes of whole records written so far.
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
 
-    /// Appends the trailer that marks a clean finish, and syncs the file.
-    pub fn finish(mut self, trailer: Trailer) -> Result<u64, WriteError> {
-        self.write(Kind::Trailer(trailer))?;
-        self.out
-            .get_ref()
-            .sync_all()
-            .map_err(|source| WriteError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
-        Ok(self.bytes)
-    }
-
     fn write(&mut self, kind: Kind) -> Result<(), WriteError> {
         self.buf.clear();
-        Record { kind: Some(kind) }
-            .encode_length_delimited(&mut self.buf)
-            .map_err(|e| WriteError::Io {
+        let record = Record { kind: Some(kind) };
+        if self.framed {
+            self.record.clear();
+            record
+                .encode(&mut self.record)
+                .map_err(|e| self.io(std::io::Error::other(e)))?;
+            frame::encode(&self.record, &mut self.buf).ok_or_else(|| WriteError::TooLarge {
                 path: self.path.clone(),
-                source: std::io::Error::other(e),
+                len: self.record.len(),
+                max: frame::MAX_RECORD_LEN,
             })?;
-        self.out
-            .write_all(&self.buf)
-            .and_then(|()| self.out.flush())
-            .map_err(|source| WriteError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
+        } else {
+            record
+                .encode_length_delimited(&mut self.buf)
+                .map_err(|e| self.io(std::io::Error::other(e)))?;
+        }
+        self.flush_buf()
+    }
+
+    /// Writes `buf` whole or not at all: after a failed write the partial record is cut
+    /// off, so the file ends on a whole record.
+    fn flush_buf(&mut self) -> Result<(), WriteError> {
+        if let Err(e) = self.out.write_all(&self.buf) {
+            // Best effort: a file we cannot shorten still reads back (as cut short).
+            if self.out.set_len(self.bytes).is_ok() {
+                let _ = self.out.seek(SeekFrom::Start(self.bytes));
+            }
+            return Err(self.io(e));
+        }
         self.bytes += self.buf.len() as u64;
         Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> WriteError {
+        WriteError::Io {
+            path: self.path.clone(),
+            source,
+        }
     }
 }

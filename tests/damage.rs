@@ -1,0 +1,279 @@
+//! Damaged recordings: the damage is reported, never shown as real numbers, and no damaged
+//! file makes a command use more than 200 MiB + 20 × its size of memory (heap).
+
+use std::{
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use energy_bpf::{
+    pb::v1::{Record, record::Kind},
+    record::{MAGIC, frame},
+};
+use prost::Message as _;
+
+use crate::util::{bin, require_root, run, text};
+
+/// A 3 s recording of a busy loop at 999 Hz: many chunks, most of them samples.
+fn busy_recording(dir: &Path) -> PathBuf {
+    let busy = crate::util::Workload::spawn("while :; do :; done", None);
+    let file = dir.join("busy.ebpr");
+    let out = run(&[
+        "record",
+        "-F",
+        "999",
+        "-d",
+        "3",
+        "-o",
+        file.to_str().expect("path"),
+    ]);
+    drop(busy);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    file
+}
+
+/// A version 3 file cut into its parts: the bytes up to the first frame (magic, header,
+/// header checksum) and each frame's (offset, payload).
+struct Frames {
+    head: Vec<u8>,
+    records: Vec<(usize, Record)>,
+}
+
+fn frames(bytes: &[u8]) -> Frames {
+    let first = bytes
+        .windows(4)
+        .position(|w| w == frame::SYNC)
+        .expect("a version 3 frame");
+    let mut records = Vec::new();
+    let mut at = first;
+    while let frame::Frame::Whole { payload, len } = frame::parse(&bytes[at..]) {
+        records.push((at, Record::decode(payload).expect("record decodes")));
+        at += len;
+    }
+    assert_eq!(at, bytes.len(), "the whole file is frames");
+    Frames {
+        head: bytes[..first].to_vec(),
+        records,
+    }
+}
+
+impl Frames {
+    /// The file again, with valid checksums around whatever was changed.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = self.head.clone();
+        for (_, r) in &self.records {
+            frame::encode(&r.encode_to_vec(), &mut out).expect("frame");
+        }
+        out
+    }
+
+    /// The same records in the framing of version 2 (no checksums).
+    fn encode_version_2(&self) -> Vec<u8> {
+        let mut rest = &self.head[MAGIC.len()..];
+        let mut header = Record::decode_length_delimited(&mut rest).expect("header");
+        if let Some(Kind::Header(h)) = &mut header.kind {
+            h.format_version = 2;
+        }
+        let mut out = MAGIC.to_vec();
+        for r in std::iter::once(&header).chain(self.records.iter().map(|(_, r)| r)) {
+            r.encode_length_delimited(&mut out).expect("encode");
+        }
+        out
+    }
+
+    fn chunks_mut(&mut self) -> impl Iterator<Item = &mut energy_bpf::pb::v1::Chunk> {
+        self.records
+            .iter_mut()
+            .filter_map(|(_, r)| match &mut r.kind {
+                Some(Kind::Chunk(c)) => Some(c),
+                _ => None,
+            })
+    }
+}
+
+#[test]
+fn sixteen_flipped_bytes_in_a_chunk_are_reported_not_shown_as_data() {
+    if !require_root("sixteen_flipped_bytes_in_a_chunk_are_reported_not_shown_as_data") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = busy_recording(dir.path());
+    let mut bytes = std::fs::read(&file).expect("read");
+    let parts = frames(&bytes);
+    // The chunk frame holding the middle of the file; flip 16 bytes in its middle.
+    let middle = bytes.len() / 2;
+    let k = parts
+        .records
+        .iter()
+        .rposition(|(at, _)| *at <= middle)
+        .expect("a frame");
+    let (start, end) = (parts.records[k].0, parts.records[k + 1].0);
+    assert!(end - start > 64, "chunk of {} bytes", end - start);
+    let flip = (start + end) / 2 - 8;
+    for b in &mut bytes[flip..flip + 16] {
+        *b ^= 0xa5;
+    }
+    let damaged = dir.path().join("damaged.ebpr");
+    std::fs::write(&damaged, &bytes).expect("write");
+
+    let out = run(&["report", damaged.to_str().expect("path")]);
+    assert!(
+        out.status.success(),
+        "a damaged file still reports: {}",
+        text(&out)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("1 record damaged") && stderr.contains("s of data lost"),
+        "report says what was damaged: {stderr}"
+    );
+    let json = crate::util::report_json(&damaged);
+    assert_eq!(json["damage"]["records_damaged"], 1, "{:#}", json["damage"]);
+    let lost = json["damage"]["lost_s"].as_f64().expect("lost_s");
+    assert!(lost > 0.0 && lost < 1.5, "one drain's worth lost: {lost} s");
+    assert_eq!(
+        json["truncated"], false,
+        "the trailer after the damage is read"
+    );
+    let whole = crate::util::report_json(&file);
+    assert_eq!(whole["damage"]["records_damaged"], 0);
+    assert_eq!(json["duration_ns"], whole["duration_ns"]);
+
+    let svg = dir.path().join("flame.svg");
+    let out = run(&[
+        "flamegraph",
+        "-o",
+        svg.to_str().expect("path"),
+        damaged.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("1 record damaged"),
+        "flamegraph says so too: {}",
+        text(&out)
+    );
+}
+
+/// Runs `energy-bpf ARGS` with its heap limited to 200 MiB + 20 × `input` bytes, killed
+/// after 120 s. `RLIMIT_DATA` (brk and private writable mappings) is the memory the input
+/// can make grow; `RLIMIT_AS` would also count the read-only mappings of the binaries that
+/// symbolization opens, whose size depends on the machine, not on the file.
+fn run_bounded(args: &[&str], input: u64) -> Output {
+    let limit = (200 << 20) + 20 * input;
+    let mut cmd = Command::new(bin());
+    cmd.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // A failed allocation must abort at once, not capture a backtrace first.
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    // SAFETY: setrlimit is async-signal-safe; the closure touches no other state.
+    unsafe {
+        cmd.pre_exec(move || {
+            let rlim = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            if libc::setrlimit(libc::RLIMIT_DATA, &rlim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("run energy-bpf");
+    let pid = child.id() as libc::pid_t;
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let hung = finished.recv_timeout(Duration::from_secs(120)).is_err();
+        if hung {
+            // SAFETY: kill on our own child, not yet reaped (the main thread is waiting).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        hung
+    });
+    let out = child.wait_with_output().expect("output");
+    let _ = done.send(());
+    let hung = watchdog.join().expect("watchdog");
+    assert!(!hung, "{args:?} still running after 120 s: {}", text(&out));
+    out
+}
+
+#[test]
+fn damaged_files_stay_within_the_memory_bound() {
+    if !require_root("damaged_files_stay_within_the_memory_bound") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = busy_recording(dir.path());
+    let bytes = std::fs::read(&file).expect("read");
+    let parts = frames(&bytes);
+    let mut cases: Vec<(&str, Vec<u8>)> = vec![("whole", bytes.clone())];
+
+    // The damage that once took 24 GB: an end time centuries away, with a valid checksum
+    // (a crafted file) and in a version 2 file (no checksum at all).
+    let mut far_end = frames(&bytes);
+    for (_, r) in &mut far_end.records {
+        if let Some(Kind::Trailer(t)) = &mut r.kind {
+            t.end_ns = u64::MAX - 1;
+        }
+    }
+    cases.push(("end time u64::MAX, valid checksums", far_end.encode()));
+    cases.push(("end time u64::MAX, version 2", far_end.encode_version_2()));
+
+    // Every timestamp of every other chunk pushed 30 years ahead, and the rest back to 0.
+    let mut leaps = frames(&bytes);
+    for (i, c) in leaps.chunks_mut().enumerate() {
+        let shift = |t: &mut u64| *t = if i % 2 == 0 { *t + (1 << 60) } else { 0 };
+        c.samples.iter_mut().for_each(|s| shift(&mut s.ts_ns));
+        c.readings.iter_mut().for_each(|r| shift(&mut r.ts_ns));
+        c.process_events
+            .iter_mut()
+            .for_each(|p| shift(&mut p.ts_ns));
+    }
+    cases.push(("timestamps leaping", leaps.encode()));
+
+    // Random damage: 64 bursts of flipped bytes, seeded so a failure replays.
+    let mut random = bytes.clone();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let at = parts.head.len() + (x as usize % (random.len() - parts.head.len() - 8));
+        for b in &mut random[at..at + 8] {
+            *b ^= (x >> 8) as u8 | 1;
+        }
+    }
+    cases.push(("64 random bursts", random));
+
+    for (what, data) in cases {
+        let path = dir.path().join("case.ebpr");
+        std::fs::write(&path, &data).expect("write");
+        let p = path.to_str().expect("path");
+        let svg = dir.path().join("case.svg");
+        for args in [
+            vec!["report", "--format", "json", p],
+            vec!["report", "--by", "function", p],
+            vec!["flamegraph", "-o", svg.to_str().expect("path"), p],
+        ] {
+            let out = run_bounded(&args, data.len() as u64);
+            let msg = text(&out);
+            assert!(
+                out.status.success() || msg.contains("no samples to show"),
+                "{what}: {args:?} failed within 200 MiB + 20 × {} bytes: {msg}",
+                data.len()
+            );
+            assert!(!msg.contains("panicked"), "{what}: {msg}");
+            if what != "whole" {
+                assert!(
+                    msg.contains("damaged") || msg.contains("cut short"),
+                    "{what}: {args:?} says nothing: {msg}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Damaged files: every flipped byte of a version 3 file is found and counted, reading
+//! goes on after it, and impossible timestamps never reach the recording.
+
+use std::path::Path;
+
+use prost::Message as _;
+
+use super::*;
+use crate::pb::v1::{Chunk, Header, Record, SwitchEvent, Trailer, record::Kind};
+
+const MS: u64 = 1_000_000;
+const START: u64 = 100_000_000_000;
+
+/// A version 3 file of `chunks` chunks, chunk i holding switches at START + i·100 ms,
+/// and the offsets where each chunk's frame starts.
+fn recording(chunks: u64) -> (Vec<u8>, Vec<usize>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("r.ebpr");
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        start_ns: START,
+        ..Default::default()
+    };
+    let mut w = Writer::create(&path, &header).expect("create");
+    let mut offsets = Vec::new();
+    for i in 0..chunks {
+        offsets.push(w.bytes() as usize);
+        let switches = (0..20)
+            .map(|k| SwitchEvent {
+                ts_ns: START + i * 100 * MS + k * MS,
+                cpu: (k % 2) as u32,
+                tid: 10 + k as u32,
+                ..Default::default()
+            })
+            .collect();
+        w.chunk(Chunk {
+            switches,
+            ..Default::default()
+        })
+        .expect("chunk");
+    }
+    offsets.push(w.bytes() as usize);
+    w.finish(Trailer {
+        end_ns: START + chunks * 100 * MS,
+        stop_reason: "duration".into(),
+        losses: None,
+    })
+    .expect("finish");
+    (std::fs::read(&path).expect("read"), offsets)
+}
+
+fn read(bytes: &[u8]) -> Recording {
+    read_from(bytes, Path::new("damaged.ebpr")).expect("a damaged file still reads")
+}
+
+#[test]
+fn sixteen_flipped_bytes_in_a_chunk_lose_that_chunk_only() {
+    let (mut bytes, offsets) = recording(10);
+    let whole = read(&bytes);
+    assert!(whole.damage.is_empty());
+    assert_eq!(whole.damage.note(), None);
+    let middle = (offsets[5] + offsets[6]) / 2;
+    for b in &mut bytes[middle..middle + 16] {
+        *b ^= 0xff;
+    }
+    let rec = read(&bytes);
+    assert!(!rec.truncated, "the trailer after the damage is still read");
+    assert_eq!(rec.switches.len(), 9 * 20);
+    assert_eq!(rec.damage.records_damaged, 1);
+    assert_eq!(rec.damage.bytes_skipped, (offsets[6] - offsets[5]) as u64);
+    // From chunk 4's last switch (START + 419 ms) to chunk 6's first (START + 600 ms).
+    assert_eq!(rec.damage.lost_ns, 181 * MS);
+    assert_eq!(rec.duration_ns(), whole.duration_ns());
+    assert_eq!(
+        rec.damage.note().as_deref(),
+        Some("1 record damaged, 0.2 s of data lost")
+    );
+}
+
+#[test]
+fn no_flipped_byte_goes_unnoticed() {
+    let (bytes, offsets) = recording(4);
+    // Every byte after the header: chunks and the trailer.
+    for at in offsets[0]..bytes.len() {
+        for bit in [0x01, 0x80] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= bit;
+            let rec = read(&damaged);
+            // A damaged length in the last frame reads as a file cut short: said too.
+            let in_trailer = at >= offsets[4];
+            assert!(
+                rec.damage.records_damaged >= 1 || (in_trailer && rec.truncated),
+                "flip {bit:#x} at byte {at} of {} went unnoticed",
+                bytes.len()
+            );
+            assert!(
+                rec.switches.len() >= 3 * 20,
+                "flip at {at} lost more than its chunk"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_damaged_header_is_a_clear_error() {
+    let (mut bytes, offsets) = recording(1);
+    bytes[offsets[0] - 6] ^= 0x40;
+    let err = read_from(bytes.as_slice(), Path::new("h.ebpr")).expect_err("header");
+    assert!(matches!(err, ReadError::BadHeader { .. }), "{err}");
+}
+
+#[test]
+fn several_damaged_chunks_in_a_row_are_all_counted() {
+    let (mut bytes, offsets) = recording(8);
+    for c in 2..5 {
+        bytes[offsets[c] + 20] ^= 1;
+    }
+    let rec = read(&bytes);
+    assert_eq!(rec.damage.records_damaged, 3);
+    assert_eq!(rec.switches.len(), 5 * 20);
+    assert_eq!(rec.damage.lost_ns, (500 - 119) * MS);
+}
+
+/// A file in the old framing, with the given chunks and trailer end.
+fn version_2(chunks: Vec<Chunk>, end_ns: u64) -> Vec<u8> {
+    let mut bytes = MAGIC.to_vec();
+    let header = Header {
+        format_version: 2,
+        start_ns: START,
+        cpus: vec![crate::pb::v1::Cpu::default()],
+        ..Default::default()
+    };
+    let records = std::iter::once(Kind::Header(header))
+        .chain(chunks.into_iter().map(Kind::Chunk))
+        .chain(std::iter::once(Kind::Trailer(Trailer {
+            end_ns,
+            ..Default::default()
+        })));
+    for kind in records {
+        Record { kind: Some(kind) }
+            .encode_length_delimited(&mut bytes)
+            .expect("encode");
+    }
+    bytes
+}
+
+#[test]
+fn impossible_timestamps_and_end_times_are_dropped_and_counted() {
+    let switch = |ts_ns: u64, cpu: u32| SwitchEvent {
+        ts_ns,
+        cpu,
+        ..Default::default()
+    };
+    let chunk = Chunk {
+        switches: vec![
+            switch(START + MS, 0),
+            switch(u64::MAX / 2, 0),
+            switch(START + 2 * MS, 3),
+            switch(7, 0),
+        ],
+        ..Default::default()
+    };
+    // The damaged end time that once made the model generate readings for centuries.
+    let rec = read(&version_2(vec![chunk], u64::MAX - 1));
+    assert_eq!(rec.switches.len(), 1);
+    assert_eq!(rec.damage.events_dropped, 3);
+    assert!(rec.damage.end_clamped);
+    assert!(
+        rec.duration_ns() <= MAX_QUIET_NS + MS,
+        "{}",
+        rec.duration_ns()
+    );
+    let note = rec.damage.note().expect("a note");
+    assert!(
+        note.contains("3 events with impossible timestamps dropped"),
+        "{note}"
+    );
+}
+
+#[test]
+fn too_many_cpus_in_the_header_is_a_clear_error() {
+    let mut bytes = MAGIC.to_vec();
+    let header = Header {
+        format_version: 2,
+        cpus: vec![crate::pb::v1::Cpu::default(); MAX_CPUS + 1],
+        ..Default::default()
+    };
+    Record {
+        kind: Some(Kind::Header(header)),
+    }
+    .encode_length_delimited(&mut bytes)
+    .expect("encode");
+    let err = read_from(bytes.as_slice(), Path::new("cpus.ebpr")).expect_err("cpus");
+    assert!(err.to_string().contains("8193 CPUs"), "{err}");
+}
