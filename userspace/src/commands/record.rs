@@ -20,8 +20,8 @@ use crate::{
         Probes, host,
         session::{Session, Targets},
     },
-    pb::v1::{Header, Trailer},
-    record::{FORMAT_VERSION, Writer},
+    pb::v1::Trailer,
+    record::Writer,
 };
 
 /// Arguments of `energy-bpf record`.
@@ -69,20 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
     let energy =
         crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
-    let (kernel_release, hostname) = host::uname();
-    let header = Header {
-        format_version: FORMAT_VERSION,
-        hostname,
-        kernel_release,
-        cpus,
-        sample_hz: args.freq as u32,
-        clock: "CLOCK_MONOTONIC".into(),
-        start_ns: crate::clock::monotonic_ns(),
-        start_unix_ns: crate::clock::realtime_ns(),
-        recorder_version: env!("CARGO_PKG_VERSION").into(),
-        command_line: std::env::args().collect(),
-        target_pids: args.pids.clone(),
-    };
+    let header = host::header(cpus, args.freq as u32, args.pids.clone());
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
     let mut session = Session::new(
