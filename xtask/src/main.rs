@@ -6,7 +6,7 @@
 //! - `test`: setup, then format check, clippy, and the whole test suite (the eBPF
 //!   integration tests run for real: they need root, which CI has).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
-//! - `bench overhead|accuracy|outputs`: benchmarks (see README).
+//! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README).
 use std::process::ExitCode;
 
 mod bench;
@@ -21,7 +21,7 @@ fn main() -> ExitCode {
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | test | run ARGS... | bench overhead|accuracy|outputs"
+            "usage: cargo xtask setup | test | run ARGS... | bench overhead|accuracy|outputs|top|agent"
                 .into(),
         ),
     };
