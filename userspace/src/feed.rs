@@ -38,6 +38,8 @@ pub struct LiveConfig {
     pub energy: EnergyArgs,
     /// Attribution options.
     pub attribute: Options,
+    /// Size of the stack-sample ring buffer (`None`: the probes' default).
+    pub sample_ring_bytes: Option<u32>,
 }
 
 /// Starts capture on its own thread and returns the snapshot channel. Start-up errors
@@ -80,7 +82,8 @@ pub struct Capture {
 impl Capture {
     /// Loads the probes, starts the energy reader and opens the first window now.
     pub fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
-        let probes = Probes::start(cfg.sample_hz).context("cannot start capture")?;
+        let probes = Probes::start_sized(cfg.sample_hz, cfg.sample_ring_bytes)
+            .context("cannot start capture")?;
         let cpus = energy::topology::of(&cfg.energy.sysfs_root, probes.cpus());
         let energy = energy::start(&cfg.energy, &cpus).context("cannot start energy readings")?;
         let header = host::header(cpus.clone(), cfg.sample_hz as u32, Vec::new());
@@ -297,25 +300,30 @@ pub fn snapshot(w: &Window, sample_hz: u32) -> Snapshot {
 }
 
 /// cgroup v2 id -> path, found by walking `/sys/fs/cgroup` (the id is the directory's
-/// inode number). Re-walked at most once per unknown id.
+/// inode number). Re-walked at most once per unknown id; each walk replaces the map, so
+/// cgroups removed since (containers come and go) are forgotten.
 #[derive(Default)]
 struct CgroupNames {
     known: HashMap<u64, String>,
     missed: std::collections::HashSet<u64>,
 }
 
+/// Ids looked for in vain before they may trigger a walk again: bounds the memory of a
+/// capture that runs for months among short-lived cgroups.
+const MAX_MISSED_CGROUPS: usize = 4096;
+
 impl CgroupNames {
     fn name(&mut self, id: u64) -> String {
         if let Some(name) = self.known.get(&id) {
             return name.clone();
         }
+        if self.missed.len() >= MAX_MISSED_CGROUPS {
+            self.missed.clear();
+        }
         if self.missed.insert(id) {
-            walk_cgroups(
-                std::path::Path::new("/sys/fs/cgroup"),
-                "",
-                0,
-                &mut self.known,
-            );
+            let mut fresh = HashMap::with_capacity(self.known.len());
+            walk_cgroups(std::path::Path::new("/sys/fs/cgroup"), "", 0, &mut fresh);
+            self.known = fresh;
         }
         self.known.get(&id).cloned().unwrap_or_default()
     }

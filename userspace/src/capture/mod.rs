@@ -11,7 +11,7 @@ pub mod host;
 mod probes;
 pub mod session;
 
-pub use probes::{CaptureError, Comm, Event, Probes, comm_string};
+pub use probes::{CaptureError, Comm, Event, Probes, comm_string, sample_ring_bytes};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
 pub(crate) static PROBES_OBJECT: &[u8] =

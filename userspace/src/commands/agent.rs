@@ -102,6 +102,13 @@ impl Args {
                 interval,
                 energy: self.energy.clone(),
                 attribute,
+                // The agent drains every second; eight seconds of samples leave room for
+                // a stalled poll without holding 32 MiB of ring in RSS for a slow rate.
+                sample_ring_bytes: Some(crate::capture::sample_ring_bytes(
+                    u64::from(self.freq),
+                    std::thread::available_parallelism().map_or(1, usize::from),
+                    Duration::from_secs(8),
+                )),
             },
             socket: self.socket.clone(),
             record: self.record_dir.as_ref().map(|dir| RecordSettings {

@@ -114,6 +114,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         interval: args.interval(),
         energy: args.energy.clone(),
         attribute,
+        sample_ring_bytes: None,
     })?;
     run_with_feed(&args, feed)
 }
