@@ -15,8 +15,12 @@ mod energy;
 mod attribution;
 // One pipeline: report, report --window and top --replay agree per process.
 mod pipeline;
+// `calibrate`: quiet-machine static power, refusal when busy, used by record and report.
+mod calibrate;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
+// OTLP profiles, decoded by a receiver built from the official definitions.
+mod otlp;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.
 mod top_tmux;
 // The agent scraped by a real Prometheus: shares, per-zone sums, monotonic counters.

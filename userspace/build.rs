@@ -95,7 +95,11 @@ fn build_probes() -> anyhow::Result<()> {
 }
 
 fn build_protos() -> anyhow::Result<()> {
-    let protos = ["../proto/energy_bpf.proto", "../proto/profile.proto"];
+    let protos = [
+        "../proto/energy_bpf.proto",
+        "../proto/profile.proto",
+        "../proto/agent.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
@@ -103,5 +107,15 @@ fn build_protos() -> anyhow::Result<()> {
     prost_build::Config::new()
         .compile_fds(fds)
         .context("generating Rust from .proto files")?;
+    // OTLP profiles, pinned to one opentelemetry-proto release (proto/otlp/README.md).
+    let otlp = [
+        "../proto/otlp/opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
+    ];
+    println!("cargo:rerun-if-changed=../proto/otlp");
+    let fds =
+        protox::compile(otlp, ["../proto/otlp"]).context("compiling the OTLP .proto files")?;
+    prost_build::Config::new()
+        .compile_fds(fds)
+        .context("generating Rust from the OTLP .proto files")?;
     Ok(())
 }

@@ -26,6 +26,8 @@ enum Command {
     Flamegraph(commands::flamegraph::Args),
     /// Always-on daemon: continuous capture, Prometheus metrics per process and container.
     Agent(commands::agent::Args),
+    /// Measure static (all-idle) power per energy source on a quiet machine.
+    Calibrate(commands::calibrate::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Top(args) => commands::top::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Agent(args) => commands::agent::run(args),
+        Command::Calibrate(args) => commands::calibrate::run(args),
     };
     match result {
         Ok(code) => code,

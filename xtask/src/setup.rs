@@ -36,11 +36,42 @@ const APT: &[(&str, &str, &str)] = &[
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// Python packages from PyPI: (requirement, module proving it is installed, why).
+const PIP: &[(&str, &str, &str)] = &[(
+    "grpcio-tools==1.76.0",
+    "grpc_tools",
+    "the OTLP tests compile the official .proto files into a receiver of their own",
+)];
+
 /// Runs every setup step.
 pub fn run() -> Result {
     apt()?;
+    pip()?;
     nightly()?;
     bpf_linker()
+}
+
+fn pip() -> Result {
+    for (req, module, why) in PIP {
+        let present = Command::new("python3")
+            .args(["-c", &format!("import {module}")])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if present {
+            continue;
+        }
+        eprintln!("xtask: installing {req}: {why}");
+        status(Command::new("python3").args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            req,
+        ]))?;
+    }
+    Ok(())
 }
 
 fn apt() -> Result {

@@ -1,7 +1,7 @@
 //! `energy-bpf agent`: the always-on daemon (docs/ARCHITECTURE.md, "Agent"). It captures
 //! continuously, closes a window every interval, and hands every chunk and window to its
-//! [`Sink`]s: the Prometheus [`metrics`] today; the Unix-socket snapshot server and the
-//! rotating recorder plug into [`extra_sinks`].
+//! [`Sink`]s: the Prometheus [`metrics`], and through [`extra_sinks`] the Unix-socket
+//! snapshot server and the rotating recorder ([`outputs`]).
 //!
 //! Threads: a single-threaded tokio runtime runs the HTTP server and waits for signals;
 //! the capture loop ([`collect`]) owns the probes and the pipeline on a blocking thread.
@@ -12,6 +12,7 @@ pub mod collect;
 mod http;
 pub mod ledger;
 pub mod metrics;
+pub mod outputs;
 pub mod selfstat;
 pub mod settings;
 pub mod sink;
@@ -48,14 +49,25 @@ pub fn extra_sinks(
     settings: &Settings,
     runtime: &tokio::runtime::Handle,
 ) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+    // Both servers run threads of their own today; the handle is there for async ones.
     let _ = runtime;
-    let sinks: Vec<Box<dyn Sink>> = Vec::new();
-    tracing::debug!(socket = %settings.socket.display(), "snapshot socket: not served by this build");
+    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+    let server = crate::remote::Server::bind(&settings.socket).with_context(|| {
+        format!(
+            "cannot serve snapshots on {} (choose another with --socket)",
+            settings.socket.display()
+        )
+    })?;
+    sinks.push(Box::new(outputs::SocketSink::new(server)));
     if let Some(record) = &settings.record {
-        tracing::warn!(
-            dir = %record.dir.display(),
-            "rotating recordings are not written by this build; --record-dir is ignored"
-        );
+        let rotation = crate::record::rotate::Rotation {
+            retain: record.retain,
+            ..Default::default()
+        };
+        sinks.push(Box::new(outputs::RecordSink::new(
+            record.dir.clone(),
+            rotation,
+        )));
     }
     Ok(sinks)
 }

@@ -9,13 +9,13 @@ use crate::timeline::{IDLE_TID, Run, UNKNOWN_TID};
 
 use super::attribution::{
     ClassLabel, ClassReport, IntervalRow, PowerModelUsed, RegressionReport, SourceAttribution,
-    StaticOrigin,
 };
 use super::interval::{self, Interval};
 use super::regression::{self, Row};
 use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, ThreadKey};
 use super::{Input, Options, PowerModel};
+use super::{smt, static_power};
 
 /// What one source contributes.
 pub(super) struct SourceOutcome {
@@ -48,15 +48,32 @@ pub(super) fn run_source(
             .and_then(|m| m.get(&(cpu, run.tid)).copied())
             .unwrap_or(1.0)
     };
+    let cores = smt::cores(input.cpus, &cpus);
     let occs: Vec<Occupancy> = if is_gpu {
         Vec::new()
     } else {
         intervals
             .iter()
-            .map(|iv| Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity))
+            .map(|iv| {
+                let mut occ =
+                    Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity);
+                if !cores.is_empty() {
+                    let (a, b) = (iv.start_ns, iv.end_ns);
+                    smt::apply(
+                        &mut occ,
+                        input.timeline,
+                        &cores,
+                        a,
+                        b,
+                        opts.smt_sibling_extra,
+                    );
+                }
+                occ
+            })
             .collect()
     };
-    let (static_w, static_origin) = static_power(opts, source, &intervals, &occs, cpus.len());
+    let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len());
+    let static_w = st.watts;
     let mut report = SourceAttribution {
         source_id: source.id,
         domain,
@@ -68,7 +85,9 @@ pub(super) fn run_source(
         idle_uj: 0.0,
         unknown_uj: 0.0,
         static_w,
-        static_origin,
+        static_origin: st.origin,
+        static_bound_w: st.bound_w,
+        static_clamped_from_w: st.clamped_from_w,
         power_model: PowerModelUsed::Time,
         power_model_note: None,
         regression: None,
@@ -187,90 +206,6 @@ fn domain_samples(input: &Input<'_>, cpus: &[u32]) -> Vec<(u64, usize, ThreadKey
     out
 }
 
-/// Static power of a source and where it came from (docs/ARCHITECTURE.md, "Attribution"):
-/// given (calibration, config), the model's idle power, or an online estimate — idle
-/// intervals if there are enough, else extrapolation to zero utilisation, else a low
-/// percentile. `occs` is empty for GPU sources.
-fn static_power(
-    opts: &Options,
-    source: &EnergySource,
-    intervals: &[Interval],
-    occs: &[Occupancy],
-    n_cpus: usize,
-) -> (f64, StaticOrigin) {
-    if let Some(&w) = opts.static_w_by_source.get(&source.id) {
-        return (w, StaticOrigin::Given);
-    }
-    if let (Some(w), EnergyDomain::Package | EnergyDomain::Psys) = (opts.static_w, source.domain())
-    {
-        return (w, StaticOrigin::Given);
-    }
-    if source.estimated && source.model_idle_w > 0.0 {
-        return (source.model_idle_w, StaticOrigin::Model);
-    }
-    // µJ per ns = 1e3 W.
-    let power = |iv: &Interval| iv.energy_uj / iv.len_ns() as f64 * 1e3;
-    if !occs.is_empty() && n_cpus > 0 {
-        let util: Vec<f64> = intervals
-            .iter()
-            .zip(occs)
-            .map(|(iv, o)| o.busy_ns() / (n_cpus as f64 * iv.len_ns() as f64))
-            .collect();
-        let mut idle: Vec<f64> = intervals
-            .iter()
-            .zip(&util)
-            .filter(|(_, u)| **u <= 0.05)
-            .map(|(iv, _)| power(iv))
-            .collect();
-        if idle.len() >= 20 {
-            idle.sort_by(f64::total_cmp);
-            return (idle[idle.len() / 2], StaticOrigin::OnlineIdle);
-        }
-        if let Some(w) = fit_idle_power(opts, intervals, occs, n_cpus) {
-            return (w, StaticOrigin::OnlineFit);
-        }
-    }
-    let percentile = opts.static_percentile.clamp(0.0, 100.0);
-    let mut watts: Vec<f64> = intervals.iter().map(power).collect();
-    watts.sort_by(f64::total_cmp);
-    let w = if watts.is_empty() {
-        0.0
-    } else {
-        watts[((percentile / 100.0) * (watts.len() - 1) as f64).round() as usize]
-    };
-    (w, StaticOrigin::Online { percentile })
-}
-
-/// Static power from the per-class regression with idle time as a class: only trusted when
-/// that class is identifiable (it varies independently of the others).
-fn fit_idle_power(
-    opts: &Options,
-    intervals: &[Interval],
-    occs: &[Occupancy],
-    n_cpus: usize,
-) -> Option<f64> {
-    let ranked = rank_classes(occs, opts.regression_classes);
-    let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
-    let other = ranked.len();
-    let k = other + 2;
-    let rows = build_rows(
-        intervals,
-        occs,
-        0.0,
-        &class_of,
-        other,
-        opts.regression_row_ns,
-        true,
-    );
-    if rows.len() < (5 * k).max(20) {
-        return None;
-    }
-    let idle = regression::fit(&rows, k, &opts.fit).classes[other + 1];
-    idle.not_identifiable
-        .is_none()
-        .then_some(idle.watts * n_cpus as f64)
-}
-
 /// The busiest processes on a source's CPUs, most busy first.
 fn rank_classes(occs: &[Occupancy], n: usize) -> Vec<u32> {
     let mut busy: HashMap<u32, f64> = HashMap::new();
@@ -339,7 +274,6 @@ fn plan_model(
         &class_of,
         other,
         opts.regression_row_ns,
-        false,
     );
     let global = regression::fit(&rows, k, &opts.fit);
     let (sse_time, sse_reg) = regression::heldout_sse(&rows, k, 5, &opts.fit);
@@ -420,7 +354,7 @@ fn plan_model(
 }
 
 /// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the
-/// classes, "other" (with unknown time) and, with `idle_column`, idle CPU time.
+/// classes and "other" (with unknown time).
 fn build_rows(
     intervals: &[Interval],
     occs: &[Occupancy],
@@ -428,9 +362,8 @@ fn build_rows(
     class_of: &HashMap<u32, usize>,
     other: usize,
     row_ns: u64,
-    idle_column: bool,
 ) -> Vec<Row> {
-    let k = other + 1 + usize::from(idle_column);
+    let k = other + 1;
     let mut rows = Vec::new();
     let mut cur: Option<Row> = None;
     for (iv, occ) in intervals.iter().zip(occs) {
@@ -447,9 +380,6 @@ fn build_rows(
             row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += t.ns * 1e-9;
         }
         row.t_s[other] += occ.unknown.ns * 1e-9;
-        if idle_column {
-            row.t_s[other + 1] += occ.idle_ns * 1e-9;
-        }
         if row.end_ns - row.start_ns >= row_ns
             && let Some(done) = cur.take()
         {

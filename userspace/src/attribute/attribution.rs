@@ -8,6 +8,7 @@ use crate::pb::v1::EnergyDomain;
 use super::interval::IntervalStats;
 use super::regression::{ClassFit, NotIdentifiable};
 use super::split::ThreadKey;
+use super::static_power::StaticOrigin;
 
 /// Every domain, in proto order.
 pub const DOMAINS: [EnergyDomain; 7] = [
@@ -70,30 +71,6 @@ impl PerDomain {
             .map(|&d| (domain_name(d), self.get(d) * 1e-6))
             .collect()
     }
-}
-
-/// Where a source's static power came from.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum StaticOrigin {
-    /// Given by calibration or configuration (`--static-power-w`).
-    Given,
-    /// The energy model's idle power (estimated sources).
-    Model,
-    /// Online: median power of the intervals in which the domain's CPUs were (nearly) idle
-    /// (≤ 5% busy; at least 20 such intervals).
-    OnlineIdle,
-    /// Online: the per-class regression (seed 003) with idle CPU time as one more class; its
-    /// watts per idle CPU × the domain's CPUs. Used when the machine is never idle long
-    /// enough to measure idle power directly.
-    OnlineFit,
-    /// Online fallback: this low percentile of interval power over the recording. Constant
-    /// power is not the same as idle power (seed 002): on a machine that is never idle this
-    /// over-estimates static power.
-    Online {
-        /// Percentile, 0..100.
-        percentile: f64,
-    },
 }
 
 /// The split a source actually used.
@@ -194,6 +171,11 @@ pub struct SourceAttribution {
     pub static_w: f64,
     /// Where it came from.
     pub static_origin: StaticOrigin,
+    /// Lowest interval power, W: static power is never above it.
+    pub static_bound_w: f64,
+    /// The static power asked for (given, calibrated, model), W, when it was above
+    /// `static_bound_w` and lowered to it.
+    pub static_clamped_from_w: Option<f64>,
     /// Split actually used.
     pub power_model: PowerModelUsed,
     /// Why the model differs from the one asked for, when it does.

@@ -12,34 +12,41 @@
 //! intervals ([`aggregate`], [`ci`]). Conservation is the hard invariant: for every interval
 //! and domain, attributed + idle + unknown = measured.
 
-pub mod aggregate;
 mod apportion;
 pub mod attribution;
+pub mod calibrate;
 pub mod ci;
 pub mod interval;
 mod linalg;
 pub mod regression;
 pub mod samples;
+#[cfg(any(test, feature = "test-support"))]
+pub mod scenarios;
 // The simulator behind the accuracy bench and property tests (`test-support` feature).
 #[cfg(any(test, feature = "test-support"))]
 pub mod sim;
+pub mod smt;
 pub mod split;
+pub mod static_power;
+pub mod zero_load;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_static;
 
 use std::collections::{BTreeMap, HashMap};
 
 use crate::pb::v1::{Cpu, EnergyDomain, EnergyReading, EnergySource, Sample, ThreadInfo};
 use crate::timeline::Timeline;
 
-pub use aggregate::{Group, GroupKey, by_cgroup, by_comm, by_process};
 pub use attribution::{
     Attribution, ClassLabel, IntervalRow, PerDomain, PowerModelUsed, RegressionReport,
-    SourceAttribution, StaticOrigin, ThreadEnergy, domain_name,
+    SourceAttribution, ThreadEnergy, domain_name,
 };
 pub use ci::{Estimate, estimate_samples};
 pub use split::ThreadKey;
+pub use static_power::{Calibrated, StaticOrigin, Unidentified, source_key};
 
 /// What attribution reads. All slices may be in any order.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +104,10 @@ pub struct Options {
     pub static_w_by_source: BTreeMap<u32, f64>,
     /// Static power for every PACKAGE and PSYS source not in `static_w_by_source`, W.
     pub static_w: Option<f64>,
-    /// Percentile of interval power used as the online static estimate, 0..100.
+    /// Static power measured by `energy-bpf calibrate`, per [`static_power::source_key`]
+    /// (used after `static_w_by_source` and `static_w`).
+    pub calibrated: BTreeMap<String, Calibrated>,
+    /// Percentile of GPU interval power used as the GPU's online static estimate, 0..100.
     pub static_percentile: f64,
     /// Power model.
     pub power_model: PowerModel,
@@ -113,6 +123,8 @@ pub struct Options {
     pub fit: regression::FitOptions,
     /// Stack windows span at least this long, ns (0: one interval).
     pub stack_window_ns: u64,
+    /// Power a second busy SMT sibling adds, as a share of one thread's ([`smt`]).
+    pub smt_sibling_extra: f64,
 }
 
 impl Default for Options {
@@ -121,6 +133,7 @@ impl Default for Options {
             idle: IdlePolicy::Separate,
             static_w_by_source: BTreeMap::new(),
             static_w: None,
+            calibrated: BTreeMap::new(),
             static_percentile: 5.0,
             power_model: PowerModel::Auto,
             regression_classes: 8,
@@ -129,6 +142,7 @@ impl Default for Options {
             regression_stride_ns: 5_000_000_000,
             fit: regression::FitOptions::default(),
             stack_window_ns: 1_000_000_000,
+            smt_sibling_extra: 0.2,
         }
     }
 }

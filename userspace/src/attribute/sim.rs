@@ -35,6 +35,8 @@ pub struct SimClass {
     pub mean_run_ns: u64,
     /// Relative time share of each function; function f's stack is `[function_addr(tgid, f)]`.
     pub functions: Vec<f64>,
+    /// CPUs the class may run on (empty: any), like a CPU affinity mask.
+    pub cpus: Vec<u32>,
 }
 
 /// Everything about a simulated machine and run.
@@ -72,6 +74,13 @@ pub struct SimConfig {
     pub mean_function_ns: u64,
     /// The workload.
     pub classes: Vec<SimClass>,
+    /// CPUs that are never idle (a pinned process that never sleeps): idle weight 0 there.
+    pub never_idle_cpus: Vec<u32>,
+    /// Hardware threads per physical core (SMT); consecutive CPU ids share a core.
+    pub threads_per_core: u32,
+    /// Extra core power when k > 1 siblings are busy, as a fraction of one thread's power
+    /// per extra sibling: each busy sibling then draws `(1 + extra·(k−1)) / k` of its watts.
+    pub smt_extra: f64,
 }
 
 impl Default for SimConfig {
@@ -93,6 +102,9 @@ impl Default for SimConfig {
             sample_hz: 99,
             mean_function_ns: 300_000,
             classes: Vec::new(),
+            never_idle_cpus: Vec::new(),
+            threads_per_core: 1,
+            smt_extra: 0.2,
         }
     }
 }
@@ -104,7 +116,8 @@ pub struct Truth {
     pub class_uj: BTreeMap<u32, f64>,
     /// On-CPU time per process, ns.
     pub class_cpu_ns: BTreeMap<u32, u64>,
-    /// Dynamic energy per function address, µJ.
+    /// Dynamic energy per function address, µJ (at the class's watts: SMT scaling is not
+    /// applied per function).
     pub function_uj: BTreeMap<u64, f64>,
     /// Static energy of all packages, µJ.
     pub static_uj: f64,
@@ -176,7 +189,7 @@ pub fn simulate(cfg: &SimConfig) -> SimOutput {
         .map(|id| Cpu {
             id,
             package: id / cfg.cpus_per_package,
-            core: id % cfg.cpus_per_package,
+            core: core_of(cfg, id),
         })
         .collect();
     let n_phases = if cfg.phase_ns > 0 {
@@ -201,11 +214,14 @@ pub fn simulate(cfg: &SimConfig) -> SimOutput {
         functions.push(funcs);
     }
     truth.static_uj = cfg.static_w * f64::from(cfg.packages) * cfg.duration_ns as f64 * 1e-3;
+    let power: Vec<Vec<Piece>> = (0..cfg.packages)
+        .map(|p| package_power(cfg, p, &per_cpu, &mut truth))
+        .collect();
     let switches = switches_of(cfg, &per_cpu);
     let cpu_ids: Vec<u32> = (0..n_cpus).collect();
     let timeline = Timeline::build(0, cfg.duration_ns, &cpu_ids, &switches);
     let samples = samples_of(cfg, &per_cpu, &functions, &mut rng);
-    let (sources, readings) = counters(cfg, &per_cpu, &mut rng);
+    let (sources, readings) = counters(cfg, &power, &mut rng);
     let threads = cfg
         .classes
         .iter()
@@ -248,10 +264,24 @@ fn schedule_cpu(
             .classes
             .iter()
             .zip(&phase_factor[phase])
-            .map(|(c, f)| c.weight * f)
+            .map(|(c, f)| {
+                if c.cpus.is_empty() || c.cpus.contains(&cpu) {
+                    c.weight * f
+                } else {
+                    0.0
+                }
+            })
             .collect();
-        weights.push(cfg.idle_weight);
-        let choice = pick(rng, &weights);
+        weights.push(if cfg.never_idle_cpus.contains(&cpu) {
+            0.0
+        } else {
+            cfg.idle_weight
+        });
+        let choice = if weights.iter().sum::<f64>() > 0.0 {
+            pick(rng, &weights)
+        } else {
+            cfg.classes.len() // nothing may run here: idle
+        };
         let Some(class) = cfg.classes.get(choice) else {
             let end = (t + exp_ns(rng, cfg.mean_idle_ns)).min(cfg.duration_ns);
             segs.push(Seg {
@@ -271,7 +301,6 @@ fn schedule_cpu(
             class: Some(choice),
             tid,
         });
-        *truth.class_uj.entry(class.tgid).or_insert(0.0) += class.watts * (end - t) as f64 * 1e-3;
         *truth.class_cpu_ns.entry(class.tgid).or_insert(0) += end - t;
         let mut f_start = t;
         while f_start < end {
@@ -348,15 +377,80 @@ fn samples_of(
     out
 }
 
+/// Physical core of a CPU within its package: consecutive CPU ids are SMT siblings.
+fn core_of(cfg: &SimConfig, cpu: u32) -> u32 {
+    (cpu % cfg.cpus_per_package) / cfg.threads_per_core.max(1)
+}
+
+/// A stretch of constant dynamic power of one package: `[start, end)`, W.
+#[derive(Clone, Copy)]
+struct Piece {
+    start: u64,
+    end: u64,
+    watts: f64,
+}
+
+/// The package's dynamic power over time, and each class's true dynamic energy: a busy
+/// CPU draws its class's watts, scaled by `(1 + smt_extra·(k−1)) / k` while k SMT siblings
+/// of its core are busy (two hardware threads do not draw twice the core's power).
+fn package_power(cfg: &SimConfig, p: u32, per_cpu: &[Vec<Seg>], truth: &mut Truth) -> Vec<Piece> {
+    let first = (p * cfg.cpus_per_package) as usize;
+    let cpus = &per_cpu[first..first + cfg.cpus_per_package as usize];
+    let mut bounds: Vec<u64> = cpus
+        .iter()
+        .flat_map(|segs| segs.iter().flat_map(|s| [s.start, s.end]))
+        .collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    let tpc = cfg.threads_per_core.max(1) as usize;
+    let mut cursor = vec![0usize; cpus.len()];
+    let mut pieces = Vec::with_capacity(bounds.len());
+    for w in bounds.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        let mut busy: Vec<Option<&SimClass>> = Vec::with_capacity(cpus.len());
+        for (c, segs) in cpus.iter().enumerate() {
+            while cursor[c] < segs.len() && segs[cursor[c]].end <= a {
+                cursor[c] += 1;
+            }
+            busy.push(
+                segs.get(cursor[c])
+                    .filter(|s| s.start <= a)
+                    .and_then(|s| s.class)
+                    .map(|k| &cfg.classes[k]),
+            );
+        }
+        let mut watts = 0.0;
+        for core in busy.chunks(tpc) {
+            let k = core.iter().flatten().count();
+            let scale = if k > 1 {
+                (1.0 + cfg.smt_extra * (k - 1) as f64) / k as f64
+            } else {
+                1.0
+            };
+            for class in core.iter().flatten() {
+                let w = class.watts * scale;
+                watts += w;
+                *truth.class_uj.entry(class.tgid).or_insert(0.0) += w * (b - a) as f64 * 1e-3;
+            }
+        }
+        pieces.push(Piece {
+            start: a,
+            end: b,
+            watts,
+        });
+    }
+    pieces
+}
+
 /// Energy sources and readings: a RAPL-like counter per package.
 fn counters(
     cfg: &SimConfig,
-    per_cpu: &[Vec<Seg>],
+    power: &[Vec<Piece>],
     rng: &mut ChaCha8Rng,
 ) -> (Vec<EnergySource>, Vec<EnergyReading>) {
     let mut sources = Vec::new();
     let mut readings = Vec::new();
-    for p in 0..cfg.packages {
+    for (p, pieces) in (0u32..).zip(power) {
         sources.push(EnergySource {
             id: p,
             kind: "sim".into(),
@@ -366,28 +460,19 @@ fn counters(
             update_period_ns: cfg.update_period_ns,
             ..Default::default()
         });
-        let cpus = &per_cpu
-            [(p * cfg.cpus_per_package) as usize..((p + 1) * cfg.cpus_per_package) as usize];
-        // True cumulative energy (µJ) at time t, with a monotonic cursor per CPU.
-        let mut cursor = vec![0usize; cpus.len()];
-        let mut done_uj = vec![0.0f64; cpus.len()];
+        // True cumulative energy (µJ) at time t, with a monotonic cursor over the pieces.
+        let (mut cursor, mut done_uj) = (0usize, 0.0f64);
         let mut energy_at = |t: u64| -> f64 {
-            let mut e = cfg.static_w * t as f64 * 1e-3;
-            for (c, segs) in cpus.iter().enumerate() {
-                while cursor[c] < segs.len() && segs[cursor[c]].end <= t {
-                    let s = &segs[cursor[c]];
-                    done_uj[c] += s.class.map_or(0.0, |k| cfg.classes[k].watts)
-                        * (s.end - s.start) as f64
-                        * 1e-3;
-                    cursor[c] += 1;
-                }
-                e += done_uj[c];
-                if let Some(s) = segs.get(cursor[c]).filter(|s| s.start < t) {
-                    e +=
-                        s.class.map_or(0.0, |k| cfg.classes[k].watts) * (t - s.start) as f64 * 1e-3;
-                }
+            while cursor < pieces.len() && pieces[cursor].end <= t {
+                let s = &pieces[cursor];
+                done_uj += s.watts * (s.end - s.start) as f64 * 1e-3;
+                cursor += 1;
             }
-            e
+            let partial = pieces
+                .get(cursor)
+                .filter(|s| s.start < t)
+                .map_or(0.0, |s| s.watts * (t - s.start) as f64 * 1e-3);
+            cfg.static_w * t as f64 * 1e-3 + done_uj + partial
         };
         // Counter updates: (time, quantised cumulative µJ).
         let mut updates: Vec<(u64, f64)> = vec![(0, 0.0)];
@@ -441,6 +526,7 @@ mod tests {
                     weight: 1.0,
                     mean_run_ns: 2_000_000,
                     functions: vec![1.0, 1.0],
+                    cpus: Vec::new(),
                 },
                 SimClass {
                     name: "cool".into(),
@@ -450,6 +536,7 @@ mod tests {
                     weight: 1.0,
                     mean_run_ns: 300_000,
                     functions: vec![1.0],
+                    cpus: Vec::new(),
                 },
             ],
             ..SimConfig::default()

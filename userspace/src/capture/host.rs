@@ -151,6 +151,7 @@ pub fn header(
         recorder_version: env!("CARGO_PKG_VERSION").into(),
         command_line: std::env::args().collect(),
         target_pids,
+        ..Default::default()
     }
 }
 

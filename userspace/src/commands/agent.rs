@@ -52,7 +52,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub record_dir: Option<PathBuf>,
     /// How much of the rotating recordings to keep: an age (`24h`, `7d`) or a size
-    /// (`10GiB`); default 24h.
+    /// (`10GiB`); default 7 days.
     #[arg(long, value_name = "DURATION|SIZE", requires = "record_dir")]
     pub retain: Option<Retain>,
     /// Stack-sampling frequency in Hz (stacks feed the recordings; energy comes from the
@@ -113,7 +113,9 @@ impl Args {
             socket: self.socket.clone(),
             record: self.record_dir.as_ref().map(|dir| RecordSettings {
                 dir: dir.clone(),
-                retain: self.retain.unwrap_or_default(),
+                retain: self
+                    .retain
+                    .unwrap_or(crate::record::rotate::Rotation::default().retain),
             }),
         }
     }

@@ -58,6 +58,32 @@ impl ModelArgs {
     }
 }
 
+/// Which part of a recording (or of a directory of the agent's rotating recordings).
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct RangeArgs {
+    /// Start here: RFC 3339 (`2026-11-26T04:00:00Z`) or a time ago (`-15m`).
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// End here: RFC 3339, a time ago (`-5m`), or `now`.
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
+}
+
+impl RangeArgs {
+    /// Reads `path` (a recording file or a directory of them) cut to the range.
+    pub fn read(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<crate::record::Recording, crate::record::ReadError> {
+        let range = crate::record::TimeRange::parse(
+            self.from.as_deref(),
+            self.to.as_deref(),
+            crate::clock::realtime_ns(),
+        )?;
+        crate::record::read_path(path, &range)
+    }
+}
+
 impl ValueEnum for IdlePolicy {
     fn value_variants<'a>() -> &'a [Self] {
         &[IdlePolicy::Separate, IdlePolicy::Proportional]

@@ -10,10 +10,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 
 use crate::analysis;
-use crate::commands::args::{AttributeArgs, ModelArgs};
-use crate::output::{ProfileSink, collapsed, pprof, speedscope, svg};
+use crate::commands::args::{AttributeArgs, ModelArgs, RangeArgs};
+use crate::output::{ProfileSink, collapsed, otlp, pprof, speedscope, svg};
 use crate::profile::{self, Filter};
-use crate::record;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -26,6 +25,9 @@ pub enum Format {
     Pprof,
     /// speedscope JSON.
     Speedscope,
+    /// One binary OTLP `ExportProfilesServiceRequest` (opentelemetry-proto v1.10.0): a CPU
+    /// profile and an energy profile per domain, for an OpenTelemetry Collector later.
+    Otlp,
 }
 
 /// What the widths measure.
@@ -56,8 +58,15 @@ impl Domain {
 /// Arguments of `energy-bpf flamegraph`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Recording made by `energy-bpf record`.
+    /// Recording made by `energy-bpf record`, or a directory of the agent's rotating
+    /// recordings.
     pub file: PathBuf,
+    /// Which part of it.
+    #[command(flatten)]
+    pub range: RangeArgs,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Svg)]
     pub format: Format,
@@ -84,11 +93,31 @@ pub struct Args {
     pub model: ModelArgs,
 }
 
+/// Resource attributes of a recording: its host and kernel, and this machine's id when the
+/// recording was made here.
+fn otlp_origin(rec: &crate::record::Recording) -> otlp::Origin {
+    let (_, here) = crate::capture::host::uname();
+    let host_id = (here == rec.header.hostname)
+        .then(|| std::fs::read_to_string("/etc/machine-id").ok())
+        .flatten()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    otlp::Origin {
+        host_name: rec.header.hostname.clone(),
+        host_id,
+        kernel: rec.header.kernel_release.clone(),
+    }
+}
+
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rec = record::read_file(&args.file)
+    let rec = args
+        .range
+        .read(&args.file)
         .with_context(|| format!("cannot read recording {}", args.file.display()))?;
-    let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
+    let mut options = args.attribute.options();
+    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    let cfg = analysis::config(&rec, options, &args.model.model());
     let analysis = analysis::analyze(&rec, &cfg);
     let filter = Filter {
         pids: args.pids.clone(),
@@ -127,6 +156,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Speedscope => Box::new(speedscope::Speedscope {
             value: value.to_string(),
         }),
+        Format::Otlp => Box::new(otlp::Otlp {
+            origin: otlp_origin(&rec),
+            // Recordings keep cgroup ids, not paths: no container ids offline.
+            container_of: &|_| None,
+        }),
     };
     if rec.truncated {
         eprintln!(
@@ -146,6 +180,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             let stdout = std::io::stdout();
             if args.format == Format::Pprof && stdout.is_terminal() {
                 bail!("pprof output is binary; write it to a file with -o FILE.pb.gz");
+            }
+            if args.format == Format::Otlp && stdout.is_terminal() {
+                bail!("OTLP output is binary; write it to a file with -o FILE.pb");
             }
             let mut out = std::io::BufWriter::new(stdout.lock());
             sink.write_profile(&profile, &mut out)
@@ -218,6 +255,8 @@ mod tests {
             comms: vec![],
             output: Some(output.to_path_buf()),
             width: Some(1200),
+            range: RangeArgs::default(),
+            calibration: Default::default(),
             attribute: AttributeArgs::default(),
             model: ModelArgs::default(),
         }
@@ -284,6 +323,8 @@ mod tests {
             comms: vec![],
             output: None,
             width: None,
+            range: RangeArgs::default(),
+            calibration: Default::default(),
             attribute: AttributeArgs::default(),
             model: ModelArgs::default(),
         };

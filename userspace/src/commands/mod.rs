@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod args;
+pub mod calibrate;
 pub mod flamegraph;
 pub mod record;
 pub mod report;

@@ -46,6 +46,9 @@ pub struct Args {
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
     pub energy: crate::energy::EnergyArgs,
+    /// Static power from `energy-bpf calibrate`, stored in the recording's header.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
     /// Command to run; recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -69,7 +72,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
     let energy =
         crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
-    let header = host::header(cpus, args.freq as u32, args.pids.clone());
+    let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
+    let calibration = args
+        .calibration
+        .resolve(&header.hostname)
+        .context("cannot use the calibration")?;
+    for (key, c) in &calibration {
+        eprintln!(
+            "energy-bpf: static power of {key}: {:.2} W, calibrated {} ({})",
+            c.watts, c.date, c.file
+        );
+    }
+    header.calibration = crate::calibration::to_header(&calibration);
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
     let mut session = Session::new(

@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::{
     analysis::{self, Analysis},
     attribute::domain_name,
-    commands::args::{AttributeArgs, ModelArgs},
+    commands::args::{AttributeArgs, ModelArgs, RangeArgs},
     output::{
         functions,
         table::{self, By, EnergyCell, Format, RenderOptions, Report, ReportRow, RowKey},
@@ -24,7 +24,7 @@ use crate::{
     pb::v1::LossCounters,
     pipeline::{self, Config, ProcessRow, Totals},
     profile::Filter,
-    record::{self, Recording},
+    record::Recording,
 };
 
 /// Rows a table shows when `--limit` is not given (JSON and CSV show all).
@@ -33,8 +33,12 @@ const DEFAULT_TABLE_ROWS: usize = 25;
 /// Arguments of `energy-bpf report`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Recording written by `energy-bpf record`.
+    /// Recording written by `energy-bpf record`, or a directory of the agent's rotating
+    /// recordings.
     pub file: PathBuf,
+    /// Which part of it.
+    #[command(flatten)]
+    pub range: RangeArgs,
     /// One row per process, thread, cgroup, command name, or function (self and total
     /// energy).
     #[arg(long, value_enum, default_value_t = By::Process)]
@@ -60,6 +64,9 @@ pub struct Args {
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
 }
 
 fn parse_window(text: &str) -> Result<f64, String> {
@@ -130,7 +137,7 @@ pub struct WindowDoc<'a> {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rec = record::read_file(&args.file).context("cannot report")?;
+    let rec = args.range.read(&args.file).context("cannot report")?;
     if rec.truncated {
         eprintln!(
             "energy-bpf: warning: {} was cut short (recorder killed or disk full); reporting the {:.1} s it holds",
@@ -138,7 +145,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             rec.duration_ns() as f64 / 1e9
         );
     }
-    let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
+    let mut options = args.attribute.options();
+    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    let cfg = analysis::config(&rec, options, &args.model.model());
     let mut stdout = std::io::stdout().lock();
     let text = match args.window {
         Some(secs) => windowed(&args, &rec, &cfg, secs)?,
@@ -308,6 +317,8 @@ fn report(
         ),
         format!("{} events lost", lost_events(&rec.losses)),
     ];
+    let mut notes = notes;
+    notes.extend(crate::attribute::static_power::describe(&attr.sources));
     // Whole threads and processes carry no sampling error (attribute::ci), so a process's
     // interval is its headline interval (`ci_j`) scaled to each domain.
     let cells = |e: &pipeline::DomainJoules, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {

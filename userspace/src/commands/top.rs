@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::commands::args::AttributeArgs;
+use crate::commands::args::{AttributeArgs, RangeArgs};
 use crate::tui::{self, Exit, FrameFormat, Snapshot, State};
 
 /// How `--batch` prints frames.
@@ -43,6 +43,14 @@ pub struct Args {
     /// seconds of recording time (as fast as it can with `--batch`).
     #[arg(long, value_name = "FILE")]
     pub replay: Option<PathBuf>,
+    /// With `--replay`: which part of the recording (or of a directory of the agent's
+    /// rotating recordings).
+    #[command(flatten)]
+    pub range: RangeArgs,
+    /// Show what the agent at this socket publishes instead of capturing (what `top` does
+    /// without root when the agent's socket exists).
+    #[arg(long, value_name = "PATH", conflicts_with = "replay")]
+    pub connect: Option<PathBuf>,
     /// Stop after this many refreshes (default: run until quit).
     #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
@@ -60,6 +68,9 @@ pub struct Args {
     /// regression needs minutes of intervals, which `report` has and a live view does not.
     #[command(flatten)]
     pub attribute: AttributeArgs,
+    /// Static power measured by `energy-bpf calibrate`.
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
 }
 
 impl Args {
@@ -87,7 +98,7 @@ fn parse_interval(text: &str) -> Result<f64, String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut attribute = args.attribute.options();
     if let Some(path) = &args.replay {
-        let rec = crate::record::read_file(path).context("cannot replay")?;
+        let rec = args.range.read(path).context("cannot replay")?;
         if rec.truncated {
             eprintln!(
                 "energy-bpf: warning: {} was cut short (recorder killed or disk full); replaying the {:.1} s it holds",
@@ -106,9 +117,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
         return run_with_feed(&args, feed);
     }
+    // Without root, watch the agent: capturing needs CAP_BPF+CAP_PERFMON.
+    let socket = args.connect.clone().or_else(|| {
+        // SAFETY: geteuid has no preconditions.
+        (unsafe { libc::geteuid() } != 0).then(|| PathBuf::from(crate::remote::DEFAULT_SOCKET))
+    });
+    if let Some(path) = socket {
+        let feed = crate::remote::connect(&path)?;
+        return run_with_feed(&args, feed);
+    }
     if attribute.power_model == crate::attribute::PowerModel::Auto {
         attribute.power_model = crate::attribute::PowerModel::Time;
     }
+    let (_, hostname) = crate::capture::host::uname();
+    attribute.calibrated = args
+        .calibration
+        .resolve(&hostname)
+        .context("cannot use the calibration")?;
     let feed = crate::feed::live(crate::feed::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),
@@ -147,6 +172,10 @@ pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<Ex
         Exit::Hangup => Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
         // A replay ends with its recording.
         Exit::FeedClosed if args.replay.is_some() => Ok(ExitCode::SUCCESS),
+        Exit::FeedClosed if args.connect.is_some() => anyhow::bail!(
+            "`top`: the agent's feed stopped after {} refreshes (see above)",
+            state.snapshots_shown()
+        ),
         Exit::FeedClosed => anyhow::bail!(
             "`top`: the live feed stopped after {} refreshes (see the errors above)",
             state.snapshots_shown()

@@ -6,6 +6,7 @@
 
 pub mod collapsed;
 pub mod functions;
+pub mod otlp;
 pub mod pprof;
 pub mod speedscope;
 pub mod svg;

@@ -177,6 +177,12 @@ pub struct StaticPower {
     pub static_w: f64,
     /// Where it came from.
     pub origin: StaticOrigin,
+    /// The most it may be: the lowest interval power.
+    pub bound_w: f64,
+    /// What an estimate was before it was clamped to `bound_w`, when it was.
+    pub clamped_from_w: Option<f64>,
+    /// What to do when static power could not be identified.
+    pub warning: Option<String>,
     /// The split used for this source.
     pub power_model: PowerModelUsed,
     /// Why the split is what it is, when it fell back.
@@ -212,7 +218,10 @@ impl Analysis {
                 .map(|s| StaticPower {
                     source: s.name.clone(),
                     static_w: s.static_w,
-                    origin: s.static_origin,
+                    origin: s.static_origin.clone(),
+                    bound_w: s.static_bound_w,
+                    clamped_from_w: s.static_clamped_from_w,
+                    warning: s.static_origin.warning(),
                     power_model: s.power_model,
                     note: s.power_model_note.clone(),
                 })

@@ -6,9 +6,12 @@
 
 mod columns;
 mod reader;
+pub mod rotate;
+pub mod series;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
+pub use series::{TimeRange, read_path};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;

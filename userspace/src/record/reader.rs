@@ -48,9 +48,22 @@ pub enum ReadError {
         /// Version in the file.
         found: u32,
     },
+    /// A directory of rotating recordings holds no file in the range asked for.
+    #[error("{path} holds no recording {what}")]
+    NoFiles {
+        /// The directory.
+        path: PathBuf,
+        /// What was looked for, e.g. "files" or "between ... and ...".
+        what: String,
+    },
+    /// `--from`/`--to` could not be read.
+    #[error("{0}")]
+    BadRange(String),
 }
 
 /// Reads a whole recording.
+///
+/// See [`super::series::read_path`] for a directory of rotating files or a time range.
 pub fn read_file(path: &Path) -> Result<Recording, ReadError> {
     let file = std::fs::File::open(path).map_err(|source| ReadError::Io {
         path: path.into(),

@@ -70,6 +70,11 @@ impl Writer {
         self.write(Kind::Chunk(chunk))
     }
 
+    /// Bytes written so far.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
     /// Appends the trailer that marks a clean finish, and syncs the file.
     pub fn finish(mut self, trailer: Trailer) -> Result<u64, WriteError> {
         self.write(Kind::Trailer(trailer))?;

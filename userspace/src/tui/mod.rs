@@ -21,7 +21,7 @@ pub mod table;
 pub mod terminal;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 
 pub use app::{Exit, LoopStats, run_batch, run_interactive};
 pub use batch::FrameFormat;

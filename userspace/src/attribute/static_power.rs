@@ -1,0 +1,271 @@
+//! Static (all-idle) power of one energy source, and how sure we are of it (DESIGN.md §6a).
+//!
+//! Per-process joules hinge on this number: on a busy machine every watt of static power
+//! mistaken for dynamic power (or the reverse) moves straight into the process rows. The
+//! energy signal alone cannot tell a process that runs 100% of the time from static power;
+//! only variation in utilisation identifies the intercept. So, in order of trust:
+//! given (`--static-power-w`, config), calibrated (`energy-bpf calibrate`), the model's idle
+//! power, measured idle intervals, a robust extrapolation of power to zero busy CPUs when
+//! utilisation varies enough — and otherwise *unidentified*, said in every output, never
+//! guessed. Whatever the origin, the value is bounded by `[0, lowest interval power]`: static
+//! power cannot exceed what the machine drew in its quietest interval.
+
+use crate::pb::v1::{EnergyDomain, EnergySource};
+
+use super::Options;
+use super::interval::Interval;
+use super::split::Occupancy;
+
+use super::zero_load::{PowerRow, ZeroLoadFit, fit_zero_load, merge_rows};
+
+/// A static power measured by `energy-bpf calibrate` on this machine for one source.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Calibrated {
+    /// Static power, W.
+    pub watts: f64,
+    /// When it was measured (RFC 3339, UTC).
+    pub date: String,
+    /// The calibration file it came from (empty when it came from a recording's header).
+    pub file: String,
+}
+
+/// The stable name of a source across runs and reboots, which calibration files are keyed
+/// by (`EnergySource.id` is only an index in one recording): `kind:name`.
+pub fn source_key(source: &EnergySource) -> String {
+    format!("{}:{}", source.kind, source.name)
+}
+
+/// Why static power could not be identified from the recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unidentified {
+    /// Utilisation never varied (e.g. every CPU always busy): no intercept to extrapolate.
+    NoSpread,
+    /// Utilisation took too few distinct levels to fit a line through.
+    FewLevels,
+    /// Too few intervals to fit (a short recording on a busy machine).
+    TooFewIntervals,
+    /// Power did not rise with load, so the linear model does not hold.
+    NoSlope,
+    /// The bootstrap interval of the extrapolated value is too wide to use.
+    Uncertain,
+}
+
+impl Unidentified {
+    /// Words for outputs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::NoSpread => "utilisation never varied (every CPU always busy?)",
+            Self::FewLevels => "utilisation took too few distinct levels",
+            Self::TooFewIntervals => "too few intervals on a busy machine",
+            Self::NoSlope => "power did not rise with load",
+            Self::Uncertain => "the extrapolation to zero load is too uncertain",
+        }
+    }
+}
+
+/// Where a source's static power came from.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum StaticOrigin {
+    /// Given by configuration (`--static-power-w`).
+    Given,
+    /// Measured on a quiet machine by `energy-bpf calibrate`.
+    Calibrated {
+        /// When.
+        date: String,
+        /// From which file (empty: the recording's header).
+        file: String,
+    },
+    /// The energy model's idle power (estimated sources).
+    Model,
+    /// Median power of the intervals in which the domain's CPUs were (nearly) idle (≤ 5%
+    /// busy; at least 20 such intervals).
+    OnlineIdle,
+    /// Robust extrapolation of interval power to zero busy CPUs.
+    Extrapolated {
+        /// The fit and its identifiability.
+        fit: ZeroLoadFit,
+    },
+    /// GPU sources: this low percentile of interval power.
+    Online {
+        /// Percentile, 0..100.
+        percentile: f64,
+    },
+    /// Not identifiable from this recording: static energy stays inside the process rows
+    /// (split by busy time), so the per-process split of static vs dynamic is unknown.
+    Unidentified {
+        /// Why.
+        reason: Unidentified,
+        /// The fit, when one was tried.
+        fit: Option<ZeroLoadFit>,
+    },
+}
+
+impl StaticOrigin {
+    /// Short name, as JSON's `kind`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Given => "given",
+            Self::Calibrated { .. } => "calibrated",
+            Self::Model => "model",
+            Self::OnlineIdle => "online_idle",
+            Self::Extrapolated { .. } => "extrapolated",
+            Self::Online { .. } => "online",
+            Self::Unidentified { .. } => "unidentified",
+        }
+    }
+
+    /// True when static power is known (everything but `Unidentified`).
+    pub fn identified(&self) -> bool {
+        !matches!(self, Self::Unidentified { .. })
+    }
+
+    /// The line every output shows when static power is unidentified: what is wrong and
+    /// what to do about it.
+    pub fn warning(&self) -> Option<String> {
+        match self {
+            Self::Unidentified { reason, .. } => Some(format!(
+                "static power unidentified ({}): process rows include their share of static \
+                 power; run `energy-bpf calibrate` on a quiet machine or pass --static-power-w",
+                reason.describe()
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// A source's static power, its origin and the bound it was held to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StaticPower {
+    /// Static power used by the split, W.
+    pub watts: f64,
+    /// Where it came from.
+    pub origin: StaticOrigin,
+    /// Lowest interval power (over intervals merged to the regression row length), W.
+    pub bound_w: f64,
+    /// Set when the value asked for (given, calibrated, ...) was above `bound_w` and was
+    /// lowered to it, W.
+    pub clamped_from_w: Option<f64>,
+}
+
+/// Static power of one source (DESIGN.md §4 "Static/idle power", §6a). `occs` is empty for
+/// GPU sources.
+pub fn estimate(
+    opts: &Options,
+    source: &EnergySource,
+    intervals: &[Interval],
+    occs: &[Occupancy],
+    n_cpus: usize,
+) -> StaticPower {
+    let rows = merge_rows(intervals, occs, opts.regression_row_ns);
+    let (watts, origin) = choose(opts, source, intervals, occs, n_cpus, &rows);
+    let watts = watts.max(0.0);
+    // With no interval there is nothing observed to bound by (and no energy to split).
+    let Some(bound_w) = rows
+        .iter()
+        .map(|r| r.power_w.max(0.0))
+        .min_by(f64::total_cmp)
+    else {
+        return StaticPower {
+            watts,
+            origin,
+            bound_w: watts,
+            clamped_from_w: None,
+        };
+    };
+    StaticPower {
+        watts: watts.min(bound_w),
+        origin,
+        bound_w,
+        clamped_from_w: (watts > bound_w).then_some(watts),
+    }
+}
+
+fn choose(
+    opts: &Options,
+    source: &EnergySource,
+    intervals: &[Interval],
+    occs: &[Occupancy],
+    n_cpus: usize,
+    rows: &[PowerRow],
+) -> (f64, StaticOrigin) {
+    if let Some(&w) = opts.static_w_by_source.get(&source.id) {
+        return (w, StaticOrigin::Given);
+    }
+    let whole_machine = matches!(source.domain(), EnergyDomain::Package | EnergyDomain::Psys);
+    if let (Some(w), true) = (opts.static_w, whole_machine) {
+        return (w, StaticOrigin::Given);
+    }
+    if let Some(c) = opts.calibrated.get(&source_key(source)) {
+        return (
+            c.watts,
+            StaticOrigin::Calibrated {
+                date: c.date.clone(),
+                file: c.file.clone(),
+            },
+        );
+    }
+    if source.estimated && source.model_idle_w > 0.0 {
+        return (source.model_idle_w, StaticOrigin::Model);
+    }
+    // µJ per ns = 1e3 W.
+    let power = |iv: &Interval| iv.energy_uj / iv.len_ns() as f64 * 1e3;
+    if occs.is_empty() || n_cpus == 0 {
+        let percentile = opts.static_percentile.clamp(0.0, 100.0);
+        let mut watts: Vec<f64> = intervals.iter().map(power).collect();
+        watts.sort_by(f64::total_cmp);
+        let w = if watts.is_empty() {
+            0.0
+        } else {
+            watts[((percentile / 100.0) * (watts.len() - 1) as f64).round() as usize]
+        };
+        return (w, StaticOrigin::Online { percentile });
+    }
+    let mut idle: Vec<f64> = intervals
+        .iter()
+        .zip(occs)
+        .filter(|(iv, o)| o.busy_ns() <= 0.05 * n_cpus as f64 * iv.len_ns() as f64)
+        .map(|(iv, _)| power(iv))
+        .collect();
+    if idle.len() >= 20 {
+        idle.sort_by(f64::total_cmp);
+        return (idle[idle.len() / 2], StaticOrigin::OnlineIdle);
+    }
+    match fit_zero_load(rows) {
+        Ok(fit) => (fit.intercept_w, StaticOrigin::Extrapolated { fit }),
+        // Unknown static power stays inside the process rows: the split charges it by busy
+        // time, as the `proportional` policy would, and every output says so.
+        Err((reason, fit)) => (0.0, StaticOrigin::Unidentified { reason, fit }),
+    }
+}
+
+/// One line per source saying which static power was used and where it came from, plus the
+/// unidentified warning: the header lines of reports, `top` and other text outputs.
+pub fn describe(sources: &[super::SourceAttribution]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for s in sources.iter().filter(|s| s.domain != EnergyDomain::Gpu) {
+        let detail = match &s.static_origin {
+            StaticOrigin::Calibrated { date, file } if file.is_empty() => {
+                format!("calibrated {date}, from the recording")
+            }
+            StaticOrigin::Calibrated { date, file } => format!("calibrated {date}, {file}"),
+            StaticOrigin::Extrapolated { fit } => format!(
+                "extrapolated to zero load, 95% interval {:.2}–{:.2} W",
+                fit.ci_low_w.max(0.0),
+                fit.ci_high_w
+            ),
+            other => other.kind().replace('_', " "),
+        };
+        let clamped = s
+            .static_clamped_from_w
+            .map(|w| format!("; {w:.2} W asked, above the quietest interval"))
+            .unwrap_or_default();
+        lines.push(format!(
+            "static power {}: {:.2} W ({detail}{clamped})",
+            s.name, s.static_w
+        ));
+        lines.extend(s.static_origin.warning());
+    }
+    lines
+}

@@ -1,0 +1,314 @@
+//! The zero-load extrapolation behind online static power (DESIGN.md §6a): interval power
+//! regressed on busy CPUs, `P ≈ static + slope·busy_cpus`, robustly (Huber weights, outliers
+//! rejected), with the measures that say whether the intercept is identified at all —
+//! utilisation spread and levels, residual scale, and a bootstrap interval.
+
+use rand::{RngExt, SeedableRng, rngs::ChaCha8Rng};
+
+use super::interval::Interval;
+use super::split::Occupancy;
+use super::static_power::Unidentified;
+
+/// The robust fit of interval power on busy CPUs (`P ≈ static + slope·busy_cpus`) and the
+/// measures of how well it identifies the intercept.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct ZeroLoadFit {
+    /// Fitted power at zero busy CPUs, W (before bounding).
+    pub intercept_w: f64,
+    /// Watts per busy CPU.
+    pub slope_w: f64,
+    /// Standard deviation of busy CPUs over the rows (utilisation spread).
+    pub spread_cpus: f64,
+    /// Lowest busy CPUs of any row (how far the line is extrapolated).
+    pub min_busy_cpus: f64,
+    /// Distinct utilisation levels (0.05-CPU bins).
+    pub levels: usize,
+    /// Robust residual scale, W.
+    pub residual_w: f64,
+    /// Bootstrap 95% interval of the intercept, W.
+    pub ci_low_w: f64,
+    /// See `ci_low_w`.
+    pub ci_high_w: f64,
+    /// Rows fitted (intervals merged to the regression row length).
+    pub rows: usize,
+    /// Rows rejected as outliers (residual beyond 3.5 robust sigmas).
+    pub rejected: usize,
+}
+
+/// Minimum rows (merged intervals) for the zero-load fit.
+const MIN_ROWS: usize = 20;
+/// Minimum standard deviation of busy CPUs for the fit.
+const MIN_SPREAD_CPUS: f64 = 0.05;
+/// Minimum distinct utilisation levels.
+const MIN_LEVELS: usize = 3;
+/// Widest acceptable bootstrap interval, as a share of the bound (with a 0.5 W floor).
+const MAX_CI_SHARE: f64 = 0.2;
+/// Bootstrap resamples.
+const BOOTSTRAP: usize = 200;
+
+/// Intervals merged to at least `row_ns`: a 10 ms interval read from a counter that updates
+/// every ~1 ms is off by up to ±10% from the update phase alone, too noisy for a bound.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PowerRow {
+    /// Mean power, W.
+    pub power_w: f64,
+    /// Mean busy CPUs (threads + unknown time).
+    pub busy_cpus: f64,
+}
+
+pub fn merge_rows(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> Vec<PowerRow> {
+    let mut rows = Vec::new();
+    let (mut start, mut end, mut uj, mut busy) = (None::<u64>, 0u64, 0.0f64, 0.0f64);
+    for (i, iv) in intervals.iter().enumerate() {
+        // A gap (dropped interval) ends a row: power over it is unknown.
+        if start.is_some() && iv.start_ns != end {
+            push_row(&mut rows, start.take(), end, uj, busy);
+            (uj, busy) = (0.0, 0.0);
+        }
+        let s = *start.get_or_insert(iv.start_ns);
+        end = iv.end_ns;
+        uj += iv.energy_uj;
+        busy += occs.get(i).map_or(0.0, Occupancy::busy_ns);
+        if end - s >= row_ns {
+            push_row(&mut rows, start.take(), end, uj, busy);
+            (uj, busy) = (0.0, 0.0);
+        }
+    }
+    // A short tail is a row of its own only when there is nothing else: too short to bound
+    // static power reliably otherwise.
+    if rows.is_empty() {
+        push_row(&mut rows, start, end, uj, busy);
+    }
+    rows
+}
+
+fn push_row(rows: &mut Vec<PowerRow>, start: Option<u64>, end: u64, uj: f64, busy_ns: f64) {
+    if let Some(s) = start.filter(|&s| end > s) {
+        let ns = (end - s) as f64;
+        rows.push(PowerRow {
+            power_w: uj / ns * 1e3,
+            busy_cpus: busy_ns / ns,
+        });
+    }
+}
+
+pub type FitError = (Unidentified, Option<ZeroLoadFit>);
+
+/// Huber-weighted least squares of power on busy CPUs, outliers (beyond 3.5 robust sigmas)
+/// rejected, with a bootstrap interval of the intercept.
+pub fn fit_zero_load(rows: &[PowerRow]) -> Result<ZeroLoadFit, FitError> {
+    if rows.len() < MIN_ROWS {
+        return Err((Unidentified::TooFewIntervals, None));
+    }
+    let x: Vec<f64> = rows.iter().map(|r| r.busy_cpus).collect();
+    let y: Vec<f64> = rows.iter().map(|r| r.power_w).collect();
+    let spread = std_dev(&x);
+    let mut bins: Vec<i64> = x.iter().map(|u| (u / 0.05).round() as i64).collect();
+    bins.sort_unstable();
+    bins.dedup();
+    let levels = bins.len();
+    let min_busy = x.iter().copied().fold(f64::INFINITY, f64::min);
+    if spread < MIN_SPREAD_CPUS {
+        return Err((Unidentified::NoSpread, None));
+    }
+    if levels < MIN_LEVELS {
+        return Err((Unidentified::FewLevels, None));
+    }
+    let mut w = vec![1.0; x.len()];
+    let (mut a, mut b) = wls(&x, &y, &w).ok_or((Unidentified::NoSpread, None))?;
+    let mut sigma = 0.0;
+    for _ in 0..30 {
+        let r: Vec<f64> = x.iter().zip(&y).map(|(u, p)| p - a - b * u).collect();
+        sigma = robust_sigma(&r);
+        // Huber weights (k = 1.345σ, 95% efficiency under Gaussian noise); beyond 3.5σ an
+        // interval is an outlier (a counter glitch, a burst the timeline missed): weight 0.
+        for (wi, ri) in w.iter_mut().zip(&r) {
+            let z = ri.abs() / sigma;
+            *wi = if z > 3.5 {
+                0.0
+            } else if z > 1.345 {
+                1.345 / z
+            } else {
+                1.0
+            };
+        }
+        let Some((na, nb)) = wls(&x, &y, &w) else {
+            break;
+        };
+        let done = (na - a).abs() < 1e-9 * (1.0 + a.abs());
+        (a, b) = (na, nb);
+        if done {
+            break;
+        }
+    }
+    let rejected = w.iter().filter(|&&wi| wi == 0.0).count();
+    let (lo, hi) = bootstrap(&x, &y, &w);
+    let fit = ZeroLoadFit {
+        intercept_w: a,
+        slope_w: b,
+        spread_cpus: spread,
+        min_busy_cpus: min_busy,
+        levels,
+        residual_w: sigma,
+        ci_low_w: lo,
+        ci_high_w: hi,
+        rows: rows.len(),
+        rejected,
+    };
+    if b <= 0.0 {
+        return Err((Unidentified::NoSlope, Some(fit)));
+    }
+    let bound = y.iter().copied().fold(f64::INFINITY, f64::min).max(0.0);
+    if hi - lo > (MAX_CI_SHARE * bound).max(0.5) {
+        return Err((Unidentified::Uncertain, Some(fit)));
+    }
+    Ok(fit)
+}
+
+/// Weighted least squares of `y = a + b·x`; `None` when x does not vary under the weights.
+fn wls(x: &[f64], y: &[f64], w: &[f64]) -> Option<(f64, f64)> {
+    let sw: f64 = w.iter().sum();
+    if sw <= 0.0 {
+        return None;
+    }
+    let mx = x.iter().zip(w).map(|(x, w)| x * w).sum::<f64>() / sw;
+    let my = y.iter().zip(w).map(|(y, w)| y * w).sum::<f64>() / sw;
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for ((x, y), w) in x.iter().zip(y).zip(w) {
+        sxx += w * (x - mx) * (x - mx);
+        sxy += w * (x - mx) * (y - my);
+    }
+    if sxx <= 1e-12 * sw {
+        return None;
+    }
+    let b = sxy / sxx;
+    Some((my - b * mx, b))
+}
+
+/// 1.4826 × median absolute deviation: σ of Gaussian residuals, unmoved by outliers.
+fn robust_sigma(r: &[f64]) -> f64 {
+    let mut abs: Vec<f64> = r.iter().map(|v| v.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    let mad = abs.get(abs.len() / 2).copied().unwrap_or(0.0);
+    (1.4826 * mad).max(1e-9)
+}
+
+fn std_dev(x: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let m = x.iter().sum::<f64>() / n;
+    (x.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / n).sqrt()
+}
+
+/// 2.5th and 97.5th percentiles of the intercept over row resamples, with the robust
+/// weights held fixed. Seeded: the same input gives the same interval (the core is pure).
+fn bootstrap(x: &[f64], y: &[f64], w: &[f64]) -> (f64, f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5747_1c00 ^ x.len() as u64);
+    let n = x.len();
+    let mut intercepts = Vec::with_capacity(BOOTSTRAP);
+    let (mut bx, mut by, mut bw) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+    for _ in 0..BOOTSTRAP {
+        for i in 0..n {
+            let j = rng.random_range(0..n);
+            (bx[i], by[i], bw[i]) = (x[j], y[j], w[j]);
+        }
+        if let Some((a, _)) = wls(&bx, &by, &bw) {
+            intercepts.push(a);
+        }
+    }
+    if intercepts.is_empty() {
+        return (f64::NEG_INFINITY, f64::INFINITY);
+    }
+    intercepts.sort_by(f64::total_cmp);
+    let at = |q: f64| intercepts[((intercepts.len() - 1) as f64 * q).round() as usize];
+    (at(0.025), at(0.975))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(points: &[(f64, f64)]) -> Vec<PowerRow> {
+        points
+            .iter()
+            .map(|&(busy_cpus, power_w)| PowerRow { power_w, busy_cpus })
+            .collect()
+    }
+
+    #[test]
+    fn extrapolates_a_line_and_rejects_outliers() {
+        // 6 W + 10 W per busy CPU, busy between 1 and 2 CPUs, two wild rows.
+        let mut pts: Vec<(f64, f64)> = (0..100)
+            .map(|i| {
+                let u = 1.0 + f64::from(i % 21) / 20.0;
+                (u, 6.0 + 10.0 * u + if i % 2 == 0 { 0.1 } else { -0.1 })
+            })
+            .collect();
+        pts[5].1 += 40.0;
+        pts[50].1 -= 15.0;
+        let fit = fit_zero_load(&rows(&pts)).expect("identifiable");
+        assert!((fit.intercept_w - 6.0).abs() < 0.1, "{fit:?}");
+        assert!((fit.slope_w - 10.0).abs() < 0.1, "{fit:?}");
+        assert_eq!(fit.rejected, 2);
+        assert!(
+            fit.ci_low_w <= 6.0 + 0.1 && fit.ci_high_w >= 6.0 - 0.1,
+            "{fit:?}"
+        );
+    }
+
+    #[test]
+    fn constant_utilisation_is_unidentified() {
+        let pts: Vec<(f64, f64)> = (0..100).map(|i| (2.0, 26.0 + f64::from(i % 3))).collect();
+        assert_eq!(
+            fit_zero_load(&rows(&pts)).map_err(|e| e.0),
+            Err(Unidentified::NoSpread)
+        );
+        let two: Vec<(f64, f64)> = (0..100)
+            .map(|i| (if i % 2 == 0 { 1.0 } else { 2.0 }, 20.0))
+            .collect();
+        assert_eq!(
+            fit_zero_load(&rows(&two)).map_err(|e| e.0),
+            Err(Unidentified::FewLevels)
+        );
+        assert_eq!(
+            fit_zero_load(&rows(&pts[..5])).map_err(|e| e.0),
+            Err(Unidentified::TooFewIntervals)
+        );
+    }
+
+    #[test]
+    fn noisy_far_extrapolation_is_uncertain() {
+        // Utilisation between 3.8 and 4 CPUs with ±3 W noise: the intercept is a guess.
+        let pts: Vec<(f64, f64)> = (0..60)
+            .map(|i| {
+                let u = 3.8 + f64::from(i % 5) * 0.05;
+                (
+                    u,
+                    6.0 + 10.0 * u + 3.0 * ((i * 7919) % 13) as f64 / 6.0 - 3.0,
+                )
+            })
+            .collect();
+        assert_eq!(
+            fit_zero_load(&rows(&pts)).map_err(|e| e.0),
+            Err(Unidentified::Uncertain)
+        );
+    }
+
+    #[test]
+    fn merged_rows_span_the_row_length() {
+        let iv = |s: u64, e: u64, uj: f64| Interval {
+            start_ns: s,
+            end_ns: e,
+            energy_uj: uj,
+            gpu_util_ns: Vec::new(),
+            pieces: 1,
+        };
+        // 10 ms intervals at 10 W (1e5 µJ each), rows of 50 ms.
+        let ivs: Vec<Interval> = (0..10)
+            .map(|i| iv(i * 10_000_000, (i + 1) * 10_000_000, 1e5))
+            .collect();
+        let occs = vec![Occupancy::default(); 10];
+        let r = merge_rows(&ivs, &occs, 50_000_000);
+        assert_eq!(r.len(), 2);
+        assert!((r[0].power_w - 10.0).abs() < 1e-9, "{r:?}");
+    }
+}

@@ -1,0 +1,174 @@
+//! `energy-bpf calibrate`: measure static (all-idle) power per energy source on a quiet
+//! machine and store it in the calibration file that `record`, `top` and `report` read.
+//!
+//! Capture runs as for `record` (the switch timeline says how quiet the machine was and
+//! what did run); the measurement itself is the pure [`crate::attribute::calibrate`].
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    attribute::calibrate,
+    calibration::{self, CalibrationFile, SourceCalibration},
+    capture::{
+        Probes, host,
+        session::{Session, Targets},
+    },
+    pb::v1::{EnergyReading, SwitchEvent},
+    timeline::Timeline,
+};
+
+/// Arguments of `energy-bpf calibrate`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Seconds to measure (with `--load`, each load step lasts this long too).
+    #[arg(short = 'd', long = "duration", default_value_t = 10.0)]
+    pub duration: f64,
+    /// Calibration file to update.
+    #[arg(long, value_name = "FILE", default_value = calibration::DEFAULT_PATH)]
+    pub calibration: PathBuf,
+    /// Refuse when more than this share of CPU time is busy, %.
+    #[arg(long = "max-busy", value_name = "PCT", default_value_t = 10.0)]
+    pub max_busy: f64,
+    /// Then spin 1..N CPUs in turn to measure watts per busy CPU.
+    #[arg(long)]
+    pub load: bool,
+    /// Energy sources (counters, fake trees for testing, model parameters).
+    #[command(flatten)]
+    pub energy: crate::energy::EnergyArgs,
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.duration > 0.0 && args.duration <= 3600.0,
+        "--duration must be between 0 and 3600 seconds"
+    );
+    // A low sampling rate: stacks are not needed, only the switch timeline.
+    let probes = Probes::start(1).context("cannot start capture")?;
+    let cpu_ids = probes.cpus().to_vec();
+    let cpus = crate::energy::topology::of(&args.energy.sysfs_root, &cpu_ids);
+    let energy =
+        crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
+    let sources = energy.sources();
+    anyhow::ensure!(
+        sources.iter().all(|s| !s.estimated),
+        "no energy counter to calibrate: the estimated model has no static power to measure \
+         (set it with --model-idle-w instead)"
+    );
+    let mut session = Session::new(probes, Targets::new([]), |_, _| Ok(Vec::new()));
+    let start_ns = crate::clock::monotonic_ns();
+    let (mut switches, mut readings): (Vec<SwitchEvent>, Vec<EnergyReading>) = Default::default();
+    let step = Duration::from_secs_f64(args.duration);
+    eprintln!(
+        "energy-bpf: calibrating {} source(s) for {:.1} s; keep the machine quiet",
+        sources.len(),
+        args.duration
+    );
+    collect(&mut session, &energy, step, &mut switches, &mut readings);
+    let steps = if args.load { cpu_ids.len() } else { 0 };
+    for n in 1..=steps {
+        eprintln!(
+            "energy-bpf: load step: {n} busy CPU(s) for {:.1} s",
+            args.duration
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners: Vec<_> = cpu_ids[..n]
+            .iter()
+            .map(|&cpu| spin(cpu, Arc::clone(&stop)))
+            .collect();
+        collect(&mut session, &energy, step, &mut switches, &mut readings);
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            let _ = s.join();
+        }
+    }
+    let last = session.finish();
+    switches.extend(last.switches);
+    readings.extend(energy.stop());
+    let end_ns = crate::clock::monotonic_ns();
+    let timeline = Timeline::build(start_ns, end_ns, &cpu_ids, &switches);
+    let measured = calibrate::measure(
+        &timeline,
+        &sources,
+        &readings,
+        args.max_busy / 100.0,
+        Some(std::process::id()),
+        crate::attribute::Options::default().regression_row_ns,
+    )
+    .context("calibration refused")?;
+    let (_, hostname) = host::uname();
+    let mut file = CalibrationFile::load_or_default(&args.calibration)?;
+    file.version = calibration::VERSION;
+    let date = calibration::rfc3339(crate::clock::realtime_ns());
+    let host_cal = file.hosts.entry(hostname.clone()).or_default();
+    for m in &measured {
+        println!(
+            "{}: static {:.3} W ({}; {:.1}% busy{})",
+            m.name,
+            m.static_w,
+            m.method,
+            m.busy_share * 100.0,
+            m.per_busy_cpu_w
+                .map(|w| format!("; {w:.2} W per busy CPU"))
+                .unwrap_or_default()
+        );
+        host_cal.sources.insert(
+            m.key.clone(),
+            SourceCalibration {
+                date: date.clone(),
+                duration_s: (end_ns - start_ns) as f64 / 1e9,
+                measured: m.clone(),
+            },
+        );
+    }
+    file.save(&args.calibration)?;
+    println!(
+        "calibration for {hostname} written to {}",
+        args.calibration.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Drains capture and energy every 100 ms for `how_long`.
+fn collect(
+    session: &mut Session,
+    energy: &crate::energy::EnergyReader,
+    how_long: Duration,
+    switches: &mut Vec<SwitchEvent>,
+    readings: &mut Vec<EnergyReading>,
+) {
+    let until = Instant::now() + how_long;
+    while Instant::now() < until {
+        thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+        switches.extend(session.poll().switches);
+        readings.extend(energy.drain());
+    }
+}
+
+/// A thread that spins on `cpu` until `stop`.
+fn spin(cpu: u32, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it, and
+        // sched_setaffinity(0, ...) only changes this thread's affinity.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        let mut x = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    })
+}
