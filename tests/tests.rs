@@ -29,3 +29,5 @@ mod outputs;
 mod otlp;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.
 mod top_tmux;
+// The agent scraped by a real Prometheus: shares, per-zone sums, monotonic counters.
+mod agent;

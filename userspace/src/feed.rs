@@ -16,11 +16,12 @@ use anyhow::Context as _;
 use crate::{
     attribute::{Options, domain_name},
     capture::{
-        ActivityEvent, Probes,
+        ActivityEvent, Probes, host,
         session::{Session, Targets},
     },
     clock,
     energy::{self, EnergyArgs, EnergyReader},
+    pb::v1 as pb,
     pipeline::{self, Config, Pipeline, Window, source_label},
     record::Recording,
     tui::{DomainPower, Header, Snapshot},
@@ -39,6 +40,8 @@ pub struct LiveConfig {
     pub attribute: Options,
     /// The activity counter to weigh runs by.
     pub activity: ActivityEvent,
+    /// Size of the stack-sample ring buffer (`None`: the probes' default).
+    pub sample_ring_bytes: Option<u32>,
 }
 
 /// Starts capture on its own thread and returns the snapshot channel. Start-up errors
@@ -64,18 +67,28 @@ pub fn live(cfg: LiveConfig) -> anyhow::Result<Receiver<Snapshot>> {
     Ok(rx)
 }
 
-struct Live {
+/// A running live capture: probes, session, energy reader and pipeline, started the same
+/// way for `top` and the agent. The caller drives it: [`Capture::poll`] drains a chunk (the
+/// raw events, as `record` would write them), [`Capture::push`] feeds it to the pipeline,
+/// [`Capture::close_due`] closes a window once time allows.
+pub struct Capture {
     session: Session,
     energy: EnergyReader,
     pipeline: Pipeline,
     sample_hz: u32,
+    header: pb::Header,
+    sources: Option<Vec<pb::EnergySource>>,
+    faults_seen: usize,
 }
 
-impl Live {
-    fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
-        let probes = Probes::start(cfg.sample_hz, cfg.activity).context("cannot start capture")?;
+impl Capture {
+    /// Loads the probes, starts the energy reader and opens the first window now.
+    pub fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
+        let probes = Probes::start_sized(cfg.sample_hz, cfg.activity, cfg.sample_ring_bytes)
+            .context("cannot start capture")?;
         let cpus = energy::topology::of(&cfg.energy.sysfs_root, probes.cpus());
         let energy = energy::start(&cfg.energy, &cpus).context("cannot start energy readings")?;
+        let header = host::header(cpus.clone(), cfg.sample_hz as u32, Vec::new());
         let config = Config {
             cpus,
             sources: energy.sources(),
@@ -93,9 +106,96 @@ impl Live {
                 Targets::default(),
                 crate::symbolize::process_mappings,
             ),
+            sources: Some(energy.sources()),
             energy,
             pipeline,
             sample_hz: cfg.sample_hz as u32,
+            header,
+            faults_seen: 0,
+        })
+    }
+
+    /// The recording header of this capture (topology, sample rate, start time).
+    pub fn header(&self) -> &pb::Header {
+        &self.header
+    }
+
+    /// Stack sampling frequency, Hz.
+    pub fn sample_hz(&self) -> u32 {
+        self.sample_hz
+    }
+
+    /// The pipeline (window start, pending events).
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// Drains the probes and the energy reader into one chunk, shaped as `record` writes
+    /// it: the first one carries the energy sources.
+    pub fn poll(&mut self) -> pb::Chunk {
+        let mut chunk = self.session.poll();
+        chunk.sources = self.sources.take().unwrap_or_default();
+        chunk.readings = self.energy.drain();
+        chunk
+    }
+
+    /// Ends the capture: drains the last chunk (every CPU visited so each timeline ends on
+    /// a known task, switch batches still in the kernel included, the energy reader
+    /// stopped), shows it to `on_chunk`, and closes the last window where the capture ends.
+    pub fn finish(mut self, on_chunk: impl FnOnce(&pb::Chunk)) -> Window {
+        let mut chunk = self.session.finish();
+        chunk.sources = self.sources.take().unwrap_or_default();
+        chunk.readings = self.energy.stop();
+        on_chunk(&chunk);
+        self.pipeline.push(chunk);
+        let end = clock::monotonic_ns().max(self.pipeline.window_start_ns() + 1);
+        self.pipeline.close_at(end)
+    }
+
+    /// Energy sources that failed since the last call (the others go on).
+    pub fn new_faults(&mut self) -> Vec<String> {
+        let faults = self.energy.faults();
+        let new = faults[self.faults_seen.min(faults.len())..]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        self.faults_seen = faults.len();
+        new
+    }
+
+    /// Feeds a chunk from [`Self::poll`] to the pipeline.
+    pub fn push(&mut self, chunk: pb::Chunk) {
+        self.pipeline.push(chunk);
+    }
+
+    /// Closes the next window once at least `min_len_ns` of it is safely behind us, or
+    /// `None` when it is too early.
+    pub fn close_due(&mut self, min_len_ns: u64) -> Option<Window> {
+        let now = clock::monotonic_ns();
+        // Switch events wait in per-CPU batches in the kernel for up to one sampling period
+        // (see `SwitchBatch`); end the window before anything could still be on its way.
+        let in_flight_ns = 2_000_000_000 / u64::from(self.sample_hz.max(1));
+        let limit = now.saturating_sub(in_flight_ns);
+        if limit <= self.pipeline.window_start_ns().saturating_add(min_len_ns) {
+            return None;
+        }
+        // A counter with no reading since the window started (stalled, or slower than the
+        // interval) would hold the window open forever: end it anyway.
+        Some(match self.pipeline.close(limit) {
+            Some(w) => w,
+            None => self.pipeline.close_at(limit),
+        })
+    }
+}
+
+struct Live {
+    capture: Capture,
+}
+
+impl Live {
+    fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
+        Ok(Self {
+            capture: Capture::start(cfg)?,
         })
     }
 
@@ -115,23 +215,10 @@ impl Live {
     }
 
     fn step(&mut self) -> Option<Snapshot> {
-        self.pipeline.push(self.session.poll());
-        self.pipeline.push_readings(self.energy.drain());
-        let now = clock::monotonic_ns();
-        // Switch events wait in per-CPU batches in the kernel for up to one sampling period
-        // (see `SwitchBatch`); end the window before anything could still be on its way.
-        let in_flight_ns = 2_000_000_000 / u64::from(self.sample_hz.max(1));
-        let limit = now.saturating_sub(in_flight_ns);
-        if limit <= self.pipeline.window_start_ns() {
-            return None;
-        }
-        // A counter with no reading since the window started (stalled, or slower than the
-        // refresh) would hold the display forever: end the window anyway.
-        let window = match self.pipeline.close(limit) {
-            Some(w) => w,
-            None => self.pipeline.close_at(limit),
-        };
-        Some(snapshot(&window, self.sample_hz))
+        let chunk = self.capture.poll();
+        self.capture.push(chunk);
+        let window = self.capture.close_due(0)?;
+        Some(snapshot(&window, self.capture.sample_hz()))
     }
 }
 
@@ -217,25 +304,30 @@ pub fn snapshot(w: &Window, sample_hz: u32) -> Snapshot {
 }
 
 /// cgroup v2 id -> path, found by walking `/sys/fs/cgroup` (the id is the directory's
-/// inode number). Re-walked at most once per unknown id.
+/// inode number). Re-walked at most once per unknown id; each walk replaces the map, so
+/// cgroups removed since (containers come and go) are forgotten.
 #[derive(Default)]
 struct CgroupNames {
     known: HashMap<u64, String>,
     missed: std::collections::HashSet<u64>,
 }
 
+/// Ids looked for in vain before they may trigger a walk again: bounds the memory of a
+/// capture that runs for months among short-lived cgroups.
+const MAX_MISSED_CGROUPS: usize = 4096;
+
 impl CgroupNames {
     fn name(&mut self, id: u64) -> String {
         if let Some(name) = self.known.get(&id) {
             return name.clone();
         }
+        if self.missed.len() >= MAX_MISSED_CGROUPS {
+            self.missed.clear();
+        }
         if self.missed.insert(id) {
-            walk_cgroups(
-                std::path::Path::new("/sys/fs/cgroup"),
-                "",
-                0,
-                &mut self.known,
-            );
+            let mut fresh = HashMap::with_capacity(self.known.len());
+            walk_cgroups(std::path::Path::new("/sys/fs/cgroup"), "", 0, &mut fresh);
+            self.known = fresh;
         }
         self.known.get(&id).cloned().unwrap_or_default()
     }

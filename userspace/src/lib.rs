@@ -11,6 +11,9 @@
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
 //! - [`pipeline`]: the streaming analysis core: events in, closed windows with their
 //!   attribution and rows out; every output stands on it.
+//! - [`agent`]: the always-on daemon: continuous capture, Prometheus metrics, per-window
+//!   sinks.
+//! - [`container`]: container ids and pod UIDs from cgroup v2 paths.
 //! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
 //! - [`exporter`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
@@ -20,12 +23,14 @@
 //! - [`profile`]: the one typed profile model every output reads.
 //! - [`output`]: exporters (SVG, collapsed, pprof, speedscope) and report tables.
 
+pub mod agent;
 pub mod analysis;
 pub mod attribute;
 pub mod calibration;
 pub mod capture;
 pub mod clock;
 pub mod commands;
+pub mod container;
 pub mod energy;
 pub mod exporter;
 pub mod feed;

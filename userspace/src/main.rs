@@ -24,25 +24,36 @@ enum Command {
     Top(commands::top::Args),
     /// Energy flamegraph (SVG, collapsed, pprof, speedscope) from a recording.
     Flamegraph(commands::flamegraph::Args),
+    /// Always-on daemon: continuous capture, Prometheus metrics per process and container.
+    Agent(commands::agent::Args),
     /// Measure static (all-idle) power per energy source on a quiet machine.
     Calibrate(commands::calibrate::Args),
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The agent is a daemon: its start, bound address and stop are worth a line in the
+    // journal. One-shot commands only say what goes wrong.
+    let default_level = match cli.command {
+        Command::Agent(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ENERGY_BPF_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
         )
         .with_writer(std::io::stderr)
+        // journald and log files get plain text, a terminal gets colour.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(args) => commands::record::run(args),
         Command::Report(args) => commands::report::run(args),
         Command::Sources(args) => commands::sources::run(args),
         Command::Top(args) => commands::top::run(args),
         Command::Flamegraph(args) => commands::flamegraph::run(args),
+        Command::Agent(args) => commands::agent::run(args),
         Command::Calibrate(args) => commands::calibrate::run(args),
     };
     match result {

@@ -6,6 +6,9 @@
 //! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
 //!   `report` and `flamegraph` (every format) on that real recording (best of 3).
 //! - `top`: CPU used by `energy-bpf top` itself at the default 1 s refresh.
+//! - `agent SECS`: the agent's CPU and RSS, quiet and under process churn ([`agent`]).
+mod agent;
+
 use std::{
     io::{BufRead as _, BufReader},
     path::Path,
@@ -31,7 +34,8 @@ pub fn run(args: &[String]) -> Result {
         Some("outputs") => outputs(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
         Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
         Some("top") => top(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30)),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS]".into()),
+        Some("agent") => agent::run(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(600)),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS] | agent [SECS]".into()),
     }
 }
 

@@ -8,7 +8,7 @@
 //!   for a short fixed time.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
-//! - `bench overhead|accuracy|outputs`: benchmarks (see README).
+//! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README).
 use std::process::ExitCode;
 
 mod bench;
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | test | fuzz [SECS] | run ARGS... | bench overhead|accuracy|outputs"
+            "usage: cargo xtask setup | test | fuzz [SECS] | run ARGS... | bench overhead|accuracy|outputs|top|agent"
                 .into(),
         ),
     };

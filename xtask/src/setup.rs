@@ -27,6 +27,11 @@ const APT: &[(&str, &str, &str)] = &[
         "/usr/bin/chromium",
         "flamegraph SVGs are opened in headless Chromium in tests",
     ),
+    (
+        "prometheus",
+        "/usr/bin/prometheus",
+        "the agent test scrapes the agent with a real Prometheus",
+    ),
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -131,6 +131,30 @@ pub fn cmdline(tgid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// The recording header of a capture starting now: this host, these CPUs, this sample
+/// rate. `record` writes it first; the agent's rotating recordings start with it too.
+pub fn header(
+    cpus: Vec<crate::pb::v1::Cpu>,
+    sample_hz: u32,
+    target_pids: Vec<u32>,
+) -> crate::pb::v1::Header {
+    let (kernel_release, hostname) = uname();
+    crate::pb::v1::Header {
+        format_version: crate::record::FORMAT_VERSION,
+        hostname,
+        kernel_release,
+        cpus,
+        sample_hz,
+        clock: "CLOCK_MONOTONIC".into(),
+        start_ns: monotonic_ns(),
+        start_unix_ns: crate::clock::realtime_ns(),
+        recorder_version: env!("CARGO_PKG_VERSION").into(),
+        command_line: std::env::args().collect(),
+        target_pids,
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

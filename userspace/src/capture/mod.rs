@@ -13,7 +13,7 @@ mod probes;
 pub mod session;
 
 pub use activity::ActivityEvent;
-pub use probes::{CaptureError, Comm, Event, Probes, comm_string};
+pub use probes::{CaptureError, Comm, Event, Probes, comm_string, sample_ring_bytes};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
 pub(crate) static PROBES_OBJECT: &[u8] =

@@ -92,10 +92,32 @@ pub struct Probes {
     pub next_known: bool,
 }
 
+/// A stack-sample ring buffer that holds `margin` of samples at `sample_hz` on `cpus` CPUs:
+/// a power of two (the kernel's rule for ring buffers), between 1 and 16 MiB. Each sample
+/// carries two stacks of up to 127 frames, about 2 KiB. The ring is mapped twice (its data
+/// pages wrap), so it counts double in RSS: the agent sizes it to what it drains.
+pub fn sample_ring_bytes(sample_hz: u64, cpus: usize, margin: std::time::Duration) -> u32 {
+    let per_sample = std::mem::size_of::<SampleEvent>() as f64 + 16.0;
+    let want = sample_hz as f64 * cpus.max(1) as f64 * per_sample * margin.as_secs_f64();
+    let want = want.clamp(1.0, f64::from(16u32 << 20)) as u32;
+    want.next_power_of_two().clamp(1 << 20, 16 << 20)
+}
+
 impl Probes {
     /// Loads and attaches every probe; samples stacks at `sample_hz` on each online CPU and
     /// counts `activity` per run (see [`ActivityEvent`]).
     pub fn start(sample_hz: u64, activity: ActivityEvent) -> Result<Self, CaptureError> {
+        Self::start_sized(sample_hz, activity, None)
+    }
+
+    /// [`Self::start`] with the stack-sample ring buffer resized to `sample_ring_bytes`
+    /// (see [`sample_ring_bytes`]); `None` keeps the probes' 16 MiB, sized for `record`'s
+    /// high rates on large machines.
+    pub fn start_sized(
+        sample_hz: u64,
+        activity: ActivityEvent,
+        sample_ring_bytes: Option<u32>,
+    ) -> Result<Self, CaptureError> {
         host::preflight(Path::new(VMLINUX_BTF))?;
         let (pid_off, tgid_off) = match btf::task_pid_offsets(Path::new(VMLINUX_BTF)) {
             Ok(offsets) => offsets,
@@ -108,10 +130,15 @@ impl Probes {
         // Opened before loading: whether there is a counter is frozen into the probe.
         let activity = ActivityCounters::open(activity, &cpus)?;
         let activity_on = u32::from(activity.is_some());
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global("TASK_PID_OFFSET", &pid_off, true)
             .override_global("TASK_TGID_OFFSET", &tgid_off, true)
-            .override_global("ACTIVITY_ON", &activity_on, true)
+            .override_global("ACTIVITY_ON", &activity_on, true);
+        if let Some(bytes) = sample_ring_bytes {
+            loader.map_max_entries("SAMPLES", bytes);
+        }
+        let mut ebpf = loader
             .load(super::PROBES_OBJECT)
             .map_err(|e| CaptureError::Load(Box::new(e)))?;
         if let Some(counters) = &activity {
@@ -380,6 +407,18 @@ fn decode_proc(e: &ProcEvent) -> pb::ProcessEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sample_ring_sizes() {
+        let s = |hz, cpus, secs| sample_ring_bytes(hz, cpus, std::time::Duration::from_secs(secs));
+        // The agent on a 2-CPU VM: 49 Hz, 8 s of margin -> the 1 MiB floor or one step up.
+        assert!(s(49, 2, 8) <= 2 << 20, "{}", s(49, 2, 8));
+        // Large machines hit the probes' own 16 MiB.
+        assert_eq!(s(999, 128, 8), 16 << 20);
+        for (hz, cpus) in [(1, 1), (49, 8), (99, 64)] {
+            assert!(s(hz, cpus, 8).is_power_of_two());
+        }
+    }
 
     fn event(ts_ns: u64, prev_tid: u32, next_tid: u32) -> SwitchEvent {
         SwitchEvent {

@@ -1,6 +1,7 @@
 //! One module per subcommand: its clap `Args` and a `run` that returns the exit code.
 //! Each is a thin shell over the library modules.
 
+pub mod agent;
 pub mod args;
 pub mod calibrate;
 pub mod flamegraph;

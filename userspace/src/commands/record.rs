@@ -21,7 +21,7 @@ use crate::{
         session::{Session, Targets},
     },
     pb::v1::{Header, Trailer},
-    record::{FORMAT_VERSION, WriteError, Writer},
+    record::{WriteError, Writer},
 };
 
 /// Arguments of `energy-bpf record`.
@@ -76,10 +76,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
     let energy =
         crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
-    let (kernel_release, hostname) = host::uname();
+    let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
     let calibration = args
         .calibration
-        .resolve(&hostname)
+        .resolve(&header.hostname)
         .context("cannot use the calibration")?;
     for (key, c) in &calibration {
         eprintln!(
@@ -87,21 +87,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             c.watts, c.date, c.file
         );
     }
-    let header = Header {
-        format_version: FORMAT_VERSION,
-        hostname,
-        kernel_release,
-        cpus,
-        sample_hz: args.freq as u32,
-        clock: "CLOCK_MONOTONIC".into(),
-        start_ns: crate::clock::monotonic_ns(),
-        start_unix_ns: crate::clock::realtime_ns(),
-        recorder_version: env!("CARGO_PKG_VERSION").into(),
-        command_line: std::env::args().collect(),
-        target_pids: args.pids.clone(),
-        calibration: crate::calibration::to_header(&calibration),
-        activity_event: activity_event.unwrap_or_default().into(),
-    };
+    header.calibration = crate::calibration::to_header(&calibration);
+    header.activity_event = activity_event.unwrap_or_default().into();
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
     let mut session = Session::new(

@@ -149,6 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         energy: args.energy.clone(),
         attribute,
         activity: args.activity.event,
+        sample_ring_bytes: None,
     })?;
     run_with_feed(&args, feed)
 }

@@ -305,6 +305,10 @@ pub struct Pipeline {
     windower: Windower,
     threads: HashMap<u32, ThreadInfo>,
     since_start: HashMap<(u32, u32), f64>,
+    /// Threads that exited in the last closed window, as (tgid, tid, exit time): forgotten
+    /// once the next window is closed too (late switch-outs of an exited thread land one
+    /// window later), so a pipeline that runs for months holds only live threads.
+    exited: Vec<(u32, u32, u64)>,
     losses: LossCounters,
     cgroup_name: Box<dyn Fn(u64) -> String + Send>,
 }
@@ -319,6 +323,7 @@ impl Pipeline {
             windower,
             threads: HashMap::new(),
             since_start: HashMap::new(),
+            exited: Vec::new(),
             losses: LossCounters::default(),
             cgroup_name: Box::new(|id| id.to_string()),
         }
@@ -409,6 +414,7 @@ impl Pipeline {
                 p.since_start_j += *acc;
             }
         }
+        self.forget_exited(&events.process_events);
         let totals = analysis.totals();
         Window {
             events,
@@ -417,6 +423,29 @@ impl Pipeline {
             processes,
             losses: self.losses,
         }
+    }
+}
+
+impl Pipeline {
+    /// Drops the names and running totals of threads that exited before the window just
+    /// closed; this window's exits wait for the next one. A tid reused by a thread named
+    /// after the exit keeps the new thread's name.
+    fn forget_exited(&mut self, events: &[ProcessEvent]) {
+        let now: Vec<(u32, u32, u64)> = events
+            .iter()
+            .filter(|e| e.kind() == crate::pb::v1::process_event::Kind::Exit)
+            .map(|e| (e.tgid, e.tid, e.ts_ns))
+            .collect();
+        let gone = std::mem::replace(&mut self.exited, now);
+        if gone.is_empty() {
+            return;
+        }
+        let by_tid: HashMap<u32, u64> = gone.iter().map(|&(_, tid, ts)| (tid, ts)).collect();
+        self.threads
+            .retain(|tid, info| by_tid.get(tid).is_none_or(|&exit| info.ts_ns > exit));
+        let keys: std::collections::HashSet<(u32, u32)> =
+            gone.iter().map(|&(tgid, tid, _)| (tgid, tid)).collect();
+        self.since_start.retain(|key, _| !keys.contains(key));
     }
 }
 
@@ -449,4 +478,52 @@ pub fn windows(
             limit = limit.saturating_add(step);
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pb::v1::process_event::Kind;
+
+    fn thread(tid: u32, ts_ns: u64) -> ThreadInfo {
+        ThreadInfo {
+            tid,
+            tgid: tid,
+            comm: format!("t{tid}"),
+            ts_ns,
+            ..Default::default()
+        }
+    }
+
+    fn exit(tid: u32, ts_ns: u64) -> ProcessEvent {
+        let mut e = ProcessEvent {
+            tid,
+            tgid: tid,
+            ts_ns,
+            ..Default::default()
+        };
+        e.set_kind(Kind::Exit);
+        e
+    }
+
+    #[test]
+    fn exited_threads_are_forgotten_one_window_later() {
+        let mut p = Pipeline::new(Config::default(), 0);
+        p.push(Chunk {
+            threads: vec![thread(5, 10), thread(6, 10), thread(7, 10)],
+            process_events: vec![exit(5, 50), exit(7, 60)],
+            ..Default::default()
+        });
+        p.close_at(100);
+        assert!(p.threads().contains_key(&5), "kept for late switch-outs");
+        // tid 7 is reused by a new thread named after the exit: it keeps its name.
+        p.push(Chunk {
+            threads: vec![thread(7, 150)],
+            ..Default::default()
+        });
+        p.close_at(200);
+        let mut left: Vec<u32> = p.threads().keys().copied().collect();
+        left.sort_unstable();
+        assert_eq!(left, [6, 7]);
+    }
 }

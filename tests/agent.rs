@@ -1,0 +1,364 @@
+//! `energy-bpf agent` scraped by a real Prometheus (Debian's package, installed by
+//! `cargo xtask setup`) on loopback, every second. Through Prometheus's query API:
+//! - a pinned busy process's joules rate matches its share of the node's active energy,
+//!   the share measured independently from /proc CPU times;
+//! - per zone, process series sum to the node's `mode="active"` series within 0.1% at
+//!   every scrape, while a second busy process runs, is killed and folds into `[exited]`;
+//! - counters never reset;
+//! - SIGTERM ends the agent with status 0.
+
+use std::{
+    io::{BufRead as _, Read as _, Write as _},
+    net::TcpStream,
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use serde_json::Value;
+
+use crate::util::{self, Workload};
+
+const PROMETHEUS: &str = "/usr/bin/prometheus";
+
+/// A child process killed on drop (the test may panic mid-way).
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the agent and returns it with the address it logged for `/metrics`.
+fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
+    let mut child = Command::new(util::bin())
+        .args(["agent", "--energy-source", "model", "--interval", "1"])
+        .args(["--metrics-addr", "127.0.0.1:0", "--socket"])
+        .arg(dir.join("agent.sock"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn energy-bpf agent");
+    let stderr = child.stderr.take().expect("stderr");
+    let agent = Daemon(child);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(rest) = line.split("metrics at http://").nth(1) {
+                    let addr = rest.trim_end_matches("/metrics").trim().to_string();
+                    return (agent, addr, rx);
+                }
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+            Err(_) => panic!("agent did not log its metrics address within 30 s:\n{seen}"),
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// GET over HTTP/1.0: (status, body).
+fn get(addr: &str, path: &str) -> std::io::Result<(u32, String)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    Ok((status, body.to_string()))
+}
+
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant query at `time` (unix seconds): (labels, value) per series.
+fn query(prom: &str, q: &str, time: f64) -> Vec<(Value, f64)> {
+    let path = format!("/api/v1/query?query={}&time={time:.3}", encode(q));
+    let (status, body) = get(prom, &path).expect("query Prometheus");
+    assert_eq!(status, 200, "{q}: {body}");
+    let v: Value = serde_json::from_str(&body).expect("Prometheus JSON");
+    v["data"]["result"]
+        .as_array()
+        .expect("vector result")
+        .iter()
+        .map(|r| {
+            let value = r["value"][1]
+                .as_str()
+                .expect("value")
+                .parse()
+                .expect("number");
+            (r["metric"].clone(), value)
+        })
+        .collect()
+}
+
+/// A range query: (labels, [(t, value)]) per series.
+fn query_range(prom: &str, q: &str, start: f64, end: f64) -> Vec<(Value, Vec<(f64, f64)>)> {
+    let path = format!(
+        "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step=1",
+        encode(q)
+    );
+    let (status, body) = get(prom, &path).expect("query Prometheus");
+    assert_eq!(status, 200, "{q}: {body}");
+    let v: Value = serde_json::from_str(&body).expect("Prometheus JSON");
+    v["data"]["result"]
+        .as_array()
+        .expect("matrix result")
+        .iter()
+        .map(|r| {
+            let points = r["values"]
+                .as_array()
+                .expect("values")
+                .iter()
+                .map(|p| {
+                    (
+                        p[0].as_f64().expect("t"),
+                        p[1].as_str().expect("v").parse().expect("number"),
+                    )
+                })
+                .collect();
+            (r["metric"].clone(), points)
+        })
+        .collect()
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs_f64()
+}
+
+/// (CPU time of `pid`, busy CPU time of the machine), in clock ticks.
+fn cpu_ticks(pid: u32) -> (u64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("busy process stat");
+    // Fields after the `(comm)`: state is field 3, utime 14, stime 15.
+    let after = stat.rsplit_once(") ").expect("stat shape").1;
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let proc_ticks = f[11] + f[12];
+    let all = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let cpu: Vec<u64> = all
+        .lines()
+        .next()
+        .expect("cpu line")
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq: busy is everything but idle and iowait.
+    let busy = cpu[0] + cpu[1] + cpu[2] + cpu[5] + cpu[6];
+    (proc_ticks, busy)
+}
+
+#[test]
+fn prometheus_scrapes_the_agent() {
+    if !util::require_root("prometheus_scrapes_the_agent") {
+        return;
+    }
+    assert!(
+        Path::new(PROMETHEUS).exists(),
+        "{PROMETHEUS} missing: run `cargo xtask setup` (it installs Debian's prometheus)"
+    );
+    let _guard = util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mut agent, agent_addr, agent_log) = start_agent(dir.path());
+
+    let prom = format!("127.0.0.1:{}", free_port());
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: agent\n    scrape_timeout: 1s\n    static_configs:\n      - targets: ['{agent_addr}']\n"
+        ),
+    )
+    .expect("write prometheus.yml");
+    let _prometheus = Daemon(
+        Command::new(PROMETHEUS)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn prometheus"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !matches!(get(&prom, "/-/ready"), Ok((200, _))) {
+        assert!(Instant::now() < deadline, "Prometheus not ready in 20 s");
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    let busy = Workload::spawn("while :; do :; done", Some(1));
+    let short = Workload::spawn("while :; do :; done", Some(0));
+    let short_pid = short.pid();
+    let begin = now_unix();
+    thread::sleep(Duration::from_secs(6));
+    let before_kill = now_unix();
+    drop(short);
+    // Three 1 s windows of lingering, plus a window and a scrape of lag.
+    thread::sleep(Duration::from_secs(5));
+    let (p0, all0) = cpu_ticks(busy.pid());
+    let t0 = now_unix();
+    thread::sleep(Duration::from_secs(10));
+    let (p1, all1) = cpu_ticks(busy.pid());
+    let t1 = now_unix();
+    // Let the window holding t1 close and be scraped.
+    thread::sleep(Duration::from_secs(3));
+    let end = now_unix();
+
+    let up = query(&prom, "up", end);
+    assert!(up.iter().all(|(_, v)| *v == 1.0), "scrape failing: {up:?}");
+    let sources = query(&prom, "energy_bpf_source_info{estimated=\"true\"}", end);
+    assert!(
+        !sources.is_empty(),
+        "modelled source not labelled estimated"
+    );
+
+    // The busy process's share of active energy equals its share of busy CPU time.
+    // Counters lag wall time by about a window; the machine is steady over the span, so
+    // both sides are read at the same instants.
+    let lag = 1.5;
+    let proc_j = |t: f64| -> f64 {
+        query(
+            &prom,
+            &format!(
+                "sum(energy_bpf_process_joules_total{{pid=\"{}\"}})",
+                busy.pid()
+            ),
+            t + lag,
+        )
+        .first()
+        .map_or(0.0, |(_, v)| *v)
+    };
+    let node_j = |t: f64| -> f64 {
+        query(
+            &prom,
+            "sum(energy_bpf_node_joules_total{mode=\"active\"})",
+            t + lag,
+        )
+        .first()
+        .map_or(0.0, |(_, v)| *v)
+    };
+    let energy_share = (proc_j(t1) - proc_j(t0)) / (node_j(t1) - node_j(t0));
+    let cpu_share = (p1 - p0) as f64 / (all1 - all0) as f64;
+    eprintln!("busy process: {energy_share:.3} of active energy, {cpu_share:.3} of busy CPU time");
+    assert!(
+        (energy_share - cpu_share).abs() <= 0.1 * cpu_share + 0.02,
+        "busy process: {energy_share:.3} of active energy, {cpu_share:.3} of busy CPU time"
+    );
+
+    // Per zone, process series sum to the node's active series at every scrape.
+    let sums = query_range(
+        &prom,
+        "sum by (zone) (energy_bpf_process_joules_total) / sum by (zone) (energy_bpf_node_joules_total{mode=\"active\"})",
+        begin,
+        end,
+    );
+    assert!(!sums.is_empty(), "no process or node series");
+    for (labels, points) in &sums {
+        for (t, ratio) in points {
+            assert!(
+                (ratio - 1.0).abs() <= 1e-3,
+                "zone {labels}: processes / active = {ratio} at {t}"
+            );
+        }
+    }
+
+    // Counters never decrease, across the exit and the fold.
+    for family in [
+        "energy_bpf_node_joules_total",
+        "energy_bpf_process_joules_total",
+        "energy_bpf_container_joules_total",
+    ] {
+        let resets = query(&prom, &format!("sum(resets({family}[25s]))"), end);
+        assert!(
+            resets.iter().all(|(_, v)| *v == 0.0),
+            "{family} went down: {resets:?}"
+        );
+    }
+    let node = query_range(&prom, "energy_bpf_node_joules_total", end - 20.0, end);
+    for (labels, points) in &node {
+        assert!(
+            points.windows(2).all(|w| w[1].1 >= w[0].1),
+            "{labels} decreased: {points:?}"
+        );
+    }
+
+    // The killed process had its own series, and then its energy moved to [exited].
+    let short_j = query(
+        &prom,
+        &format!("sum(energy_bpf_process_joules_total{{pid=\"{short_pid}\"}})"),
+        before_kill,
+    );
+    let short_j = short_j.first().map_or(0.0, |(_, v)| *v);
+    assert!(short_j > 0.0, "the short-lived process had no series");
+    let gone = query(
+        &prom,
+        &format!("energy_bpf_process_joules_total{{pid=\"{short_pid}\"}}"),
+        end,
+    );
+    assert!(
+        gone.is_empty(),
+        "exited process still has its series: {gone:?}"
+    );
+    let exited = query(
+        &prom,
+        "sum(energy_bpf_process_joules_total{comm=\"[exited]\"})",
+        end,
+    );
+    assert!(
+        exited.first().is_some_and(|(_, v)| *v >= short_j),
+        "[exited] {exited:?} holds less than the exited process had ({short_j} J)"
+    );
+
+    // SIGTERM: finish the window, flush, exit 0.
+    // SAFETY: kill on our own child's pid.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let status = agent.0.wait().expect("wait agent");
+    let log: Vec<String> = agent_log.try_iter().collect();
+    assert!(status.success(), "agent exited with {status}: {log:?}");
+    assert!(
+        log.iter().any(|l| l.contains("last window closed")),
+        "no final window: {log:?}"
+    );
+}

@@ -1,0 +1,157 @@
+//! The capture loop, on a blocking thread of its own: poll the probes about once a second,
+//! hand each chunk to the sinks and the pipeline, close a window every interval and hand it
+//! to the sinks. Control messages (stop, reload) wake it between polls.
+
+use std::{
+    sync::{Arc, mpsc},
+    time::{Duration, Instant},
+};
+
+use super::{metrics::Metrics, sink::Sink};
+use crate::{feed::Capture, pb::v1 as pb, pipeline::Window};
+
+/// Drains at least this often: ring buffers are sized for about a second of a busy
+/// machine (docs/ARCHITECTURE.md, "Capture"), and a later drain only makes chunks larger.
+const MAX_POLL: Duration = Duration::from_secs(1);
+
+/// What the runtime tells the capture loop.
+#[derive(Debug)]
+pub enum Control {
+    /// Finish the current window, flush every sink, return.
+    Stop,
+    /// New window length and series limit (the settings a reload can change live).
+    Reload {
+        /// Window length.
+        interval: Duration,
+        /// `--max-process-series`.
+        max_series: usize,
+    },
+}
+
+/// The loop's state.
+pub struct Collector {
+    capture: Capture,
+    out: Outputs,
+    interval: Duration,
+}
+
+/// The sinks and the metrics the loop reports to.
+struct Outputs {
+    header: pb::Header,
+    sinks: Vec<Box<dyn Sink>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Collector {
+    /// A loop over a started capture; the sinks are told the header now.
+    pub fn new(
+        capture: Capture,
+        mut sinks: Vec<Box<dyn Sink>>,
+        metrics: Arc<Metrics>,
+        interval: Duration,
+    ) -> Self {
+        let header = capture.header().clone();
+        for sink in &mut sinks {
+            if let Err(err) = sink.start(&header) {
+                tracing::warn!(sink = sink.name(), "cannot start: {err}");
+                metrics.sink_error(sink.name());
+            }
+        }
+        Self {
+            capture,
+            out: Outputs {
+                header,
+                sinks,
+                metrics,
+            },
+            interval,
+        }
+    }
+
+    /// Runs until [`Control::Stop`] or until the sender is gone, then closes the last
+    /// window where the capture ends and finishes every sink.
+    pub fn run(mut self, control: &mpsc::Receiver<Control>) {
+        loop {
+            let poll = self.interval.min(MAX_POLL);
+            match control.recv_timeout(poll) {
+                Ok(Control::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Ok(Control::Reload {
+                    interval,
+                    max_series,
+                }) => {
+                    tracing::info!(?interval, max_series, "reloaded");
+                    self.interval = interval;
+                    self.out.metrics.set_max_series(max_series);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            self.step();
+        }
+        let Self {
+            capture, mut out, ..
+        } = self;
+        let started = Instant::now();
+        let window = capture.finish(|chunk| out.chunk(chunk));
+        out.window(&window, started, 0);
+        for sink in &mut out.sinks {
+            if let Err(err) = sink.finish() {
+                tracing::warn!(sink = sink.name(), "flush failed: {err}");
+                out.metrics.sink_error(sink.name());
+            }
+        }
+        tracing::info!(
+            secs = window.totals.duration_ns as f64 / 1e9,
+            "last window closed and flushed"
+        );
+    }
+
+    fn step(&mut self) {
+        let chunk = self.capture.poll();
+        for fault in self.capture.new_faults() {
+            tracing::warn!("{fault}; the agent goes on with the other sources");
+        }
+        self.out.chunk(&chunk);
+        self.capture.push(chunk);
+        let started = Instant::now();
+        // Polls come about once a second: asking for half a poll less than the interval
+        // makes windows the interval long on average rather than a poll longer.
+        let min_len = self.interval.saturating_sub(MAX_POLL / 2);
+        let min_len_ns = u64::try_from(min_len.as_nanos()).unwrap_or(u64::MAX);
+        if let Some(window) = self.capture.close_due(min_len_ns) {
+            let pending = self.capture.pipeline().pending();
+            self.out.window(&window, started, pending);
+        }
+    }
+}
+
+impl Outputs {
+    fn chunk(&mut self, chunk: &pb::Chunk) {
+        for sink in &mut self.sinks {
+            if let Err(err) = sink.chunk(chunk) {
+                tracing::warn!(sink = sink.name(), "dropped a chunk: {err}");
+                self.metrics.sink_error(sink.name());
+            }
+        }
+    }
+
+    fn window(&mut self, window: &Window, started: Instant, pending: usize) {
+        for sink in &mut self.sinks {
+            if let Err(err) = sink.window(window, &self.header) {
+                tracing::warn!(sink = sink.name(), "dropped a window: {err}");
+                self.metrics.sink_error(sink.name());
+            }
+            self.metrics
+                .set_queue_depth(sink.name(), sink.queue_depth());
+        }
+        let took = started.elapsed();
+        self.metrics.observe_processing(took, pending);
+        let secs = window.totals.duration_ns as f64 / 1e9;
+        tracing::debug!(
+            secs,
+            watts = window.totals.total_j / secs.max(1e-9),
+            processes = window.processes.len(),
+            took_ms = took.as_secs_f64() * 1e3,
+            "window closed"
+        );
+    }
+}

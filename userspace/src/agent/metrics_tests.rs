@@ -1,0 +1,124 @@
+use super::*;
+use crate::pipeline::{DomainJoules, ProcessRow};
+
+fn labels_of(text: &str, name: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("name value");
+            (series.to_string(), value.parse().expect("number"))
+        })
+        .collect()
+}
+
+#[test]
+fn exposition_has_the_families_and_the_sum_rule() {
+    let m = Metrics::new(1).expect("metrics");
+    {
+        let mut s = m.lock();
+        let rows = vec![
+            ProcessRow {
+                pid: 42,
+                comm: "busy".into(),
+                cgroup: format!("/system.slice/docker-{}.scope", "cd".repeat(32)),
+                energy_j: DomainJoules::from([("package", 3.0)]),
+                ..Default::default()
+            },
+            ProcessRow {
+                pid: 43,
+                comm: "small".into(),
+                energy_j: DomainJoules::from([("package", 1.0)]),
+                ..Default::default()
+            },
+        ];
+        let measured = DomainJoules::from([("package", 6.0)]);
+        let idle = DomainJoules::from([("package", 1.5)]);
+        let unknown = DomainJoules::from([("package", 0.5)]);
+        s.ledger.apply(
+            &WindowEnergy {
+                secs: 2.0,
+                measured: &measured,
+                idle: &idle,
+                unknown: &unknown,
+                rows: &rows,
+                exited: &[],
+            },
+            &|_| true,
+        );
+        s.publish();
+    }
+    m.observe_processing(Duration::from_millis(3), 7);
+    let text = m.encode().expect("encodes");
+    let node = labels_of(&text, "energy_bpf_node_joules_total");
+    assert!(
+        node.contains(&(
+            "energy_bpf_node_joules_total{zone=\"package\",mode=\"active\"}".into(),
+            4.5
+        )),
+        "{text}"
+    );
+    let procs = labels_of(&text, "energy_bpf_process_joules_total");
+    let sum: f64 = procs.iter().map(|(_, v)| v).sum();
+    assert!((sum - 4.5).abs() < 1e-9, "{procs:?}");
+    let id = "cd".repeat(32);
+    assert!(
+        procs.iter().any(|(l, v)| *v == 3.0
+            && l.contains("pid=\"42\"")
+            && l.contains(&format!("container_id=\"{id}\""))),
+        "{procs:?}"
+    );
+    assert!(
+        procs
+            .iter()
+            .any(|(l, v)| *v == 1.0 && l.contains("comm=\"[other]\""))
+    );
+    assert!(
+        procs
+            .iter()
+            .any(|(l, v)| *v == 0.5 && l.contains("comm=\"[unknown]\""))
+    );
+    let watts = labels_of(&text, "energy_bpf_process_watts");
+    assert!(
+        watts
+            .iter()
+            .any(|(l, v)| *v == 1.5 && l.contains("pid=\"42\""))
+    );
+    assert!(text.contains(&format!(
+        "energy_bpf_container_joules_total{{container_id=\"{id}\",zone=\"package\"}} 3"
+    )));
+    for family in [
+        "energy_bpf_process_series 1",
+        "energy_bpf_agent_cpu_seconds_total",
+        "energy_bpf_agent_resident_memory_bytes",
+        "energy_bpf_window_processing_seconds{quantile=\"0.99\"}",
+        "energy_bpf_window_processing_seconds_total",
+        "energy_bpf_windows_total 1",
+        "energy_bpf_pipeline_pending_events 7",
+    ] {
+        assert!(text.contains(family), "{family} missing:\n{text}");
+    }
+}
+
+#[test]
+fn loss_counters_are_exported_as_they_grow() {
+    let m = Metrics::new(10).expect("metrics");
+    for dropped in [3, 5, 5] {
+        m.chunk(&pb::Chunk {
+            switches: vec![pb::SwitchEvent::default(); 2],
+            losses: Some(pb::LossCounters {
+                switch_dropped: dropped,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
+    let text = m.encode().expect("encodes");
+    assert!(
+        text.contains("energy_bpf_dropped_events_total{kind=\"switch\"} 5"),
+        "{text}"
+    );
+    assert!(
+        text.contains("energy_bpf_events_total{kind=\"switch\"} 6"),
+        "{text}"
+    );
+}

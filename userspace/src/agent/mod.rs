@@ -1,0 +1,177 @@
+//! `energy-bpf agent`: the always-on daemon (docs/ARCHITECTURE.md, "Agent"). It captures
+//! continuously, closes a window every interval, and hands every chunk and window to its
+//! [`Sink`]s: the Prometheus [`metrics`], and through [`extra_sinks`] the Unix-socket
+//! snapshot server and the rotating recorder ([`outputs`]).
+//!
+//! Threads: a single-threaded tokio runtime runs the HTTP server and waits for signals;
+//! the capture loop ([`collect`]) owns the probes and the pipeline on a blocking thread.
+//! SIGTERM/SIGINT finish the current window, flush the sinks and return; SIGHUP asks the
+//! caller for fresh settings and applies what can change live (interval, series limit).
+
+pub mod collect;
+mod http;
+pub mod ledger;
+pub mod metrics;
+pub mod outputs;
+pub mod selfstat;
+pub mod settings;
+pub mod sink;
+
+use std::sync::{Arc, mpsc};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{SignalKind, signal};
+
+pub use settings::{RecordSettings, Retain, Settings};
+pub use sink::{Sink, SinkError};
+
+use crate::feed::Capture;
+
+/// Re-reads the settings (flags and the config file) on SIGHUP.
+pub type Reload = Box<dyn Fn() -> anyhow::Result<Settings> + Send>;
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub fn run(settings: Settings, reload: Reload) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .thread_name("energy-bpf-agent")
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve(settings, reload))
+}
+
+/// The per-window consumers beside the metrics, built from the settings: the seam for the
+/// snapshot server (`settings.socket`) and the rotating recorder (`settings.record`). Each
+/// is a [`Sink`]; work that may block (clients, disk) belongs on a thread or a task on
+/// `runtime`, not in the sink's methods.
+pub fn extra_sinks(
+    settings: &Settings,
+    runtime: &tokio::runtime::Handle,
+) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+    // Both servers run threads of their own today; the handle is there for async ones.
+    let _ = runtime;
+    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+    let server = crate::remote::Server::bind(&settings.socket).with_context(|| {
+        format!(
+            "cannot serve snapshots on {} (choose another with --socket)",
+            settings.socket.display()
+        )
+    })?;
+    sinks.push(Box::new(outputs::SocketSink::new(server)));
+    if let Some(record) = &settings.record {
+        let rotation = crate::record::rotate::Rotation {
+            retain: record.retain,
+            ..Default::default()
+        };
+        sinks.push(Box::new(outputs::RecordSink::new(
+            record.dir.clone(),
+            rotation,
+        )));
+    }
+    Ok(sinks)
+}
+
+async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
+    // Signals first: a SIGTERM during start-up must not kill the process mid-attach.
+    let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing signal handlers")?;
+    let metrics = metrics::Metrics::new(settings.max_process_series)?;
+    let (listener, addr) = http::bind(settings.metrics_addr).await.with_context(|| {
+        format!(
+            "cannot listen on {} for /metrics (choose another with --metrics-addr, or port 0)",
+            settings.metrics_addr
+        )
+    })?;
+    let mut sinks: Vec<Box<dyn Sink>> =
+        vec![Box::new(metrics::MetricsSink::new(Arc::clone(&metrics)))];
+    sinks.extend(extra_sinks(&settings, &tokio::runtime::Handle::current())?);
+
+    let (control, control_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    let live = settings.live.clone();
+    let interval = settings.interval;
+    let capture_metrics = Arc::clone(&metrics);
+    let mut capture = tokio::task::spawn_blocking(move || match Capture::start(&live) {
+        Ok(capture) => {
+            let _ = ready_tx.send(Ok(()));
+            collect::Collector::new(capture, sinks, capture_metrics, interval).run(&control_rx);
+        }
+        Err(err) => {
+            let _ = ready_tx.send(Err(err));
+        }
+    });
+    ready_rx
+        .await
+        .context("the capture thread ended during start-up")??;
+    let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics)));
+    tracing::info!(
+        "energy-bpf agent: {} s windows, metrics at http://{addr}/metrics",
+        interval.as_secs_f64()
+    );
+
+    let mut current = settings;
+    loop {
+        tokio::select! {
+            _ = term.recv() => {
+                tracing::info!("SIGTERM: finishing the current window");
+                break;
+            }
+            _ = int.recv() => {
+                tracing::info!("SIGINT: finishing the current window");
+                break;
+            }
+            _ = hup.recv() => match reload() {
+                Ok(new) => {
+                    apply_reload(&current, &new, &control);
+                    current = new;
+                }
+                Err(err) => tracing::warn!("SIGHUP: keeping the running settings: {err:#}"),
+            },
+            ended = &mut capture => {
+                server.abort();
+                ended.context("the capture thread panicked")?;
+                anyhow::bail!("the capture loop stopped on its own");
+            }
+        }
+    }
+    // The receiver only goes away when the loop has ended, which the join below reports.
+    let _ = control.send(collect::Control::Stop);
+    capture.await.context("the capture thread panicked")?;
+    server.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Sends what can change live to the capture loop, and says what needs a restart.
+fn apply_reload(old: &Settings, new: &Settings, control: &mpsc::Sender<collect::Control>) {
+    let _ = control.send(collect::Control::Reload {
+        interval: new.interval,
+        max_series: new.max_process_series,
+    });
+    let restart: Vec<&str> = [
+        ("--metrics-addr", old.metrics_addr != new.metrics_addr),
+        ("--socket", old.socket != new.socket),
+        ("--record-dir/--retain", old.record != new.record),
+        (
+            "energy source and capture flags",
+            format!(
+                "{:?}",
+                (old.live.sample_hz, &old.live.energy, &old.live.attribute)
+            ) != format!(
+                "{:?}",
+                (new.live.sample_hz, &new.live.energy, &new.live.attribute)
+            ),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect();
+    if !restart.is_empty() {
+        tracing::warn!(
+            "SIGHUP: {} changed; they take effect on restart",
+            restart.join(", ")
+        );
+    }
+}

@@ -1,0 +1,272 @@
+//! `energy-bpf agent`: flags and the TOML config file merged into
+//! [`crate::agent::Settings`]; the daemon itself lives in [`crate::agent`].
+//!
+//! The config file's keys are the long flag names (`interval = 5`,
+//! `metrics-addr = "127.0.0.1:9102"`, `energy-source = "model"`), so every flag can be set
+//! there and no second list of options can drift from the first. The file's values are
+//! parsed as flags placed before the command line's, and the later flag wins: flags given
+//! on the command line beat the file.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use clap::{Args as _, FromArgMatches as _};
+
+use crate::{
+    agent::{self, RecordSettings, Retain, Settings, settings::parse_metrics_addr},
+    attribute::PowerModel,
+    commands::args::AttributeArgs,
+    feed::LiveConfig,
+};
+
+/// Arguments of `energy-bpf agent`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// TOML file of settings whose keys are the long flag names (`interval = 5`,
+    /// `energy-source = "model"`); flags on the command line win. Re-read on SIGHUP.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Window length, seconds: one window of attribution is closed and exported per interval.
+    #[arg(short = 'i', long, value_name = "SECS", default_value_t = 5.0, value_parser = parse_interval)]
+    pub interval: f64,
+    /// Address of the Prometheus `/metrics` endpoint; `:PORT` is loopback, port 0 picks a
+    /// free port (logged at start).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9102", value_parser = parse_addr)]
+    pub metrics_addr: SocketAddr,
+    /// At most this many processes get series of their own; the rest are `comm="[other]"`.
+    #[arg(long, value_name = "N", default_value_t = 500)]
+    pub max_process_series: usize,
+    /// Unix socket serving window snapshots to `top`.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/energy-bpf/agent.sock"
+    )]
+    pub socket: PathBuf,
+    /// Write rotating recordings into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub record_dir: Option<PathBuf>,
+    /// How much of the rotating recordings to keep: an age (`24h`, `7d`) or a size
+    /// (`10GiB`); default 7 days.
+    #[arg(long, value_name = "DURATION|SIZE", requires = "record_dir")]
+    pub retain: Option<Retain>,
+    /// Stack-sampling frequency in Hz (stacks feed the recordings; energy comes from the
+    /// scheduler timeline whatever the rate).
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 49,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub freq: u32,
+    /// Energy sources (counters, fake trees for testing, model parameters).
+    #[command(flatten)]
+    pub energy: crate::energy::EnergyArgs,
+    /// How energy is split between threads. `auto` means busy time here, as in `top`: a
+    /// per-class regression needs minutes of intervals, and a window has seconds.
+    #[command(flatten)]
+    pub attribute: AttributeArgs,
+    /// The per-run activity counter.
+    #[command(flatten)]
+    pub activity: super::args::ActivityArgs,
+    /// Static power measured by `energy-bpf calibrate` (the default file when it exists).
+    #[command(flatten)]
+    pub calibration: crate::calibration::CalibrationArgs,
+}
+
+fn parse_interval(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !(0.5..=3600.0).contains(&secs) {
+        return Err(format!(
+            "interval must be between 0.5 and 3600 seconds, got {secs}"
+        ));
+    }
+    Ok(secs)
+}
+
+fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    parse_metrics_addr(text).map_err(|e| e.to_string())
+}
+
+impl Args {
+    /// The settings these arguments select (reading the calibration file they name).
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        let mut attribute = self.attribute.options();
+        let (_, hostname) = crate::capture::host::uname();
+        attribute.calibrated = self
+            .calibration
+            .resolve(&hostname)
+            .context("cannot use the calibration")?;
+        if attribute.power_model == PowerModel::Auto {
+            attribute.power_model = PowerModel::Time;
+        }
+        let interval = Duration::from_secs_f64(self.interval);
+        Ok(Settings {
+            interval,
+            metrics_addr: self.metrics_addr,
+            max_process_series: self.max_process_series,
+            live: LiveConfig {
+                sample_hz: u64::from(self.freq),
+                interval,
+                energy: self.energy.clone(),
+                attribute,
+                activity: self.activity.event,
+                // The agent drains every second; eight seconds of samples leave room for
+                // a stalled poll without holding 32 MiB of ring in RSS for a slow rate.
+                sample_ring_bytes: Some(crate::capture::sample_ring_bytes(
+                    u64::from(self.freq),
+                    std::thread::available_parallelism().map_or(1, usize::from),
+                    Duration::from_secs(8),
+                )),
+            },
+            socket: self.socket.clone(),
+            record: self.record_dir.as_ref().map(|dir| RecordSettings {
+                dir: dir.clone(),
+                retain: self
+                    .retain
+                    .unwrap_or(crate::record::rotate::Rotation::default().retain),
+            }),
+        })
+    }
+}
+
+/// Runs the command.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    // What followed `agent` on the command line, to lay over the config file again on
+    // every SIGHUP.
+    let cli: Vec<String> = std::env::args()
+        .skip_while(|a| a != "agent")
+        .skip(1)
+        .collect();
+    let args = match &args.config {
+        Some(path) => merged(path, &cli)?,
+        None => args,
+    };
+    let config = args.config.clone();
+    let reload: agent::Reload = Box::new(move || match &config {
+        Some(path) => merged(path, &cli)?.settings(),
+        None => anyhow::bail!("no --config file to reload"),
+    });
+    agent::run(args.settings()?, reload)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The config file's settings overlaid by the command line's.
+fn merged(path: &Path, cli: &[String]) -> anyhow::Result<Args> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let file = toml_to_flags(&text).with_context(|| format!("in {}", path.display()))?;
+    parse_layered(&file, cli).with_context(|| {
+        format!(
+            "{} and the command line do not make valid settings",
+            path.display()
+        )
+    })
+}
+
+/// Parses `file` flags then `cli` flags as one `agent` command line; the later flag wins.
+fn parse_layered(file: &[String], cli: &[String]) -> anyhow::Result<Args> {
+    let cmd = Args::augment_args(clap::Command::new("agent").no_binary_name(true))
+        .args_override_self(true);
+    let matches = cmd
+        .try_get_matches_from(file.iter().chain(cli))
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim()))?;
+    Ok(Args::from_arg_matches(&matches)?)
+}
+
+/// TOML `key = value` lines as `--key=value` flags: strings, numbers, `true` (a bare flag)
+/// and arrays (the flag repeated).
+fn toml_to_flags(text: &str) -> anyhow::Result<Vec<String>> {
+    let table: toml::Table = text.parse().context("not valid TOML")?;
+    let mut flags = Vec::new();
+    for (key, value) in &table {
+        if key == "config" {
+            anyhow::bail!("`config` cannot be set in a config file");
+        }
+        let values = match value {
+            toml::Value::Array(items) => items.iter().collect(),
+            other => vec![other],
+        };
+        for v in values {
+            match v {
+                toml::Value::String(s) => flags.push(format!("--{key}={s}")),
+                toml::Value::Integer(n) => flags.push(format!("--{key}={n}")),
+                toml::Value::Float(x) => flags.push(format!("--{key}={x}")),
+                toml::Value::Boolean(true) => flags.push(format!("--{key}")),
+                toml::Value::Boolean(false) => {}
+                other => anyhow::bail!(
+                    "`{key}`: expected a string, number, boolean or array, found {}",
+                    other.type_str()
+                ),
+            }
+        }
+    }
+    Ok(flags)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn toml_keys_are_long_flags() {
+        let flags = toml_to_flags(
+            "interval = 2\nmetrics-addr = \":0\"\nmodel-idle-w = 3.5\nenergy-source = \"model\"\n",
+        )
+        .expect("parses");
+        assert_eq!(
+            flags,
+            strings(&[
+                "--energy-source=model",
+                "--interval=2",
+                "--metrics-addr=:0",
+                "--model-idle-w=3.5"
+            ])
+        );
+        assert!(toml_to_flags("config = \"x\"").is_err());
+        assert!(toml_to_flags("interval = {a = 1}").is_err());
+        assert!(toml_to_flags("interval = ").is_err());
+    }
+
+    #[test]
+    fn command_line_beats_the_file() {
+        let file = strings(&[
+            "--interval=2",
+            "--max-process-series=10",
+            "--energy-source=model",
+        ]);
+        let args = parse_layered(&file, &strings(&["--interval", "7"])).expect("valid");
+        assert_eq!(args.interval, 7.0);
+        assert_eq!(args.max_process_series, 10);
+        assert_eq!(args.energy.energy_source, crate::energy::SourceKind::Model);
+        let s = args.settings().expect("settings");
+        assert_eq!(s.interval, Duration::from_secs(7));
+        assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9102");
+        assert_eq!(s.live.attribute.power_model, PowerModel::Time);
+        assert!(s.record.is_none());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_errors() {
+        let err = parse_layered(&strings(&["--no-such-flag=1"]), &[]).expect_err("unknown");
+        assert!(err.to_string().contains("no-such-flag"), "{err}");
+        assert!(parse_layered(&strings(&["--interval=0"]), &[]).is_err());
+        assert!(
+            parse_layered(&strings(&["--retain=1d"]), &[]).is_err(),
+            "needs --record-dir"
+        );
+        let args =
+            parse_layered(&strings(&["--record-dir=/tmp/r", "--retain=2GiB"]), &[]).expect("valid");
+        assert_eq!(
+            args.settings().expect("settings").record.map(|r| r.retain),
+            Some(Retain::Size(2 << 30))
+        );
+    }
+}
