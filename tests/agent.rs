@@ -24,7 +24,7 @@ use crate::util::{self, Workload};
 const PROMETHEUS: &str = "/usr/bin/prometheus";
 
 /// A child process killed on drop (the test may panic mid-way).
-struct Daemon(Child);
+pub struct Daemon(pub Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -35,10 +35,16 @@ impl Drop for Daemon {
 
 /// Starts the agent and returns it with the address it logged for `/metrics`.
 fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
+    start_agent_with(dir, &[])
+}
+
+/// [`start_agent`] with more flags.
+pub fn start_agent_with(dir: &Path, extra: &[&str]) -> (Daemon, String, mpsc::Receiver<String>) {
     let mut child = Command::new(util::bin())
         .args(["agent", "--energy-source", "model", "--interval", "1"])
         .args(["--metrics-addr", "127.0.0.1:0", "--socket"])
         .arg(dir.join("agent.sock"))
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn energy-bpf agent");
@@ -71,7 +77,7 @@ fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free loopback port")
@@ -79,7 +85,7 @@ fn free_port() -> u16 {
 }
 
 /// GET over HTTP/1.0: (status, body).
-fn get(addr: &str, path: &str) -> std::io::Result<(u32, String)> {
+pub fn get(addr: &str, path: &str) -> std::io::Result<(u32, String)> {
     let mut s = TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
@@ -360,5 +366,86 @@ fn prometheus_scrapes_the_agent() {
     assert!(
         log.iter().any(|l| l.contains("last window closed")),
         "no final window: {log:?}"
+    );
+}
+
+/// The `energy-bpf` group's id, creating the group when this machine lacks it (what the
+/// package's set-up does; the socket is group-readable only when the group exists).
+fn energy_bpf_gid() -> u32 {
+    let gid = || {
+        let out = Command::new("getent")
+            .args(["group", "energy-bpf"])
+            .output()
+            .expect("getent");
+        String::from_utf8_lossy(&out.stdout)
+            .split(':')
+            .nth(2)
+            .and_then(|g| g.trim().parse().ok())
+    };
+    if let Some(g) = gid() {
+        return g;
+    }
+    let status = Command::new("groupadd")
+        .args(["--system", "energy-bpf"])
+        .status()
+        .expect("groupadd");
+    assert!(status.success(), "groupadd energy-bpf failed");
+    gid().expect("the group exists now")
+}
+
+#[test]
+fn top_without_root_reads_the_agent_socket_with_the_group_and_is_refused_without() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !util::require_root(
+        "top_without_root_reads_the_agent_socket_with_the_group_and_is_refused_without",
+    ) {
+        return;
+    }
+    let _guard = util::exclusive();
+    let gid = energy_bpf_gid();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The unprivileged user must be able to reach the socket's directory.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let busy = Workload::spawn("while :; do :; done", Some(0));
+    let (_agent, _addr, _logs) = start_agent(dir.path());
+    let socket = dir.path().join("agent.sock");
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o660, "group-readable socket");
+    let top = |groups: &str| {
+        Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup"])
+            .arg(groups)
+            .arg(util::bin())
+            .args(["top", "--batch", "-n", "2", "--connect"])
+            .arg(&socket)
+            .output()
+            .expect("setpriv")
+    };
+    let ok = top(&format!("--groups={gid}"));
+    let text = util::text(&ok);
+    assert!(ok.status.success(), "{text}");
+    let pid = busy.pid().to_string();
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("energy-bpf top - source"))
+            .count(),
+        2,
+        "two frames over the socket:\n{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.split_whitespace().next() == Some(pid.as_str())),
+        "the busy process {pid} is shown:\n{text}"
+    );
+    let denied = top("--clear-groups");
+    let text = util::text(&denied);
+    assert!(!denied.status.success());
+    assert!(
+        text.contains("permission denied") && text.contains("energy-bpf"),
+        "a clear line without the group:\n{text}"
     );
 }

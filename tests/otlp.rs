@@ -170,3 +170,218 @@ fn flamegraph_otlp_decodes_with_the_official_definitions_and_conserves_energy() 
         "workload: profile {got} µJ vs report {want} µJ"
     );
 }
+
+/// The Python receiver serving OTLP/gRPC on a free port, writing each request to `dir`.
+struct Receiver {
+    /// Killed on drop.
+    _child: crate::agent::Daemon,
+    port: u16,
+}
+
+impl Receiver {
+    fn start(dir: &Path, port: u16, stall: bool) -> Self {
+        use std::io::BufRead as _;
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/support/otlp_receiver.py"
+        );
+        let mut cmd = Command::new("python3");
+        cmd.args([script, "serve", &port.to_string()])
+            .arg(dir)
+            .stdout(std::process::Stdio::piped());
+        if stall {
+            cmd.arg("--stall");
+        }
+        let mut child = cmd.spawn().expect("start the receiver");
+        let stdout = child.stdout.take().expect("stdout");
+        let child = crate::agent::Daemon(child);
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("receiver output");
+        assert_eq!(line.trim(), "ready", "the receiver did not start");
+        Self {
+            _child: child,
+            port,
+        }
+    }
+}
+
+/// Requests received so far (files `N.json`).
+fn received(dir: &Path) -> usize {
+    (1..)
+        .take_while(|n| dir.join(format!("{n}.json")).exists())
+        .count()
+}
+
+fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "waited {secs} s for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// The value of one metric line (`name{labels} value`) whose labels contain `filter`.
+fn metric(addr: &str, name: &str, filter: &str) -> f64 {
+    let (status, body) = crate::agent::get(addr, "/metrics").expect("scrape");
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_agent_exports_energy_profiles_and_survives_a_collector_outage() {
+    if !require_root("the_agent_exports_energy_profiles_and_survives_a_collector_outage") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let got = dir.path().join("received");
+    std::fs::create_dir(&got).expect("mkdir");
+    let bin = c_workload(dir.path());
+    let _burn = Workload::spawn(&format!("exec {}", bin.display()), Some(0));
+    let port = crate::agent::free_port();
+    let receiver = Receiver::start(&got, port, false);
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let (agent, addr, logs) = crate::agent::start_agent_with(
+        dir.path(),
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-header",
+            "authorization=Bearer sekrit-token",
+            "--profile-interval",
+            "2",
+            "-F",
+            "199",
+        ],
+    );
+    wait_for("two exported profiles", 30, || received(&got) >= 2);
+
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(got.join("2.json")).expect("the second request"))
+            .expect("summary JSON");
+    let profiles = summary["profiles"].as_array().expect("profiles");
+    assert_eq!(
+        profiles[0]["sample_type"],
+        serde_json::json!(["samples", "count"])
+    );
+    let energy = profiles
+        .iter()
+        .find(|p| p["attributes"]["energy.zone"] == "package")
+        .expect("an energy profile");
+    assert_eq!(
+        energy["period_type"],
+        serde_json::json!(["energy", "microjoules"])
+    );
+    // Conservation across the wire: the values add up to what the agent's windows gave
+    // threads (its own totals, carried beside them).
+    let total = energy["total"].as_f64().expect("total");
+    let attributed = energy["attributes"]["energy.attributed_microjoules"]
+        .as_f64()
+        .expect("the agent's attributed energy");
+    assert!(attributed > 0.0);
+    assert!(
+        (total - attributed).abs() <= 2.0,
+        "{total} µJ sent vs {attributed} µJ attributed"
+    );
+    let functions = energy["functions"].as_array().expect("functions");
+    assert!(
+        functions.iter().any(|f| f == "hot_leaf_energy"),
+        "symbolized on the agent: {} functions",
+        functions.len()
+    );
+    for key in [
+        "thread.id",
+        "process.pid",
+        "process.executable.name",
+        "cpu.logical_number",
+    ] {
+        assert!(
+            energy["sample_attributes"]
+                .as_array()
+                .expect("keys")
+                .iter()
+                .any(|k| k == key),
+            "{key}"
+        );
+    }
+    let headers: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(got.join("headers-1.json")).expect("headers"))
+            .expect("headers JSON");
+    assert_eq!(headers["authorization"], "Bearer sekrit-token");
+
+    // The collector goes away for 10 s: capture goes on, failures are counted, and export
+    // resumes when it is back.
+    let before = received(&got);
+    let windows_before = metric(&addr, "energy_bpf_windows_total", "");
+    drop(receiver);
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    let failed = metric(&addr, "energy_bpf_export_total", "outcome=\"failed\"");
+    assert!(failed > 0.0, "failed exports are counted");
+    assert!(
+        metric(&addr, "energy_bpf_windows_total", "") >= windows_before + 5.0,
+        "capture went on while the collector was down"
+    );
+    let _receiver = Receiver::start(&got, port, false);
+    wait_for("export to resume", 45, || received(&got) > before);
+    drop(agent);
+    let logged: String = logs.try_iter().collect::<Vec<_>>().join("\n");
+    assert!(
+        !logged.contains("sekrit"),
+        "a header value reached the log:\n{logged}"
+    );
+}
+
+#[test]
+fn a_collector_that_never_answers_costs_bounded_memory() {
+    if !require_root("a_collector_that_never_answers_costs_bounded_memory") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let got = dir.path().join("received");
+    std::fs::create_dir(&got).expect("mkdir");
+    let _burn = Workload::spawn("while :; do :; done", Some(0));
+    let port = crate::agent::free_port();
+    let _receiver = Receiver::start(&got, port, true);
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let (agent, addr, _logs) = crate::agent::start_agent_with(
+        dir.path(),
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--profile-interval",
+            "1",
+            "-F",
+            "199",
+        ],
+    );
+    let rss = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", agent.0.id()))
+            .expect("agent status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .expect("VmRSS")
+    };
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    let early = rss();
+    wait_for("the queue to overflow and drop", 40, || {
+        metric(&addr, "energy_bpf_export_total", "outcome=\"dropped\"") > 0.0
+    });
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let late = rss();
+    assert!(
+        late <= early + 16 * 1024,
+        "RSS grew from {early} KiB to {late} KiB while the collector stalled"
+    );
+    assert!(metric(&addr, "energy_bpf_export_queue_depth", "sink=\"otlp\"") <= 8.0);
+}

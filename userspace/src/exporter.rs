@@ -130,8 +130,8 @@ pub fn parse_header(text: &str) -> Result<(String, String), String> {
 }
 
 impl Exporter {
-    /// Checks the configuration and starts the sending task on the current tokio runtime.
-    pub fn spawn(cfg: ExportConfig) -> Result<Self, ExportError> {
+    /// Checks the configuration and starts the sending task on `runtime`.
+    pub fn spawn(cfg: ExportConfig, runtime: &tokio::runtime::Handle) -> Result<Self, ExportError> {
         let endpoint = endpoint(&cfg)?;
         let mut metadata = tonic::metadata::MetadataMap::new();
         for (k, v) in &cfg.headers {
@@ -147,8 +147,10 @@ impl Exporter {
             dropping: AtomicBool::new(false),
         });
         let stats = Arc::new(ExportStats::default());
+        // connect_lazy needs the runtime's context to spawn its connection task.
+        let _enter = runtime.enter();
         let channel = endpoint.connect_lazy();
-        tokio::spawn(send_loop(
+        runtime.spawn(send_loop(
             channel,
             metadata,
             Arc::clone(&queue),
@@ -365,11 +367,14 @@ mod tests {
             .expect("runtime");
         rt.block_on(async {
             // Nothing listens on port 9 of loopback: every send fails and is retried.
-            let ex = Exporter::spawn(ExportConfig {
-                endpoint: "http://127.0.0.1:9".into(),
-                queue_windows: 2,
-                ..ExportConfig::default()
-            })
+            let ex = Exporter::spawn(
+                ExportConfig {
+                    endpoint: "http://127.0.0.1:9".into(),
+                    queue_windows: 2,
+                    ..ExportConfig::default()
+                },
+                &tokio::runtime::Handle::current(),
+            )
             .expect("spawn");
             for _ in 0..5 {
                 ex.push(ExportProfilesServiceRequest::default());

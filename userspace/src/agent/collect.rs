@@ -142,6 +142,10 @@ impl Outputs {
             }
             self.metrics
                 .set_queue_depth(sink.name(), sink.queue_depth());
+            if let Some((sent, dropped, failed)) = sink.export_counts() {
+                self.metrics
+                    .set_export_counts(sink.name(), sent, dropped, failed);
+            }
         }
         let took = started.elapsed();
         self.metrics.observe_processing(took, pending);

@@ -78,6 +78,7 @@ struct State {
     windows: Counter,
     queue_depth: Family<Labels, Gauge>,
     sink_errors: Family<Labels, Counter>,
+    exported: Family<Labels, Counter>,
     pending: Gauge,
 }
 
@@ -104,6 +105,7 @@ impl Metrics {
         let windows = Counter::default();
         let queue_depth = Family::<Labels, Gauge>::default();
         let sink_errors = Family::<Labels, Counter>::default();
+        let exported = Family::<Labels, Counter>::default();
         let pending = Gauge::default();
         registry.register(
             "energy_bpf_node_joules",
@@ -186,6 +188,11 @@ impl Metrics {
             sink_errors.clone(),
         );
         registry.register(
+            "energy_bpf_export",
+            "What an exporter did with its items (profiles), by sink and outcome: sent, dropped (queue full, oldest first) or failed (a call that will be retried)",
+            exported.clone(),
+        );
+        registry.register(
             "energy_bpf_pipeline_pending_events",
             "Events waiting for their window",
             pending.clone(),
@@ -212,6 +219,7 @@ impl Metrics {
                 windows,
                 queue_depth,
                 sink_errors,
+                exported,
                 pending,
             }),
         }))
@@ -331,6 +339,20 @@ impl Metrics {
             .queue_depth
             .get_or_create(&vec![("sink", sink.into())])
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+
+    /// An exporter's running totals; the counters follow them (never down).
+    pub fn set_export_counts(&self, sink: &'static str, sent: u64, dropped: u64, failed: u64) {
+        let s = self.lock();
+        for (outcome, total) in [("sent", sent), ("dropped", dropped), ("failed", failed)] {
+            let c = s
+                .exported
+                .get_or_create(&vec![("sink", sink.into()), ("outcome", outcome.into())]);
+            let now = c.get();
+            if total > now {
+                c.inc_by(total - now);
+            }
+        }
     }
 
     /// A sink failed to take a chunk or window.

@@ -12,6 +12,7 @@ pub mod collect;
 mod http;
 pub mod ledger;
 pub mod metrics;
+pub mod otlp_sink;
 pub mod outputs;
 pub mod selfstat;
 pub mod settings;
@@ -22,7 +23,7 @@ use std::sync::{Arc, mpsc};
 use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
-pub use settings::{RecordSettings, Retain, Settings};
+pub use settings::{OtlpSettings, RecordSettings, Retain, Settings};
 pub use sink::{Sink, SinkError};
 
 use crate::feed::Capture;
@@ -49,8 +50,6 @@ pub fn extra_sinks(
     settings: &Settings,
     runtime: &tokio::runtime::Handle,
 ) -> anyhow::Result<Vec<Box<dyn Sink>>> {
-    // Both servers run threads of their own today; the handle is there for async ones.
-    let _ = runtime;
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     let server = crate::remote::Server::bind(&settings.socket).with_context(|| {
         format!(
@@ -68,6 +67,19 @@ pub fn extra_sinks(
             record.dir.clone(),
             rotation,
         )));
+    }
+    if let Some(otlp) = &settings.otlp {
+        let exporter = crate::exporter::Exporter::spawn(otlp.export.clone(), runtime)
+            .context("cannot export OTLP profiles")?;
+        tracing::info!(
+            "exporting energy profiles every {:?} to {}",
+            otlp.profile_interval,
+            otlp.export.endpoint
+        );
+        sinks.push(Box::new(
+            otlp_sink::OtlpSink::new(exporter, otlp.profile_interval)
+                .context("cannot start the OTLP encoder thread")?,
+        ));
     }
     Ok(sinks)
 }

@@ -21,6 +21,17 @@ pub struct Settings {
     pub socket: PathBuf,
     /// Rotating recordings, when asked for.
     pub record: Option<RecordSettings>,
+    /// OTLP profile export, when asked for.
+    pub otlp: Option<OtlpSettings>,
+}
+
+/// `--otlp-endpoint URL --otlp-header K=V --otlp-insecure --profile-interval SECS`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OtlpSettings {
+    /// Where and how.
+    pub export: crate::exporter::ExportConfig,
+    /// Windows per exported profile, as time.
+    pub profile_interval: Duration,
 }
 
 /// `--record-dir DIR --retain DURATION|SIZE`.

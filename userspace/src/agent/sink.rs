@@ -52,6 +52,11 @@ pub trait Sink: Send {
     }
 
     /// Items waiting to be exported (exported as `energy_bpf_export_queue_depth{sink}`).
+    /// Totals of an exporter that sends elsewhere: (sent, dropped, failed) so far.
+    fn export_counts(&self) -> Option<(u64, u64, u64)> {
+        None
+    }
+
     fn queue_depth(&self) -> usize {
         0
     }

@@ -67,6 +67,20 @@ pub struct Args {
     /// per-class regression needs minutes of intervals, and a window has seconds.
     #[command(flatten)]
     pub attribute: AttributeArgs,
+    /// Send energy profiles over OTLP/gRPC to this collector (`http://127.0.0.1:4317`;
+    /// plaintext only to loopback unless --otlp-insecure; `https://` uses the system's roots).
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// gRPC metadata sent with every export, e.g. `authorization=Bearer TOKEN` (repeat for
+    /// more; values are never logged).
+    #[arg(long, value_name = "K=V", value_parser = crate::exporter::parse_header)]
+    pub otlp_header: Vec<(String, String)>,
+    /// Allow plaintext http:// to a collector that is not on loopback.
+    #[arg(long)]
+    pub otlp_insecure: bool,
+    /// Seconds of windows per exported profile.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_interval)]
+    pub profile_interval: f64,
     /// The per-run activity counter.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
@@ -123,6 +137,18 @@ impl Args {
                 )),
             },
             socket: self.socket.clone(),
+            otlp: self
+                .otlp_endpoint
+                .as_ref()
+                .map(|endpoint| crate::agent::OtlpSettings {
+                    export: crate::exporter::ExportConfig {
+                        endpoint: endpoint.clone(),
+                        headers: self.otlp_header.clone(),
+                        insecure: self.otlp_insecure,
+                        ..Default::default()
+                    },
+                    profile_interval: Duration::from_secs_f64(self.profile_interval),
+                }),
             record: self.record_dir.as_ref().map(|dir| RecordSettings {
                 dir: dir.clone(),
                 retain: self

@@ -295,6 +295,54 @@ pub fn request(
     }
 }
 
+/// Adds to each energy profile the attribute `energy.attributed_microjoules`: the energy the
+/// producer's own windows gave threads in that zone (µJ, rounded), which the profile's
+/// values add up to. A receiver can check conservation across the wire with it.
+pub fn add_attributed(
+    req: &mut ExportProfilesServiceRequest,
+    attributed_uj: &std::collections::BTreeMap<&'static str, f64>,
+) {
+    let Some(dict) = req.dictionary.as_mut() else {
+        return;
+    };
+    let strings = &dict.string_table;
+    let zone_key = strings.iter().position(|s| s == "energy.zone");
+    let mut additions = Vec::new();
+    for (r, rp) in req.resource_profiles.iter().enumerate() {
+        for (s, sp) in rp.scope_profiles.iter().enumerate() {
+            for (p, prof) in sp.profiles.iter().enumerate() {
+                let zone = prof.attribute_indices.iter().find_map(|&i| {
+                    let kv = dict.attribute_table.get(i as usize)?;
+                    (Some(kv.key_strindex as usize) == zone_key).then_some(())?;
+                    match kv.value.as_ref()?.value.as_ref()? {
+                        Value::StringValue(z) => Some(z.clone()),
+                        _ => None,
+                    }
+                });
+                if let Some(uj) = zone.and_then(|z| attributed_uj.get(z.as_str())) {
+                    additions.push((r, s, p, uj.round() as i64));
+                }
+            }
+        }
+    }
+    let key = dict.string_table.len() as i32;
+    dict.string_table
+        .push("energy.attributed_microjoules".into());
+    for (r, s, p, uj) in additions {
+        let index = dict.attribute_table.len() as i32;
+        dict.attribute_table.push(otlp::KeyValueAndUnit {
+            key_strindex: key,
+            value: Some(AnyValue {
+                value: Some(Value::IntValue(uj)),
+            }),
+            unit_strindex: 0,
+        });
+        req.resource_profiles[r].scope_profiles[s].profiles[p]
+            .attribute_indices
+            .push(index);
+    }
+}
+
 /// The samples of value `k` with a non-zero (converted) value.
 fn samples(
     profile: &Profile,

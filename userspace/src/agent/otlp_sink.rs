@@ -1,0 +1,242 @@
+//! Energy profiles out of the agent: every `--profile-interval`, the windows since the last
+//! export become one OTLP request (a CPU profile and an energy profile per zone, see
+//! [`crate::output::otlp`]), symbolized here, and go to the [`Exporter`]'s bounded queue.
+//!
+//! The sink keeps what profiles need between windows, and no more: thread names and
+//! executable mappings of live processes (dropped at exit), and the samples and their
+//! energy since the last export. Symbolizing and encoding happen on a thread of their own
+//! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
+//! waits on them, and a backlog is dropped and counted like a full export queue.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use super::sink::{Sink, SinkError};
+use crate::{
+    analysis,
+    exporter::Exporter,
+    output::otlp::{self, Origin},
+    pb::v1::{self as pb, process_event::Kind},
+    pipeline::Window,
+    profile::{self, Filter, SampleValues},
+    record::{Recording, merge_thread},
+    symbolize::Symbolizer,
+};
+
+/// Profiles symbolized by one symbolizer before it is replaced (and its caches freed).
+const SYMBOLIZER_JOBS: usize = 6;
+
+/// One profile's worth of windows, on its way to the encoding thread.
+struct Job {
+    rec: Recording,
+    weights: SampleValues,
+    attributed_uj: BTreeMap<&'static str, f64>,
+    container_ids: HashMap<u64, Option<String>>,
+}
+
+/// The OTLP sink.
+pub struct OtlpSink {
+    jobs: std::sync::mpsc::SyncSender<Job>,
+    stats: std::sync::Arc<crate::exporter::ExportStats>,
+    interval_ns: u64,
+    threads: HashMap<u32, pb::ThreadInfo>,
+    mappings: HashMap<u32, Vec<pb::Mapping>>,
+    pending: Option<(Recording, SampleValues)>,
+    /// Energy the windows since the last export gave threads, µJ per zone: what the
+    /// exported profiles must add up to.
+    attributed_uj: BTreeMap<&'static str, f64>,
+    container_ids: HashMap<u64, Option<String>>,
+}
+
+impl OtlpSink {
+    /// Exports through `exporter` every `interval`.
+    pub fn new(exporter: Exporter, interval: Duration) -> std::io::Result<Self> {
+        let (kernel, host_name) = crate::capture::host::uname();
+        let host_id = std::fs::read_to_string("/etc/machine-id")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty());
+        let origin = Origin {
+            host_name,
+            host_id,
+            kernel,
+        };
+        let stats = std::sync::Arc::clone(exporter.stats());
+        let (jobs, rx) = std::sync::mpsc::sync_channel::<Job>(2);
+        std::thread::Builder::new()
+            .name("energy-bpf-otlp".into())
+            .spawn(move || {
+                let fresh = || Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
+                let mut symbolizer = fresh();
+                for (n, job) in rx.into_iter().enumerate() {
+                    // The symbolizer caches every binary it opened; starting it afresh now
+                    // and then bounds that by what a few profiles touch, on a machine
+                    // whose processes come and go for months.
+                    if n % SYMBOLIZER_JOBS == SYMBOLIZER_JOBS - 1 {
+                        symbolizer = fresh();
+                    }
+                    let profile =
+                        profile::build(&job.rec, &job.weights, &mut symbolizer, &Filter::default());
+                    let ids = job.container_ids;
+                    let mut request = otlp::request(&profile, &origin, &|cgroup| {
+                        ids.get(&cgroup).cloned().flatten()
+                    });
+                    otlp::add_attributed(&mut request, &job.attributed_uj);
+                    exporter.push(request);
+                }
+            })?;
+        Ok(Self {
+            jobs,
+            stats,
+            interval_ns: u64::try_from(interval.as_nanos())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            threads: HashMap::new(),
+            mappings: HashMap::new(),
+            pending: None,
+            attributed_uj: BTreeMap::new(),
+            container_ids: HashMap::new(),
+        })
+    }
+
+    /// The exporter's counters (the self-metrics read them).
+    pub fn stats(&self) -> &std::sync::Arc<crate::exporter::ExportStats> {
+        &self.stats
+    }
+
+    fn export(&mut self) {
+        let Some((rec, weights)) = self.pending.take() else {
+            return;
+        };
+        let job = Job {
+            rec,
+            weights,
+            attributed_uj: std::mem::take(&mut self.attributed_uj),
+            container_ids: self.container_ids.clone(),
+        };
+        if self.jobs.try_send(job).is_err() {
+            // The encoder is behind (or gone): this profile is dropped and counted.
+            self.stats
+                .dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Sink for OtlpSink {
+    fn name(&self) -> &'static str {
+        "otlp"
+    }
+
+    fn chunk(&mut self, chunk: &pb::Chunk) -> Result<(), SinkError> {
+        for t in &chunk.threads {
+            merge_thread(&mut self.threads, t.clone());
+        }
+        for m in &chunk.mappings {
+            self.mappings.entry(m.tgid).or_default().push(m.clone());
+        }
+        Ok(())
+    }
+
+    fn window(&mut self, window: &Window, header: &pb::Header) -> Result<(), SinkError> {
+        // Container ids of the window's cgroups, from the paths the pipeline named them by.
+        for p in &window.processes {
+            if let Some(t) = window
+                .analysis
+                .attribution
+                .threads
+                .iter()
+                .find(|t| t.tgid == p.pid)
+                && t.cgroup_id != 0
+            {
+                self.container_ids
+                    .entry(t.cgroup_id)
+                    .or_insert_with(|| crate::container::parse(&p.cgroup).container_id);
+            }
+        }
+        let mut rec = Recording {
+            header: header.clone(),
+            samples: window.events.samples.clone(),
+            threads: self.threads.clone(),
+            mappings: self.mappings.clone(),
+            end_ns: window.end_ns(),
+            ..Recording::default()
+        };
+        rec.header.start_unix_ns = header
+            .start_unix_ns
+            .saturating_add(window.start_ns().saturating_sub(header.start_ns));
+        rec.header.start_ns = window.start_ns();
+        let weights = analysis::sample_values(&rec, &window.analysis);
+        let attr = &window.analysis.attribution;
+        for s in &attr.sources {
+            let name = crate::attribute::domain_name(s.domain);
+            let uj: f64 = attr.threads.iter().map(|t| t.energy.get(s.domain)).sum();
+            // Several sources of one domain (packages) share one zone profile.
+            let zone = self.attributed_uj.entry(name).or_default();
+            if !attr
+                .sources
+                .iter()
+                .take_while(|o| o.source_id != s.source_id)
+                .any(|o| o.domain == s.domain)
+            {
+                *zone += uj;
+            }
+        }
+        match &mut self.pending {
+            None => self.pending = Some((rec, weights)),
+            Some((acc, w)) if w.value_types == weights.value_types => {
+                acc.samples.extend(rec.samples);
+                acc.threads = rec.threads;
+                acc.mappings = rec.mappings;
+                acc.end_ns = rec.end_ns;
+                w.values.extend(weights.values);
+                w.residuals.extend(weights.residuals);
+            }
+            // The zones changed (a source came or went): send what was gathered first.
+            Some(_) => {
+                self.export();
+                self.pending = Some((rec, weights));
+            }
+        }
+        if let Some((acc, _)) = &mut self.pending {
+            acc.header.sample_hz = header.sample_hz;
+            if acc.end_ns.saturating_sub(acc.header.start_ns) >= self.interval_ns {
+                self.export();
+            }
+        }
+        // Forget processes that exited in this window (their last samples are exported).
+        for e in &window.events.process_events {
+            if e.kind() == Kind::Exit {
+                self.threads.remove(&e.tid);
+                if e.tid == e.tgid {
+                    self.mappings.remove(&e.tgid);
+                }
+            }
+        }
+        if self.container_ids.len() > 4096 {
+            self.container_ids.clear();
+        }
+        Ok(())
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.stats
+            .queue_depth
+            .load(std::sync::atomic::Ordering::Relaxed) as usize
+    }
+
+    fn export_counts(&self) -> Option<(u64, u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.stats;
+        Some((
+            s.sent.load(Relaxed),
+            s.dropped.load(Relaxed),
+            s.failed.load(Relaxed),
+        ))
+    }
+
+    fn finish(&mut self) -> Result<(), SinkError> {
+        self.export();
+        Ok(())
+    }
+}
