@@ -164,3 +164,55 @@ fn report_windows_and_replayed_frames_agree_per_process() {
         &context,
     );
 }
+
+/// Removes a test cgroup on drop (after its processes are gone).
+struct TestCgroup(std::path::PathBuf);
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn report_names_containers_from_recorded_cgroup_paths() {
+    if !require_root("report_names_containers_from_recorded_cgroup_paths") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let id = "e1e2e3e4e5e6e7e8e9e0a1a2a3a4a5a6a7a8a9b0b1b2b3b4b5b6b7b8b9c0c1c2";
+    let mount = energy_bpf::capture::host::cgroup2_mount();
+    let cg = TestCgroup(std::path::Path::new(mount).join(format!("docker-{id}.scope")));
+    std::fs::create_dir_all(&cg.0).expect("create a cgroup (cgroup v2, root)");
+    let busy = Workload::spawn("while :; do :; done", Some(0));
+    std::fs::write(cg.0.join("cgroup.procs"), busy.pid().to_string()).expect("move into it");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.ebpr");
+    let path = file.to_str().expect("utf-8 path");
+    let out = run(&["record", "-d", "2", "--energy-source", "model", "-o", path]);
+    let pid = busy.pid();
+    drop(busy);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let report = crate::util::report_json(&file);
+    let row = crate::util::process(&report, pid).expect("the busy process");
+    assert_eq!(row["container_id"], id, "{row}");
+    assert!(
+        row["cgroup"]
+            .as_str()
+            .is_some_and(|c| c.ends_with(&format!("docker-{id}.scope")))
+    );
+    let table = run(&["report", "--by", "container", path]);
+    let text = text(&table);
+    assert!(table.status.success(), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with(id)),
+        "a row for the container:\n{text}"
+    );
+    assert!(text.contains("[host]"), "the rest is the host:\n{text}");
+}

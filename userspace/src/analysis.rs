@@ -284,6 +284,33 @@ mod tests {
     }
 
     #[test]
+    fn a_counter_that_never_moves_does_not_hide_the_domains_that_measured() {
+        // A hypervisor's PSYS event that stays at 0 beside the package model: the headline
+        // must stay the package, not the (empty) PSYS that nominally contains it.
+        let mut rec = fixture::recording();
+        rec.sources.push(EnergySource {
+            id: 2,
+            kind: "perf".into(),
+            domain: EnergyDomain::Psys as i32,
+            ..Default::default()
+        });
+        for ts_ns in [0, 500_000_000, 1_000_000_000] {
+            rec.readings.push(crate::pb::v1::EnergyReading {
+                source_id: 2,
+                ts_ns,
+                energy_uj: 0.0,
+                ..Default::default()
+            });
+        }
+        let a = analyze(
+            &rec,
+            &config(&rec, Options::default(), &ModelOverride::default()),
+        );
+        assert_eq!(a.attribution.headline, vec![EnergyDomain::Package]);
+        assert!((a.attribution.total_uj() - 3.0e6).abs() < 1.0);
+    }
+
+    #[test]
     fn profile_total_is_the_attributed_energy() {
         let rec = fixture::recording();
         let a = analyze(

@@ -326,7 +326,12 @@ impl CgroupNames {
         }
         if self.missed.insert(id) {
             let mut fresh = HashMap::with_capacity(self.known.len());
-            walk_cgroups(std::path::Path::new("/sys/fs/cgroup"), "", 0, &mut fresh);
+            walk_cgroups(
+                std::path::Path::new(host::cgroup2_mount()),
+                "",
+                0,
+                &mut fresh,
+            );
             self.known = fresh;
         }
         self.known.get(&id).cloned().unwrap_or_default()

@@ -184,7 +184,18 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
         sources.push(out.report);
     }
     fill_thread_facts(input, &mut threads);
-    let present: Vec<EnergyDomain> = sources.iter().map(|s| s.domain).collect();
+    // A counter that measured nothing (a hypervisor exposing a PSYS event that never moves)
+    // must not hide the domains that did measure something from the headline.
+    let measuring: Vec<EnergyDomain> = sources
+        .iter()
+        .filter(|s| s.measured_uj > 0.0)
+        .map(|s| s.domain)
+        .collect();
+    let present: Vec<EnergyDomain> = if measuring.is_empty() {
+        sources.iter().map(|s| s.domain).collect()
+    } else {
+        measuring
+    };
     let headline = attribution::headline_domains(&present);
     let mut threads: Vec<ThreadEnergy> = threads.into_values().collect();
     threads.sort_by(|a, b| {

@@ -111,11 +111,37 @@ pub fn thread_comm(tgid: u32, tid: u32) -> Option<String> {
 /// The cgroup v2 id of a thread (what `bpf_get_current_cgroup_id` returns: the inode of its
 /// cgroup's directory under the cgroup2 mount), or `None` if it vanished or has no v2 cgroup.
 pub fn cgroup_id(tgid: u32, tid: u32) -> Option<u64> {
+    cgroup(tgid, tid).map(|(id, _)| id)
+}
+
+/// [`cgroup_id`] and the cgroup's path under the cgroup2 mount.
+pub fn cgroup(tgid: u32, tid: u32) -> Option<(u64, String)> {
     use std::os::unix::fs::MetadataExt as _;
     let membership = fs::read_to_string(format!("/proc/{tgid}/task/{tid}/cgroup")).ok()?;
-    let path = membership.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = format!("/sys/fs/cgroup{}", path.trim_end());
-    fs::metadata(dir).ok().map(|m| m.ino())
+    let path = membership
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))?
+        .trim_end();
+    let dir = format!("{}{path}", cgroup2_mount());
+    fs::metadata(dir).ok().map(|m| (m.ino(), path.to_string()))
+}
+
+/// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on unified systems,
+/// `/sys/fs/cgroup/unified` on hybrid ones (read once from /proc/self/mounts).
+pub fn cgroup2_mount() -> &'static str {
+    static MOUNT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MOUNT.get_or_init(|| {
+        fs::read_to_string("/proc/self/mounts")
+            .ok()
+            .and_then(|m| {
+                m.lines().find_map(|l| {
+                    let mut f = l.split_whitespace();
+                    let (_, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+                    (fstype == "cgroup2").then(|| dir.to_string())
+                })
+            })
+            .unwrap_or_else(|| "/sys/fs/cgroup".to_string())
+    })
 }
 
 /// A process's command line with NULs as spaces (empty for kernel threads or if it vanished).

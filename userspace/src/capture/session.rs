@@ -50,6 +50,8 @@ pub struct Session {
     /// Name and cgroup id last reported per thread.
     comms: HashMap<u32, (Comm, u64)>,
     processes: HashSet<u32>,
+    /// cgroup ids whose path was already recorded.
+    cgroups: HashSet<u64>,
     /// Threads that exited during the previous poll and during this one, as (tid, tgid).
     /// Their names are kept one more poll: the exit event can be drained before the last
     /// switch-outs of the same thread, which must not look like a new, nameless thread.
@@ -66,6 +68,7 @@ impl Session {
             targets,
             comms: HashMap::new(),
             processes: HashSet::new(),
+            cgroups: HashSet::new(),
             exited: [Vec::new(), Vec::new()],
             vanished: 0,
             read_mappings,
@@ -206,6 +209,19 @@ impl Session {
                 host::cgroup_id(tgid, tid).unwrap_or(0),
             ),
         };
+        // The path of a cgroup not seen before, so reports can name containers offline.
+        if self.cgroups.len() > 65_536 {
+            // Bounded: a machine that made this many cgroups gets their paths again.
+            self.cgroups.clear();
+        }
+        let cgroup_path = if cgroup_id != 0 && self.cgroups.insert(cgroup_id) {
+            host::cgroup(tgid, tid)
+                .filter(|(id, _)| *id == cgroup_id)
+                .map(|(_, p)| p)
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
         self.comms.insert(tid, (comm, cgroup_id));
         let new_process = self.processes.insert(tgid);
         let (process_start_ns, cmdline) = if new_process {
@@ -233,6 +249,7 @@ impl Session {
             cmdline,
             cgroup_id,
             ts_ns,
+            cgroup_path,
         });
     }
 }

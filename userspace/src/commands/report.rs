@@ -39,8 +39,8 @@ pub struct Args {
     /// Which part of it.
     #[command(flatten)]
     pub range: RangeArgs,
-    /// One row per process, thread, cgroup, command name, or function (self and total
-    /// energy).
+    /// One row per process, thread, cgroup, command name, container (or pod), or function
+    /// (self and total energy).
     #[arg(long, value_enum, default_value_t = By::Process)]
     pub by: By,
     /// Output format.
@@ -171,7 +171,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 fn whole(args: &Args, rec: &Recording, cfg: &Config) -> anyhow::Result<Vec<u8>> {
     let analysis = analysis::analyze(rec, cfg);
     let input = rec.window();
-    let rows = pipeline::rows(&input, &analysis, &rec.threads, &|id| id.to_string());
+    let names = pipeline::recorded_cgroup_names(rec);
+    let rows = pipeline::rows(&input, &analysis, &rec.threads, &names);
     let totals = analysis.totals();
     let mut out = Vec::new();
     if args.format == Format::Json && args.by != By::Function {
@@ -395,11 +396,11 @@ fn report(
                 .collect(),
             cpus,
         ),
-        By::Cgroup | By::Command => {
-            let group_by = if by == By::Cgroup {
-                pipeline::GroupBy::Cgroup
-            } else {
-                pipeline::GroupBy::Command
+        By::Cgroup | By::Command | By::Container => {
+            let group_by = match by {
+                By::Cgroup => pipeline::GroupBy::Cgroup,
+                By::Command => pipeline::GroupBy::Command,
+                _ => pipeline::GroupBy::Container,
             };
             (
                 pipeline::group(rows, group_by)

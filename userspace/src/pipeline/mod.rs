@@ -282,6 +282,17 @@ impl Window {
     }
 }
 
+/// Names cgroups by the paths a recording holds (`ThreadInfo.cgroup_path`), else by id.
+pub fn recorded_cgroup_names(rec: &Recording) -> impl Fn(u64) -> String + use<> {
+    let paths: HashMap<u64, String> = rec
+        .threads
+        .values()
+        .filter(|t| t.cgroup_id != 0 && !t.cgroup_path.is_empty())
+        .map(|t| (t.cgroup_id, t.cgroup_path.clone()))
+        .collect();
+    move |id| paths.get(&id).cloned().unwrap_or_else(|| id.to_string())
+}
+
 /// Rolls an analysed window up into process rows (see [`rollup`]).
 pub fn rows(
     input: &WindowInput<'_>,
@@ -310,12 +321,14 @@ pub struct Pipeline {
     /// window later), so a pipeline that runs for months holds only live threads.
     exited: Vec<(u32, u32, u64)>,
     losses: LossCounters,
+    /// cgroup paths the capture recorded (`ThreadInfo.cgroup_path`).
+    cgroup_paths: HashMap<u64, String>,
     cgroup_name: Box<dyn Fn(u64) -> String + Send>,
 }
 
 impl Pipeline {
-    /// A pipeline whose first window starts at `start_ns`. cgroups are shown by id until
-    /// [`Self::with_cgroup_names`] says how to name them.
+    /// A pipeline whose first window starts at `start_ns`. cgroups are named by the paths
+    /// the capture recorded, else by id until [`Self::with_cgroup_names`] says how.
     pub fn new(cfg: Config, start_ns: u64) -> Self {
         let windower = Windower::new(start_ns, cfg.counter_ids());
         Self {
@@ -325,6 +338,7 @@ impl Pipeline {
             since_start: HashMap::new(),
             exited: Vec::new(),
             losses: LossCounters::default(),
+            cgroup_paths: HashMap::new(),
             cgroup_name: Box::new(|id| id.to_string()),
         }
     }
@@ -359,6 +373,7 @@ impl Pipeline {
     /// may come in the chunk or through [`Self::push_readings`].
     pub fn push(&mut self, chunk: Chunk) {
         for t in chunk.threads {
+            self.learn_cgroup(&t);
             record::merge_thread(&mut self.threads, t);
         }
         if let Some(l) = chunk.losses {
@@ -378,6 +393,7 @@ impl Pipeline {
     /// Adds a whole recording (its events, names and loss counters).
     pub fn push_recording(&mut self, rec: &Recording) {
         for t in rec.threads.values() {
+            self.learn_cgroup(t);
             record::merge_thread(&mut self.threads, t.clone());
         }
         self.losses = rec.losses;
@@ -386,6 +402,15 @@ impl Pipeline {
         self.windower
             .push_process_events(rec.process_events.iter().cloned());
         self.windower.push_readings(rec.readings.iter().cloned());
+    }
+
+    fn learn_cgroup(&mut self, t: &ThreadInfo) {
+        if t.cgroup_id != 0 && !t.cgroup_path.is_empty() {
+            if self.cgroup_paths.len() > 65_536 {
+                self.cgroup_paths.clear(); // bounded; the capture sends paths again
+            }
+            self.cgroup_paths.insert(t.cgroup_id, t.cgroup_path.clone());
+        }
     }
 
     /// Closes the next window if one can end by `limit_ns` (see [`Windower::boundary`]).
@@ -404,7 +429,10 @@ impl Pipeline {
         let threads: Vec<ThreadInfo> = self.threads.values().cloned().collect();
         let input = events.input();
         let analysis = analyze(&input, &self.cfg, &threads);
-        let mut processes = rows(&input, &analysis, &self.threads, &*self.cgroup_name);
+        let paths = &self.cgroup_paths;
+        let fallback = &self.cgroup_name;
+        let name = |id: u64| paths.get(&id).cloned().unwrap_or_else(|| fallback(id));
+        let mut processes = rows(&input, &analysis, &self.threads, &name);
         for p in &mut processes {
             p.since_start_j = 0.0;
             for t in &mut p.threads {

@@ -216,16 +216,20 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                 })
                 .unwrap_or_default();
             let cpu_ns: u64 = thread_rows.iter().map(|t| t.cpu_ns).sum();
+            let cgroup = if cgroup_id == 0 {
+                String::new()
+            } else {
+                (input.cgroup_name)(cgroup_id)
+            };
+            let container = crate::container::parse(&cgroup);
             ProcessRow {
                 pid,
                 instance,
                 cmdline: main.map(|i| i.cmdline.clone()).unwrap_or_default(),
                 comm,
-                cgroup: if cgroup_id == 0 {
-                    String::new()
-                } else {
-                    (input.cgroup_name)(cgroup_id)
-                },
+                container_id: container.container_id.unwrap_or_default(),
+                pod_uid: container.pod_uid.unwrap_or_default(),
+                cgroup,
                 cpu_ns,
                 cpu_pct: 100.0 * cpu_ns as f64 / window_ns as f64,
                 samples: thread_rows.iter().map(|t| t.samples).sum(),
@@ -270,6 +274,8 @@ pub enum GroupBy {
     Cgroup,
     /// The command name.
     Command,
+    /// The container (or Kubernetes pod, or `[host]` outside both).
+    Container,
 }
 
 /// Sums process rows into one row per cgroup or command (the key in `comm`, `pid` 0, the
@@ -281,9 +287,12 @@ pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
         let key = match by {
             GroupBy::Cgroup => p.cgroup.clone(),
             GroupBy::Command => p.comm.clone(),
+            GroupBy::Container => container_key(p),
         };
         let g = groups.entry(key.clone()).or_insert_with(|| ProcessRow {
             comm: key.clone(),
+            container_id: p.container_id.clone(),
+            pod_uid: p.pod_uid.clone(),
             cgroup: if by == GroupBy::Cgroup {
                 key
             } else {
@@ -311,6 +320,18 @@ pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
     let mut out: Vec<ProcessRow> = groups.into_values().collect();
     out.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.comm.cmp(&b.comm)));
     out
+}
+
+/// What `--by container` groups a process under: its container id, else its pod, else
+/// `[host]`.
+pub fn container_key(p: &ProcessRow) -> String {
+    if !p.container_id.is_empty() {
+        p.container_id.clone()
+    } else if !p.pod_uid.is_empty() {
+        format!("pod:{}", p.pod_uid)
+    } else {
+        "[host]".to_string()
+    }
 }
 
 #[cfg(test)]
@@ -522,6 +543,11 @@ mod tests {
         assert_eq!(by_cg[0].comm, "/y");
         assert_eq!(by_cg[1].energy_j["package"], 3.0);
         assert_eq!(by_cg[1].cpu_ns, 20);
+        let mut in_docker = row(4, "c", "/system.slice/docker-ab12.scope", 8.0);
+        in_docker.container_id = "ab12".into();
+        let by_container = group(&[rows[0].clone(), in_docker], GroupBy::Container);
+        assert_eq!(by_container[0].comm, "ab12");
+        assert_eq!(by_container[1].comm, "[host]");
         let by_comm = group(&rows, GroupBy::Command);
         assert_eq!(by_comm[0].comm, "a");
         assert_eq!(by_comm[0].energy_j["package"], 5.0);

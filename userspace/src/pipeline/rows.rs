@@ -54,6 +54,13 @@ pub struct ProcessRow {
     /// cgroup v2 path (or id when no path is known); empty when unknown.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub cgroup: String,
+    /// Container id the cgroup path names (docker, containerd, CRI-O, podman); empty when
+    /// it names none.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub container_id: String,
+    /// Kubernetes pod UID the cgroup path names; empty when it names none.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub pod_uid: String,
     /// On-CPU time of all its threads, ns.
     pub cpu_ns: u64,
     /// CPU use over the window in percent of one CPU.

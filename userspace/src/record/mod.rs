@@ -63,6 +63,9 @@ pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
         if entry.cmdline.is_empty() {
             entry.cmdline = old.cmdline;
         }
+        if entry.cgroup_path.is_empty() && entry.cgroup_id == old.cgroup_id {
+            entry.cgroup_path = old.cgroup_path;
+        }
     }
 }
 

@@ -37,6 +37,7 @@ pub fn thread(tid: u32, comm: &str, power_w: f64, cpu_pct: f64) -> ThreadRow {
 pub fn four_processes() -> Vec<ProcessRow> {
     let mut db = process(300, "postgres", 20.0, 5.0, 40.0);
     db.cgroup = "/system.slice/docker-0123456789abcdef0123456789abcdef.scope".to_string();
+    db.container_id = "0123456789abcdef0123456789abcdef".to_string();
     db.threads = vec![
         thread(301, "pg-writer", 12.0, 20.0),
         thread(302, "pg-wal", 8.0, 20.0),

@@ -150,6 +150,7 @@ pub fn view_line(state: &State) -> String {
     let grouping = match state.grouping() {
         Grouping::Process => "process",
         Grouping::Cgroup => "cgroup",
+        Grouping::Container => "container",
     };
     let total = state.snapshot().map_or(0, |s| s.rows.len());
     let mut line = format!(

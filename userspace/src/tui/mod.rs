@@ -3,7 +3,7 @@
 //! Collection and display meet at one seam: the feed sends [`Snapshot`]s over a
 //! `std::sync::mpsc` channel; [`run_interactive`] or [`run_batch`] consume them.
 //! - [`snapshot`]: the seam types (header figures, process and thread rows).
-//! - [`table`]: pure view model: filter, group by cgroup, sort, expand to threads.
+//! - [`table`]: pure view model: filter, group by cgroup or container, sort, expand.
 //! - [`state`]: pure session state and how each user [`Action`] changes it.
 //! - [`input`]: key bindings.
 //! - [`render`]: pure drawing into a ratatui frame (tested with `TestBackend`).

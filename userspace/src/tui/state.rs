@@ -121,7 +121,8 @@ impl State {
             Action::ToggleGrouping => {
                 self.grouping = match self.grouping {
                     Grouping::Process => Grouping::Cgroup,
-                    Grouping::Cgroup => Grouping::Process,
+                    Grouping::Cgroup => Grouping::Container,
+                    Grouping::Container => Grouping::Process,
                 };
                 self.rebuild();
             }

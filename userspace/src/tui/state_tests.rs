@@ -94,7 +94,7 @@ fn expand_and_collapse_the_selected_process() {
 }
 
 #[test]
-fn grouping_toggles_between_processes_and_cgroups() {
+fn grouping_cycles_through_processes_cgroups_and_containers() {
     let mut state = loaded();
     state.apply(Action::ToggleGrouping);
     assert_eq!(state.grouping(), Grouping::Cgroup);
@@ -102,6 +102,12 @@ fn grouping_toggles_between_processes_and_cgroups() {
     assert_eq!(labels, ["docker:0123456789ab", "/user.slice"]);
     state.apply(Action::ToggleExpand);
     assert_eq!(ids(&state), ["[2]", "300", "20", "[2]"]);
+    state.apply(Action::ToggleGrouping);
+    assert_eq!(state.grouping(), Grouping::Container);
+    let mut labels: Vec<String> = state.rows().iter().map(|r| r.command.clone()).collect();
+    labels.sort();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(labels.iter().any(|l| l.contains("[host]")), "{labels:?}");
     state.apply(Action::ToggleGrouping);
     assert_eq!(state.grouping(), Grouping::Process);
     assert_eq!(ids(&state), ["300", "20", "4000", "1"]);

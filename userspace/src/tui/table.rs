@@ -101,8 +101,10 @@ pub enum Grouping {
     /// One row per process, expandable to its threads.
     #[default]
     Process,
-    /// One row per cgroup (container), expandable to its processes.
+    /// One row per cgroup, expandable to its processes.
     Cgroup,
+    /// One row per container (or Kubernetes pod; `[host]` for the rest), expandable.
+    Container,
 }
 
 /// Identity of a line, stable across snapshots (selection and expansion follow it).
@@ -172,14 +174,18 @@ pub fn build_rows(processes: &[ProcessRow], opts: &ViewOptions<'_>) -> Vec<Table
     let mut out = Vec::with_capacity(selected.len());
     match opts.grouping {
         Grouping::Process => push_processes(&mut out, selected, 0, opts),
-        Grouping::Cgroup => {
-            let mut groups: BTreeMap<&str, Vec<&ProcessRow>> = BTreeMap::new();
+        Grouping::Cgroup | Grouping::Container => {
+            let mut groups: BTreeMap<String, Vec<&ProcessRow>> = BTreeMap::new();
             for p in selected {
-                groups.entry(p.cgroup.as_str()).or_default().push(p);
+                let key = match opts.grouping {
+                    Grouping::Container => crate::pipeline::rollup::container_key(p),
+                    _ => p.cgroup.clone(),
+                };
+                groups.entry(key).or_default().push(p);
             }
             let mut rows: Vec<(TableRow, Vec<&ProcessRow>)> = groups
                 .into_iter()
-                .map(|(cgroup, members)| (group_row(cgroup, &members, opts), members))
+                .map(|(key, members)| (group_row(&key, &members, opts), members))
                 .collect();
             rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
             for (row, members) in rows {

@@ -20,6 +20,8 @@ pub enum By {
     Cgroup,
     /// One row per command name: its processes summed.
     Command,
+    /// One row per container (or Kubernetes pod; `[host]` for the rest), from the cgroup.
+    Container,
     /// One row per function (self and total energy).
     Function,
 }
@@ -182,6 +184,7 @@ fn columns(report: &Report) -> Vec<String> {
         By::Thread => vec!["pid".into(), "tid".into(), "comm".into()],
         By::Cgroup => vec!["cgroup".into()],
         By::Command => vec!["command".into()],
+        By::Container => vec!["container".into()],
         By::Function => vec!["function".into(), "module".into()],
     };
     cols.push("cpu_s".to_string());
@@ -226,7 +229,7 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
             let ids = match report.by {
                 By::Process => 1,
                 By::Thread => 2,
-                By::Cgroup | By::Command | By::Function => 0,
+                By::Cgroup | By::Command | By::Container | By::Function => 0,
             };
             let mut c = vec![Cell::Text("-".into()); ids];
             c.push(Cell::Text(label.clone()));
