@@ -259,6 +259,12 @@ fn prometheus_scrapes_the_agent() {
         !sources.is_empty(),
         "modelled source not labelled estimated"
     );
+    // The model's static power is its idle power: identified, for every source.
+    let identified = query(&prom, "energy_bpf_static_identified", end);
+    assert!(
+        !identified.is_empty() && identified.iter().all(|(_, v)| *v == 1.0),
+        "static power identified: {identified:?}"
+    );
 
     // The busy process's share of active energy equals its share of busy CPU time.
     // Counters lag wall time by about a window; the machine is steady over the span, so

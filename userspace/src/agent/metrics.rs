@@ -65,6 +65,7 @@ struct State {
     process_watts: WattsFamily,
     container: JoulesFamily,
     source_info: Family<Labels, Gauge>,
+    static_identified: Family<Labels, Gauge>,
     series: Gauge,
     events: Family<Labels, Counter>,
     dropped: Family<Labels, Counter>,
@@ -94,6 +95,7 @@ impl Metrics {
         let process_watts = WattsFamily::default();
         let container = JoulesFamily::default();
         let source_info = Family::<Labels, Gauge>::default();
+        let static_identified = Family::<Labels, Gauge>::default();
         let series = Gauge::default();
         let events = Family::<Labels, Counter>::default();
         let dropped = Family::<Labels, Counter>::default();
@@ -131,6 +133,11 @@ impl Metrics {
             "energy_bpf_source_info",
             "Energy sources in use; estimated=\"true\" marks modelled energy",
             source_info.clone(),
+        );
+        registry.register(
+            "energy_bpf_static_identified",
+            "1 when a source's static power is known (given, calibrated, modelled or measured), 0 when it could not be identified: then process series include static power; run `energy-bpf calibrate` or pass --static-power-w",
+            static_identified.clone(),
         );
         registry.register(
             "energy_bpf_process_series",
@@ -206,6 +213,7 @@ impl Metrics {
                 process_watts,
                 container,
                 source_info,
+                static_identified,
                 series,
                 events,
                 dropped,
@@ -297,6 +305,16 @@ impl Metrics {
             alive,
         );
         s.source_info.clear();
+        s.static_identified.clear();
+        for src in &w.analysis.attribution.sources {
+            let unknown = matches!(
+                src.static_origin,
+                crate::attribute::StaticOrigin::Unidentified { .. }
+            );
+            s.static_identified
+                .get_or_create(&vec![("source", src.name.clone())])
+                .set(i64::from(!unknown));
+        }
         let packages = |d: i32| w.analysis.sources.iter().filter(|s| s.domain == d).count();
         for src in &w.analysis.sources {
             let zone = domain_name(src.domain());
