@@ -11,7 +11,7 @@ mod client;
 mod convert;
 mod server;
 
-pub use client::connect;
+pub use client::{connect, read_frame};
 pub use convert::{MAX_FRAME_BYTES, decode, encode};
 pub use server::{MAX_CLIENTS, Server};
 
