@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::rows::{ProcessRow, ThreadRow};
 use crate::{
-    attribute::{Attribution, PerDomain, ThreadEnergy, ci::estimate_samples, split::ThreadKey},
+    attribute::{Attribution, PerDomain, ThreadEnergy, split::ThreadKey},
     pb::v1::{ProcessEvent, Sample, ThreadInfo, process_event::Kind},
     timeline::{IDLE_TID, Timeline, UNKNOWN_TID},
 };
@@ -151,11 +151,9 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
             let mut e_proc = PerDomain::default();
             let mut by_cpu: BTreeMap<u32, u64> = BTreeMap::new();
             let mut cgroup_id = 0;
-            let mut members: HashSet<ThreadKey> = HashSet::new();
             let mut thread_rows: Vec<ThreadRow> = threads
                 .into_iter()
                 .map(|(tid, f)| {
-                    members.insert((pid, tid));
                     let te = energy.get(&(pid, tid));
                     let part = part_of(pid, instance, tid, f.cpu_ns);
                     let e = te.map(|t| scale(&t.energy, part)).unwrap_or_default();
@@ -191,18 +189,6 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                     .then(a.tid.cmp(&b.tid))
             });
             let headline = attr.headline_uj(&e_proc);
-            // Whole threads carry no sampling error (attribute::ci); the interval comes
-            // from the samples of the pid's threads and is shifted onto this instance's
-            // energy, scaled by its part of that energy.
-            let est = estimate_samples(attr, &attr.headline, |i| {
-                members.contains(&attr.sample_thread[i])
-            });
-            let part = if est.energy_uj > 0.0 {
-                (headline / est.energy_uj).min(1.0)
-            } else {
-                1.0
-            };
-            let (lo, hi) = (est.lo_uj - est.energy_uj, est.hi_uj - est.energy_uj);
             let main = input.threads.get(&pid);
             let comm = main
                 .map(|i| i.comm.clone())
@@ -236,10 +222,10 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                 energy_j: e_proc.joules_by_name(),
                 power_w: headline * 1e-6 / secs,
                 share: if total > 0.0 { headline / total } else { 0.0 },
-                ci_j: [
-                    ((headline + lo * part) * 1e-6).max(0.0),
-                    (headline + hi * part) * 1e-6,
-                ],
+                // Whole threads carry no sampling error (attribute::ci: a stratum that is
+                // all in or all out of the group adds no variance), so neither do whole
+                // processes; intervals matter for functions, which sample stacks.
+                ci_j: [headline * 1e-6; 2],
                 threads: thread_rows,
                 cpu_share: cpu_ids
                     .iter()
