@@ -176,7 +176,7 @@ impl Exporter {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             if !self.queue.dropping.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "OTLP export is behind: dropping the oldest windows (queue of {}); counted in energy_bpf_export_dropped_total",
+                    "OTLP export is behind: dropping the oldest windows (queue of {}); counted in energy_bpf_export_total{{outcome=\"dropped\"}}",
                     self.capacity
                 );
             }

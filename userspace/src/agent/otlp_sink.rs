@@ -23,9 +23,6 @@ use crate::{
     symbolize::Symbolizer,
 };
 
-/// Profiles symbolized by one symbolizer before it is replaced (and its caches freed).
-const SYMBOLIZER_JOBS: usize = 6;
-
 /// One profile's worth of windows, on its way to the encoding thread.
 struct Job {
     rec: Recording,
@@ -66,15 +63,13 @@ impl OtlpSink {
         std::thread::Builder::new()
             .name("energy-bpf-otlp".into())
             .spawn(move || {
-                let fresh = || Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
-                let mut symbolizer = fresh();
-                for (n, job) in rx.into_iter().enumerate() {
-                    // The symbolizer caches every binary it opened; starting it afresh now
-                    // and then bounds that by what a few profiles touch, on a machine
-                    // whose processes come and go for months.
-                    if n % SYMBOLIZER_JOBS == SYMBOLIZER_JOBS - 1 {
-                        symbolizer = fresh();
-                    }
+                for job in rx {
+                    // The symbolizer caches every binary it opens: one per profile bounds
+                    // the agent's memory by what a single profile's binaries need, on a
+                    // machine whose processes come and go for months (keeping one for six
+                    // profiles let RSS climb by ~100 MiB where binaries carry large debug
+                    // info), at the price of reopening them every --profile-interval.
+                    let mut symbolizer = Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
                     let profile =
                         profile::build(&job.rec, &job.weights, &mut symbolizer, &Filter::default());
                     let ids = job.container_ids;
