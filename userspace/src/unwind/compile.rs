@@ -7,7 +7,10 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, ReaderOffset,
     RegisterRule, UnwindContext, UnwindSection, UnwindTableRow, X86_64,
 };
-use object::{Architecture, Object, ObjectSection, ReadCache, ReadRef, SectionFlags, SectionKind};
+use object::{
+    Architecture, Object, ObjectSection, ObjectSegment, ReadCache, ReadRef, SectionFlags,
+    SectionKind, SegmentFlags,
+};
 
 use super::{
     MAX_ROWS, MAX_SECTION_BYTES, TableStats, UnwindError, UnwindRow, UnwindTable, unwind_kind,
@@ -326,4 +329,35 @@ fn compile_row<T: ReaderOffset>(row: &UnwindTableRow<T>, in_plt: bool, signal: b
         cfa_reg,
         kind,
     }
+}
+
+/// A loadable segment: where file bytes land in the file's virtual address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub file_offset: u64,
+    pub file_size: u64,
+    pub vaddr: u64,
+    /// `PF_X`: a mapping of this segment holds code.
+    pub executable: bool,
+}
+
+/// The `PT_LOAD` segments of the ELF file at `path`, to turn a mapping's file offset into
+/// the virtual addresses the rows use.
+pub fn load_segments(path: &Path) -> Result<Vec<Segment>, UnwindError> {
+    with_file(path, |obj| {
+        Ok(obj
+            .segments()
+            .map(|s| {
+                let (file_offset, file_size) = s.file_range();
+                let executable = matches!(s.flags(), SegmentFlags::Elf { p_flags }
+                    if p_flags & object::elf::PF_X != 0);
+                Segment {
+                    file_offset,
+                    file_size,
+                    vaddr: s.address(),
+                    executable,
+                }
+            })
+            .collect())
+    })
 }

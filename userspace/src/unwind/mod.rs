@@ -7,7 +7,10 @@
 //! saved. Rules the walker cannot follow are kept as marked rows (PLT stubs, signal
 //! trampolines, expressions) so it knows to fall back instead of guessing.
 //!
-//! Tables are built once per file and cached on disk by build-id ([`cache`]).
+//! Tables are built once per file and cached on disk by build-id ([`cache`]). [`process`]
+//! lays them out as the sampler will read them (a shared, bounded row arena and per-process
+//! mapping entries with load biases); [`walk`] is the walk itself in plain Rust, the
+//! reference the eBPF walker is to follow step for step (not wired into the sampler yet).
 //!
 //! Every input is bounded (these are outside bytes, and the tables end up in BPF maps):
 //! - a CFI section larger than [`MAX_SECTION_BYTES`] is refused;
@@ -17,11 +20,15 @@
 
 pub mod cache;
 mod compile;
+pub mod process;
 #[cfg(test)]
 mod tests;
+pub mod walk;
+#[cfg(test)]
+mod walk_tests;
 
 pub use cache::{CacheError, TableSource, UnwindCache};
-pub use compile::{compile_eh_frame, compile_elf, compile_file};
+pub use compile::{Segment, compile_eh_frame, compile_elf, compile_file, load_segments};
 pub use energy_bpf_abi::{UnwindRow, unwind_kind, unwind_reg};
 
 use std::path::PathBuf;
