@@ -20,6 +20,8 @@
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
+//! - [`unwind`]: `.eh_frame`/`.debug_frame` compiled into unwind rows for the stack
+//!   walker, cached on disk by build-id.
 //! - [`profile`]: the one typed profile model every output reads.
 //! - [`output`]: exporters (SVG, collapsed, pprof, speedscope) and report tables.
 
@@ -42,6 +44,7 @@ pub mod remote;
 pub mod symbolize;
 pub mod timeline;
 pub mod tui;
+pub mod unwind;
 
 /// Generated protobuf types.
 pub mod pb {

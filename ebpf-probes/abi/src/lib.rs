@@ -157,6 +157,52 @@ pub mod counter {
     pub const COUNT: u32 = 5;
 }
 
+/// Kinds of [`UnwindRow`]: how the walker treats a PC that falls in the row.
+pub mod unwind_kind {
+    /// CFA = `cfa_reg` + `cfa_offset`; return address at CFA-8; rbp per `rbp_offset`.
+    pub const NORMAL: u8 = 0;
+    /// The return address is undefined here (`_start`, thread entry): the stack ends.
+    pub const END_OF_STACK: u8 = 1;
+    /// A PLT stub: the CFA is `rsp + 8`, plus 8 more when `(pc & 15) >= 11` (the expression
+    /// binutils and lld emit for `.plt`), which the walker computes instead of DWARF.
+    pub const PLT: u8 = 2;
+    /// A signal trampoline (CIE augmentation `S`): the caller's registers are in the
+    /// `ucontext` on the stack, not at CFA offsets.
+    pub const SIGNAL: u8 = 3;
+    /// A rule the walker cannot follow (CFA or register expressions, CFA in a register other
+    /// than rsp/rbp, offsets out of range): fall back to frame pointers or stop.
+    pub const UNSUPPORTED: u8 = 4;
+    /// No FDE covers this PC (a gap between functions, or past the last one).
+    pub const NO_INFO: u8 = 5;
+}
+
+/// `UnwindRow::cfa_reg` values: x86_64 DWARF register numbers (System V psABI, Fig. 3.36).
+pub mod unwind_reg {
+    /// DWARF register 6.
+    pub const RBP: u8 = 6;
+    /// DWARF register 7.
+    pub const RSP: u8 = 7;
+}
+
+/// One row of a compiled unwind table: the rule for every PC from `pc` up to the next
+/// row's `pc`. Rows of one file are sorted by `pc` (ELF virtual addresses), so the walker
+/// finds a PC's row by binary search. 16 bytes, so a table costs 16 bytes per row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnwindRow {
+    /// First PC (ELF virtual address in the file) the row covers.
+    pub pc: u64,
+    /// CFA = `cfa_reg` + `cfa_offset` (x86_64 return address at CFA-8).
+    pub cfa_offset: i32,
+    /// The caller's rbp is saved at CFA + `rbp_offset`; 0 means rbp is unchanged (a saved
+    /// register is always below the CFA, so 0 is never a real slot).
+    pub rbp_offset: i16,
+    /// One of [`unwind_reg`].
+    pub cfa_reg: u8,
+    /// One of [`unwind_kind`].
+    pub kind: u8,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of them are #[repr(C)] with only integer fields and explicit padding, so
@@ -168,6 +214,8 @@ mod pod {
     unsafe impl aya::Pod for super::SampleEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindRow {}
 }
 
 /// Turns a NUL-padded `comm` into a string slice (lossy on invalid UTF-8 is the caller's job).
@@ -179,3 +227,4 @@ pub fn comm_bytes(comm: &[u8; COMM_LEN]) -> &[u8] {
 const _: () = assert!(core::mem::size_of::<SwitchEvent>() == 40);
 const _: () = assert!(core::mem::offset_of!(SwitchEvent, activity) == 32);
 const _: () = assert!(core::mem::offset_of!(SwitchBatch, events) == SWITCH_BATCH_HEADER);
+const _: () = assert!(core::mem::size_of::<UnwindRow>() == 16);

@@ -1,0 +1,265 @@
+//! Compiled tables cached on disk by build-id, so each file is compiled once per machine.
+//!
+//! One file per build-id, `<hex build-id>.unw`: a 48-byte header, the rows (16 bytes each,
+//! little-endian) and a CRC32C of everything before it. The directory is private (0700,
+//! owned by us, refused when others may write to it: these rows end up in BPF maps that
+//! steer kernel memory reads), files are 0600 and written by rename, so a reader never sees
+//! half a file. A damaged or foreign file is ignored and rebuilt. Files without a build-id
+//! are compiled every time: nothing identifies their content.
+
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::{MAX_ROWS, ROW_BYTES, TableStats, UnwindError, UnwindRow, UnwindTable, unwind_kind};
+
+const MAGIC: &[u8; 8] = b"EBPFUNW1";
+/// Bumped whenever the compiler's output for the same input changes.
+const VERSION: u32 = 1;
+/// magic, version, pad, rows, fdes, skipped, text_bytes.
+const HEADER: usize = 48;
+/// Longest build-id taken as a file name (GNU build-ids are 20 bytes; 64 is generous).
+const MAX_BUILD_ID: usize = 64;
+/// Largest cache file [`decode`] accepts.
+pub const MAX_FILE_BYTES: usize = HEADER + MAX_ROWS * ROW_BYTES + 4;
+
+/// Why the cache could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cannot create or read the unwind cache directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unwind cache directory {path} is not private (mode {mode:o}, owner {uid})")]
+    InsecureDir { path: PathBuf, mode: u32, uid: u32 },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Compile(#[from] UnwindError),
+}
+
+/// Why bytes are not a cache file.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("{len} bytes: not a cache file of this version")]
+    Header { len: usize },
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("row {index} is out of order or of unknown kind")]
+    Row { index: usize },
+}
+
+/// Where a table came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableSource {
+    /// Read from the cache.
+    Cached,
+    /// Compiled now and stored.
+    Built,
+    /// Compiled now, not stored: the file has no build-id.
+    Uncached,
+}
+
+/// The cache directory.
+#[derive(Clone, Debug)]
+pub struct UnwindCache {
+    dir: PathBuf,
+}
+
+impl UnwindCache {
+    /// `$XDG_CACHE_HOME/energy-bpf/unwind`, else `/var/cache/energy-bpf/unwind` for root,
+    /// else `~/.cache/energy-bpf/unwind`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let sub = "energy-bpf/unwind";
+        if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
+            return Some(PathBuf::from(x).join(sub));
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            return Some(PathBuf::from("/var/cache").join(sub));
+        }
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join(sub))
+    }
+
+    /// Opens (creating, mode 0700) the cache at `dir`.
+    pub fn open(dir: impl Into<PathBuf>) -> Result<Self, CacheError> {
+        let dir = dir.into();
+        let err = |source| CacheError::Dir {
+            path: dir.clone(),
+            source,
+        };
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(err)?;
+        let meta = fs::metadata(&dir).map_err(err)?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != me || meta.mode() & 0o022 != 0 {
+            return Err(CacheError::InsecureDir {
+                path: dir,
+                mode: meta.mode() & 0o7777,
+                uid: meta.uid(),
+            });
+        }
+        Ok(Self { dir })
+    }
+
+    /// The table of the ELF file at `path`: from the cache when its build-id is there,
+    /// else compiled (and stored when it has a build-id).
+    pub fn table(&self, path: &Path) -> Result<(UnwindTable, TableSource), CacheError> {
+        let mut cached = None;
+        let (id, built) = super::compile::build_id_and_table(path, |id| {
+            if id.is_empty() || id.len() > MAX_BUILD_ID {
+                return true;
+            }
+            cached = self.load(id);
+            cached.is_none()
+        })?;
+        if let Some(table) = cached {
+            return Ok((table, TableSource::Cached));
+        }
+        // `want` asked for a table whenever there was no cached one.
+        let table = built.unwrap_or_default();
+        if id.is_empty() || id.len() > MAX_BUILD_ID {
+            return Ok((table, TableSource::Uncached));
+        }
+        self.store(&id, &table)?;
+        Ok((table, TableSource::Built))
+    }
+
+    /// The cache file of `build_id`.
+    pub fn path_for(&self, build_id: &[u8]) -> PathBuf {
+        let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
+        self.dir.join(format!("{hex}.unw"))
+    }
+
+    /// The cached table of `build_id`, or `None` when absent or damaged.
+    pub fn load(&self, build_id: &[u8]) -> Option<UnwindTable> {
+        let file = fs::File::open(self.path_for(build_id)).ok()?;
+        let mut bytes = Vec::new();
+        // One byte over the cap, so an oversized file is seen as such, not truncated.
+        file.take(MAX_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        decode(&bytes).ok()
+    }
+
+    /// Stores `table` under `build_id` (0600, atomically).
+    pub fn store(&self, build_id: &[u8], table: &UnwindTable) -> Result<(), CacheError> {
+        let path = self.path_for(build_id);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let err = |source| CacheError::Write {
+            path: path.clone(),
+            source,
+        };
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err)?;
+        let written = f
+            .write_all(&encode(table))
+            .and_then(|()| fs::rename(&tmp, &path));
+        if let Err(e) = written {
+            // Best effort: a stale temporary file is harmless, the error is what matters.
+            let _ = fs::remove_file(&tmp);
+            return Err(err(e));
+        }
+        Ok(())
+    }
+}
+
+/// The cache file bytes of `table`.
+pub fn encode(table: &UnwindTable) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + table.rows.len() * ROW_BYTES + 4);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for v in [
+        table.rows.len() as u64,
+        table.stats.fdes,
+        table.stats.skipped,
+        table.stats.text_bytes,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for r in &table.rows {
+        out.extend_from_slice(&r.pc.to_le_bytes());
+        out.extend_from_slice(&r.cfa_offset.to_le_bytes());
+        out.extend_from_slice(&r.rbp_offset.to_le_bytes());
+        out.extend_from_slice(&[r.cfa_reg, r.kind]);
+    }
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+fn le<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut a = [0u8; N];
+    if let Some(s) = b.get(at..at + N) {
+        a.copy_from_slice(s);
+    }
+    a
+}
+
+/// Parses a cache file, bounded by [`MAX_FILE_BYTES`]; the rows must be sorted (the
+/// walker's binary search depends on it) and of known kinds.
+pub fn decode(bytes: &[u8]) -> Result<UnwindTable, DecodeError> {
+    let header = DecodeError::Header { len: bytes.len() };
+    if bytes.len() < HEADER + 4 || bytes.len() > MAX_FILE_BYTES || &bytes[..8] != MAGIC {
+        return Err(header);
+    }
+    if u32::from_le_bytes(le(bytes, 8)) != VERSION {
+        return Err(header);
+    }
+    let rows = u64::from_le_bytes(le(bytes, 16));
+    let n = usize::try_from(rows)
+        .ok()
+        .filter(|&n| n <= MAX_ROWS)
+        .ok_or(header.clone())?;
+    if bytes.len() != HEADER + n * ROW_BYTES + 4 {
+        return Err(header);
+    }
+    let body = bytes.len() - 4;
+    if crc32c::crc32c(&bytes[..body]) != u32::from_le_bytes(le(bytes, body)) {
+        return Err(DecodeError::Checksum);
+    }
+    let mut out = Vec::with_capacity(n);
+    for index in 0..n {
+        let at = HEADER + index * ROW_BYTES;
+        let r = UnwindRow {
+            pc: u64::from_le_bytes(le(bytes, at)),
+            cfa_offset: i32::from_le_bytes(le(bytes, at + 8)),
+            rbp_offset: i16::from_le_bytes(le(bytes, at + 12)),
+            cfa_reg: bytes[at + 14],
+            kind: bytes[at + 15],
+        };
+        if r.kind > unwind_kind::NO_INFO || out.last().is_some_and(|p: &UnwindRow| p.pc >= r.pc) {
+            return Err(DecodeError::Row { index });
+        }
+        out.push(r);
+    }
+    let stats = TableStats {
+        rows,
+        fdes: u64::from_le_bytes(le(bytes, 24)),
+        skipped: u64::from_le_bytes(le(bytes, 32)),
+        unsupported_rows: out
+            .iter()
+            .filter(|r| r.kind == unwind_kind::UNSUPPORTED)
+            .count() as u64,
+        plt_rows: out.iter().filter(|r| r.kind == unwind_kind::PLT).count() as u64,
+        text_bytes: u64::from_le_bytes(le(bytes, 40)),
+    };
+    Ok(UnwindTable { rows: out, stats })
+}

@@ -1,0 +1,159 @@
+//! Tables laid out the way the sampler will read them: every file's rows in one shared,
+//! bounded row arena (a file loaded by many processes is stored once), and per process a
+//! short list of executable mappings, each pointing at its file's slice of the arena with
+//! the bias that turns a runtime PC into the file's virtual address.
+
+use std::collections::HashMap;
+
+use super::compile::{Segment, load_segments};
+use super::{UnwindCache, UnwindRow, unwind_kind};
+
+/// Most executable mappings kept per process; the walker scans them linearly. Programs
+/// beyond it (hundreds of shared objects) keep their first ones and count the rest.
+pub const MAX_MAPPINGS: usize = 64;
+
+/// Why a process's table could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("cannot read the mappings of process {tgid}")]
+    Maps {
+        tgid: u32,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One executable mapping: PCs in `[start, end)` use rows
+/// `arena[row_start..row_start + row_count]`, looked up at `pc - bias`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappingEntry {
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address minus ELF virtual address (wrapping).
+    pub bias: u64,
+    pub row_start: u32,
+    pub row_count: u32,
+}
+
+/// The shared row arena, bounded by `capacity` rows (the BPF array's size).
+#[derive(Debug)]
+pub struct RowArena {
+    rows: Vec<UnwindRow>,
+    /// Slice of each file already stored, by build-id (or path when it has none).
+    files: HashMap<Vec<u8>, (u32, u32)>,
+    capacity: usize,
+    /// Files that did not fit.
+    pub full: u64,
+}
+
+impl RowArena {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            rows: Vec::new(),
+            files: HashMap::new(),
+            capacity,
+            full: 0,
+        }
+    }
+
+    pub fn rows(&self) -> &[UnwindRow] {
+        &self.rows
+    }
+
+    /// The rows of `entry`, empty when they are out of range.
+    pub fn slice(&self, entry: &MappingEntry) -> &[UnwindRow] {
+        let start = entry.row_start as usize;
+        self.rows
+            .get(start..start + entry.row_count as usize)
+            .unwrap_or_default()
+    }
+
+    /// Stores a file's rows once; `None` when the arena has no room left.
+    pub fn insert(&mut self, key: &[u8], rows: &[UnwindRow]) -> Option<(u32, u32)> {
+        if let Some(&slice) = self.files.get(key) {
+            return Some(slice);
+        }
+        if self.rows.len() + rows.len() > self.capacity {
+            self.full += 1;
+            return None;
+        }
+        let slice = (
+            u32::try_from(self.rows.len()).ok()?,
+            u32::try_from(rows.len()).ok()?,
+        );
+        self.rows.extend_from_slice(rows);
+        self.files.insert(key.to_vec(), slice);
+        Some(slice)
+    }
+}
+
+/// The bias of an executable mapping of `file_offset` at `start`: from the executable
+/// segment holding that offset. Mappings start on a page, segments need not (`p_offset`
+/// 0x64e880 is mapped from file offset 0x64e000), and the page before an executable
+/// segment's start usually also belongs to the read-only segment before it, so only
+/// executable segments are considered, from their page-aligned start.
+pub fn mapping_bias(segments: &[Segment], start: u64, file_offset: u64) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let seg = segments.iter().filter(|s| s.executable).find(|s| {
+        file_offset >= s.file_offset & !(PAGE - 1)
+            && file_offset < s.file_offset.saturating_add(s.file_size)
+    })?;
+    // vaddr and file offset are congruent modulo the page size, so the segment's own
+    // vaddr - offset holds for the whole mapping.
+    Some(
+        start.wrapping_sub(
+            seg.vaddr
+                .wrapping_sub(seg.file_offset)
+                .wrapping_add(file_offset),
+        ),
+    )
+}
+
+/// Mapping entries for process `tgid`, sorted by start, with their files' rows added to
+/// `arena` (compiled or read from `cache`). Files that fail to parse are skipped: their
+/// PCs fall back to frame pointers.
+pub fn process_entries(
+    tgid: u32,
+    cache: &UnwindCache,
+    arena: &mut RowArena,
+) -> Result<Vec<MappingEntry>, ProcessError> {
+    let maps = crate::symbolize::process_mappings(tgid, 0)
+        .map_err(|source| ProcessError::Maps { tgid, source })?;
+    let mut out = Vec::new();
+    for m in maps.iter().take(MAX_MAPPINGS) {
+        // The path as the process sees it: through its root, for containers.
+        let path = std::path::PathBuf::from(format!("/proc/{tgid}/root{}", m.path));
+        let Ok(segments) = load_segments(&path) else {
+            continue;
+        };
+        let Some(bias) = mapping_bias(&segments, m.start, m.file_offset) else {
+            continue;
+        };
+        // Build-id and path together: the recorder's build-id reader takes any note for
+        // one (a SystemTap note is shared by every libstdc++ user), so alone it could
+        // merge two different files.
+        let mut key = m.build_id.clone();
+        key.extend_from_slice(m.path.as_bytes());
+        let Ok((table, _)) = cache.table(&path) else {
+            continue;
+        };
+        let Some((row_start, row_count)) = arena.insert(&key, &table.rows) else {
+            continue;
+        };
+        out.push(MappingEntry {
+            start: m.start,
+            end: m.end,
+            bias,
+            row_start,
+            row_count,
+        });
+    }
+    out.sort_by_key(|e| e.start);
+    Ok(out)
+}
+
+/// The row for `pc` (a file virtual address) in one file's sorted rows; `None` for gaps.
+pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<&UnwindRow> {
+    let i = rows.partition_point(|r| r.pc <= pc).checked_sub(1)?;
+    rows.get(i).filter(|r| r.kind != unwind_kind::NO_INFO)
+}
