@@ -295,7 +295,7 @@ pub fn snapshot(w: &Window, sample_hz: u32) -> Snapshot {
             source: source_label(&w.analysis.sources),
             estimated: w.totals.estimated,
             sample_hz,
-            lost_events: l.switch_dropped + l.sample_dropped + l.process_dropped,
+            lost_events: crate::record::lost_events(l),
             cpus: w.analysis.timeline.cpus.len() as u32,
         },
         totals: w.totals.clone(),

@@ -166,9 +166,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             losses,
         })
         .context("finishing the recording")?;
-    let lost = losses
-        .map(|l| l.switch_dropped + l.sample_dropped + l.process_dropped)
-        .unwrap_or(0);
+    let lost = losses.map(|l| crate::record::lost_events(&l)).unwrap_or(0);
     eprintln!(
         "energy-bpf: recorded {:.1} s to {} ({} KiB, stopped by {stop_reason}, {lost} events lost)",
         (end_ns - header.start_ns) as f64 / 1e9,

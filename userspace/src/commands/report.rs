@@ -21,7 +21,6 @@ use crate::{
         functions,
         table::{self, By, EnergyCell, Format, RenderOptions, Report, ReportRow, RowKey},
     },
-    pb::v1::LossCounters,
     pipeline::{self, Config, ProcessRow, Totals},
     profile::Filter,
     record::Recording,
@@ -103,7 +102,7 @@ impl RecordingFacts {
     fn of(rec: &Recording) -> Self {
         let l = &rec.losses;
         Self {
-            lost_events: lost_events(l),
+            lost_events: crate::record::lost_events(l),
             truncated: rec.truncated,
             damage: rec.damage.to_json(),
             losses: Losses {
@@ -115,11 +114,6 @@ impl RecordingFacts {
             },
         }
     }
-}
-
-/// Events lost in the kernel (ring buffer full), all kinds.
-pub fn lost_events(l: &LossCounters) -> u64 {
-    l.switch_dropped + l.sample_dropped + l.process_dropped
 }
 
 /// One window as JSON prints it: its bounds, its machine-wide figures and its process rows
@@ -325,7 +319,7 @@ fn report(
             totals.idle_j.max(0.0),
         ),
         format!("activity: {}", totals.activity.label()),
-        format!("{} events lost", lost_events(&rec.losses)),
+        format!("{} events lost", crate::record::lost_events(&rec.losses)),
     ];
     let mut notes = notes;
     notes.extend(crate::attribute::static_power::describe(&attr.sources));

@@ -88,11 +88,3 @@ pub struct ProcessRow {
 fn is_zero(v: &u32) -> bool {
     *v == 0
 }
-
-impl ProcessRow {
-    /// Headline energy of the window, J: the sum of [`Self::energy_j`] over the domains that
-    /// do not overlap (see [`crate::attribute::Attribution::headline_uj`]).
-    pub fn headline_j(&self, headline: &[&str]) -> f64 {
-        headline.iter().filter_map(|d| self.energy_j.get(d)).sum()
-    }
-}

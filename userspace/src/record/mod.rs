@@ -45,6 +45,11 @@ pub const FORMAT_VERSION: u32 = 3;
 /// The oldest version this reader still reads (version 1: switch events as messages).
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
+/// Events the kernel lost (ring buffer full), all kinds: what every output reports.
+pub fn lost_events(l: &LossCounters) -> u64 {
+    l.switch_dropped + l.sample_dropped + l.process_dropped
+}
+
 /// Records newer facts about a thread, keeping the process start time and command line
 /// from earlier sightings when the newer info lacks them (only a process's first sighting
 /// reads /proc).
