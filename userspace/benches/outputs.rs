@@ -127,6 +127,7 @@ fn recording() -> Recording {
             cgroup_id: 1,
             kernel_stack: kernel.clone(),
             user_stack: user.clone(),
+            ..Sample::default()
         });
     }
     rec

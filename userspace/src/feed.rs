@@ -40,6 +40,8 @@ pub struct LiveConfig {
     pub attribute: Options,
     /// The activity counter to weigh runs by.
     pub activity: ActivityEvent,
+    /// How user stacks are walked.
+    pub unwind: crate::capture::UnwindMode,
     /// Size of the stack-sample ring buffer (`None`: the probes' default).
     pub sample_ring_bytes: Option<u32>,
 }
@@ -84,8 +86,13 @@ pub struct Capture {
 impl Capture {
     /// Loads the probes, starts the energy reader and opens the first window now.
     pub fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
-        let probes = Probes::start_sized(cfg.sample_hz, cfg.activity, cfg.sample_ring_bytes)
-            .context("cannot start capture")?;
+        let probes = Probes::start_sized(
+            cfg.sample_hz,
+            cfg.activity,
+            cfg.unwind,
+            cfg.sample_ring_bytes,
+        )
+        .context("cannot start capture")?;
         let cpus = energy::topology::of(&cfg.energy.sysfs_root, probes.cpus());
         let energy = energy::start(&cfg.energy, &cpus).context("cannot start energy readings")?;
         let header = host::header(cpus.clone(), cfg.sample_hz as u32, Vec::new());

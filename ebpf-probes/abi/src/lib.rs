@@ -99,8 +99,9 @@ pub struct SampleEvent {
     pub kernel_depth: u32,
     /// Number of valid entries in `user_stack` (0 for kernel threads or on error).
     pub user_depth: u32,
-    /// Explicit padding so the layout has no holes.
-    pub _pad: u32,
+    /// How the user stack was walked: [`unwind_method`] in the low byte, the walk's
+    /// [`unwind_stop`] in the next, [`unwind_flags`] above.
+    pub unwind: u32,
     /// Command name of the sampled task.
     pub comm: [u8; COMM_LEN],
     /// Kernel return addresses, innermost first.
@@ -155,6 +156,79 @@ pub mod counter {
     pub const IDLE_SAMPLES: u32 = 4;
     /// Number of counters.
     pub const COUNT: u32 = 5;
+}
+
+/// How a sample's user stack was walked (low byte of [`SampleEvent::unwind`]).
+pub mod unwind_method {
+    /// Frame pointers, by the kernel (`bpf_get_stack`).
+    pub const FP: u32 = 0;
+    /// The table walker: rows from `.eh_frame`, a frame-pointer step where a PC has none.
+    pub const DWARF: u32 = 1;
+}
+
+/// Why a user stack walk ended, or why the table walker did not run (second byte of
+/// [`SampleEvent::unwind`]).
+pub mod unwind_stop {
+    /// Frame-pointer mode: the table walker is off.
+    pub const OFF: u32 = 0;
+    /// A row with an undefined return address (`_start`, thread entry) or a zero one: the
+    /// whole stack was walked.
+    pub const END_OF_STACK: u32 = 1;
+    /// No row for the PC and no usable frame pointer.
+    pub const NO_TABLE: u32 = 2;
+    /// The CFA or frame pointer did not move up the stack.
+    pub const BAD_CFA: u32 = 3;
+    /// A rule the walker cannot follow (expression, signal frame).
+    pub const UNSUPPORTED: u32 = 4;
+    /// Reading the stack faulted (a page not present, or a wrong CFA).
+    pub const READ_FAULT: u32 = 5;
+    /// [`super::MAX_STACK_DEPTH`] frames were taken.
+    pub const DEPTH_LIMIT: u32 = 6;
+    /// Frame pointers were used: the process has no tables loaded (yet).
+    pub const NO_PROCESS: u32 = 7;
+    /// Frame pointers were used: the timer fired in the kernel, where the sample's
+    /// registers are the kernel's.
+    pub const IN_KERNEL: u32 = 8;
+    /// Frame pointers were used: the chain of walker programs could not continue.
+    pub const TAIL_CALL: u32 = 9;
+}
+
+/// Bits of [`SampleEvent::unwind`] above the method and stop bytes.
+pub mod unwind_flags {
+    /// A PC lay in no mapping the process's table knows: it mapped code since its tables
+    /// were loaded (`dlopen`, JIT), so userspace reloads them.
+    pub const UNMAPPED_PC: u32 = 1 << 16;
+}
+
+/// Executable mappings the walker keeps per process ([`UnwindProcess::maps`]); a process
+/// with more keeps the first ones and walks the others by frame pointers.
+pub const UNWIND_MAPPINGS: usize = 16;
+
+/// Rows in the walker's shared row array (16 MiB of kernel memory at 16 bytes a row).
+pub const UNWIND_ROWS: u32 = 1 << 20;
+
+/// One executable mapping of a process in the walker's table: PCs in `[start, end)` use rows
+/// `row_start..row_start + row_count` of the shared row array, looked up at `pc - bias`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address minus ELF virtual address (wrapping).
+    pub bias: u64,
+    pub row_start: u32,
+    pub row_count: u32,
+}
+
+/// A process's executable mappings, sorted by start (map `UNWIND_PROCS`, keyed by tgid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct UnwindProcess {
+    /// Valid entries of `maps`.
+    pub count: u32,
+    /// Explicit padding so the layout has no holes.
+    pub _pad: u32,
+    pub maps: [UnwindMapping; UNWIND_MAPPINGS],
 }
 
 /// Kinds of [`UnwindRow`]: how the walker treats a PC that falls in the row.
@@ -216,6 +290,10 @@ mod pod {
     unsafe impl aya::Pod for super::ProcEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UnwindRow {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindMapping {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindProcess {}
 }
 
 /// Turns a NUL-padded `comm` into a string slice (lossy on invalid UTF-8 is the caller's job).
@@ -228,3 +306,5 @@ const _: () = assert!(core::mem::size_of::<SwitchEvent>() == 40);
 const _: () = assert!(core::mem::offset_of!(SwitchEvent, activity) == 32);
 const _: () = assert!(core::mem::offset_of!(SwitchBatch, events) == SWITCH_BATCH_HEADER);
 const _: () = assert!(core::mem::size_of::<UnwindRow>() == 16);
+const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
+const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * UNWIND_MAPPINGS);

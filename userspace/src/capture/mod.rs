@@ -11,9 +11,10 @@ pub mod btf;
 pub mod host;
 mod probes;
 pub mod session;
+pub mod unwinder;
 
 pub use activity::ActivityEvent;
-pub use probes::{CaptureError, Comm, Event, Probes, comm_string, sample_ring_bytes};
+pub use probes::{CaptureError, Comm, Event, Probes, UnwindMode, comm_string, sample_ring_bytes};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
 pub(crate) static PROBES_OBJECT: &[u8] =

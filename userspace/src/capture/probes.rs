@@ -4,7 +4,7 @@ use std::{collections::HashMap, path::Path, thread, time::Duration};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         BtfTracePoint, PerfEvent,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -12,12 +12,13 @@ use aya::{
 };
 use energy_bpf_abi::{
     ProcEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER, SampleEvent, SwitchBatch, SwitchEvent,
-    comm_bytes, counter, proc_kind, switch_flags,
+    comm_bytes, counter, proc_kind, switch_flags, unwind_method, unwind_stop,
 };
 
 use super::{
     activity::{ActivityCounters, ActivityError, ActivityEvent},
     btf, host,
+    unwinder::{UnwindStats, Unwinder},
 };
 use crate::pb::v1::{self as pb, process_event::Kind};
 
@@ -52,6 +53,37 @@ pub enum CaptureError {
     /// The activity counter asked for could not be opened or installed.
     #[error(transparent)]
     Activity(#[from] ActivityError),
+    /// `--unwind dwarf` was asked for and the table walker could not be set up.
+    #[error(
+        "the eBPF table walker for --unwind dwarf could not be set up: {0}; \
+         use --unwind fp (frame pointers) or --unwind auto (falls back to them)"
+    )]
+    Unwind(String),
+}
+
+/// How user stacks are walked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnwindMode {
+    /// Frame pointers only, by the kernel (`bpf_get_stack`).
+    Fp,
+    /// Unwind tables from `.eh_frame` where a process has them, frame pointers elsewhere;
+    /// an error when the kernel refuses the table walker.
+    Dwarf,
+    /// [`UnwindMode::Dwarf`] where the kernel takes the table walker, else
+    /// [`UnwindMode::Fp`] with a warning.
+    #[default]
+    Auto,
+}
+
+impl UnwindMode {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnwindMode::Fp => "fp",
+            UnwindMode::Dwarf => "dwarf",
+            UnwindMode::Auto => "auto",
+        }
+    }
 }
 
 /// A task's `comm` as the kernel keeps it: NUL-padded bytes. Kept raw on the hot path (one
@@ -68,8 +100,9 @@ pub fn comm_string(raw: &Comm) -> String {
 pub enum Event {
     /// A context switch.
     Switch(pb::SwitchEvent),
-    /// A stack sample (and the sampled task's raw comm).
-    Sample(pb::Sample, Comm),
+    /// A stack sample, the sampled task's raw comm, and the probe's `unwind` word
+    /// (`SampleEvent::unwind`).
+    Sample(pb::Sample, Comm, u32),
     /// A lifecycle event.
     Process(pb::ProcessEvent),
 }
@@ -90,6 +123,8 @@ pub struct Probes {
     activity: Option<ActivityCounters>,
     /// Whether the probes could read the task switched in (task_struct offsets known).
     pub next_known: bool,
+    /// The table walker's loader, when user stacks are walked with unwind tables.
+    unwinder: Option<Unwinder>,
 }
 
 /// A stack-sample ring buffer that holds `margin` of samples at `sample_hz` on `cpus` CPUs:
@@ -106,8 +141,12 @@ pub fn sample_ring_bytes(sample_hz: u64, cpus: usize, margin: std::time::Duratio
 impl Probes {
     /// Loads and attaches every probe; samples stacks at `sample_hz` on each online CPU and
     /// counts `activity` per run (see [`ActivityEvent`]).
-    pub fn start(sample_hz: u64, activity: ActivityEvent) -> Result<Self, CaptureError> {
-        Self::start_sized(sample_hz, activity, None)
+    pub fn start(
+        sample_hz: u64,
+        activity: ActivityEvent,
+        unwind: UnwindMode,
+    ) -> Result<Self, CaptureError> {
+        Self::start_sized(sample_hz, activity, unwind, None)
     }
 
     /// [`Self::start`] with the stack-sample ring buffer resized to `sample_ring_bytes`
@@ -116,6 +155,7 @@ impl Probes {
     pub fn start_sized(
         sample_hz: u64,
         activity: ActivityEvent,
+        unwind: UnwindMode,
         sample_ring_bytes: Option<u32>,
     ) -> Result<Self, CaptureError> {
         host::preflight(Path::new(VMLINUX_BTF))?;
@@ -130,17 +170,37 @@ impl Probes {
         // Opened before loading: whether there is a counter is frozen into the probe.
         let activity = ActivityCounters::open(activity, &cpus)?;
         let activity_on = u32::from(activity.is_some());
-        let mut loader = EbpfLoader::new();
-        loader
-            .override_global("TASK_PID_OFFSET", &pid_off, true)
-            .override_global("TASK_TGID_OFFSET", &tgid_off, true)
-            .override_global("ACTIVITY_ON", &activity_on, true);
-        if let Some(bytes) = sample_ring_bytes {
-            loader.map_max_entries("SAMPLES", bytes);
+        let load = |unwind_on: u32| {
+            let mut loader = EbpfLoader::new();
+            loader
+                .override_global("TASK_PID_OFFSET", &pid_off, true)
+                .override_global("TASK_TGID_OFFSET", &tgid_off, true)
+                .override_global("ACTIVITY_ON", &activity_on, true)
+                .override_global("UNWIND_ON", &unwind_on, true);
+            if let Some(bytes) = sample_ring_bytes {
+                loader.map_max_entries("SAMPLES", bytes);
+            }
+            loader
+                .load(super::PROBES_OBJECT)
+                .map_err(|e| CaptureError::Load(Box::new(e)))
+        };
+        let mut ebpf = load(u32::from(unwind != UnwindMode::Fp))?;
+        let mut unwinder = None;
+        if unwind != UnwindMode::Fp {
+            match start_walker(&mut ebpf) {
+                Ok(u) => unwinder = Some(u),
+                Err(err) if unwind == UnwindMode::Auto => {
+                    tracing::warn!(
+                        "unwind tables are off, user stacks use frame pointers: {err} \
+                         (--unwind fp silences this)"
+                    );
+                    // The sampler was built to hand samples to the walker: load it without.
+                    drop(ebpf);
+                    ebpf = load(0)?;
+                }
+                Err(err) => return Err(CaptureError::Unwind(err)),
+            }
         }
-        let mut ebpf = loader
-            .load(super::PROBES_OBJECT)
-            .map_err(|e| CaptureError::Load(Box::new(e)))?;
         if let Some(counters) = &activity {
             match ebpf.map("ACTIVITY") {
                 Some(aya::maps::Map::PerfEventArray(map)) => counters.install(map)?,
@@ -212,6 +272,7 @@ impl Probes {
             cpus,
             activity,
             next_known: pid_off != 0,
+            unwinder,
         };
         probes.sweep_cpus();
         Ok(probes)
@@ -220,6 +281,26 @@ impl Probes {
     /// The activity event counted per run, or `None` (split by time).
     pub fn activity_event(&self) -> Option<ActivityEvent> {
         self.activity.as_ref().map(ActivityCounters::event)
+    }
+
+    /// What the unwind tables hold, when user stacks are walked with them.
+    pub fn unwind_stats(&self) -> Option<UnwindStats> {
+        self.unwinder.as_ref().map(Unwinder::stats)
+    }
+
+    /// Looks at a kept sample's `unwind` word: loads the tables of a process sampled without
+    /// them (see [`Unwinder::observe`]).
+    pub fn observe_unwind(&mut self, tgid: u32, unwind: u32) {
+        if let Some(u) = &mut self.unwinder {
+            u.observe(tgid, unwind);
+        }
+    }
+
+    /// A process exec'd or exited: its tables no longer apply.
+    pub fn forget_unwind(&mut self, tgid: u32) {
+        if let Some(u) = &mut self.unwinder {
+            u.forget(tgid);
+        }
     }
 
     /// Online CPUs the sampler is attached to.
@@ -316,6 +397,39 @@ impl Probes {
     }
 }
 
+/// Loads the table walker, links it for its tail calls, and starts the loader of its
+/// tables. The sampler is not attached yet, so no sample reaches a half-set-up walker.
+fn start_walker(ebpf: &mut Ebpf) -> Result<Unwinder, String> {
+    let cache_dir = crate::unwind::UnwindCache::default_dir()
+        .ok_or("no cache directory for unwind tables (set XDG_CACHE_HOME)")?;
+    let cache = crate::unwind::UnwindCache::open(cache_dir).map_err(|e| e.to_string())?;
+    let prog: &mut PerfEvent = ebpf
+        .program_mut("walk_user")
+        .ok_or("program walk_user missing")?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    prog.load()
+        .map_err(|e| format!("the verifier refused it: {e}"))?;
+    let fd = prog
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(|e| e.to_string())?;
+    let mut progs = ebpf
+        .map_mut("WALK_PROGS")
+        .and_then(|m| ProgramArray::try_from(m).ok())
+        .ok_or("map WALK_PROGS missing")?;
+    progs.set(0, &fd, 0).map_err(|e| e.to_string())?;
+    let rows: Array<MapData, energy_bpf_abi::UnwindRow> = ebpf
+        .take_map("UNWIND_ROWS")
+        .and_then(|m| Array::try_from(m).ok())
+        .ok_or("map UNWIND_ROWS missing")?;
+    let procs: BpfHashMap<MapData, u32, energy_bpf_abi::UnwindProcess> = ebpf
+        .take_map("UNWIND_PROCS")
+        .and_then(|m| BpfHashMap::try_from(m).ok())
+        .ok_or("map UNWIND_PROCS missing")?;
+    Ok(Unwinder::start(rows, procs, cache))
+}
+
 fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
     (bytes.len() >= std::mem::size_of::<T>())
         // SAFETY: length checked; T is a Pod ABI struct valid for any bit pattern;
@@ -372,6 +486,22 @@ fn decode_switch(cpu: u32, e: &SwitchEvent) -> Event {
 fn decode_sample(e: &SampleEvent) -> Event {
     let k = (e.kernel_depth as usize).min(e.kernel_stack.len());
     let u = (e.user_depth as usize).min(e.user_stack.len());
+    let method = match e.unwind & 0xff {
+        unwind_method::DWARF => pb::UnwindMethod::Dwarf,
+        _ => pb::UnwindMethod::FramePointer,
+    };
+    let stop = match (e.unwind >> 8) & 0xff {
+        unwind_stop::END_OF_STACK => pb::UnwindStop::EndOfStack,
+        unwind_stop::NO_TABLE => pb::UnwindStop::NoTable,
+        unwind_stop::BAD_CFA => pb::UnwindStop::BadCfa,
+        unwind_stop::UNSUPPORTED => pb::UnwindStop::Unsupported,
+        unwind_stop::READ_FAULT => pb::UnwindStop::ReadFault,
+        unwind_stop::DEPTH_LIMIT => pb::UnwindStop::DepthLimit,
+        unwind_stop::NO_PROCESS => pb::UnwindStop::NoProcessTable,
+        unwind_stop::IN_KERNEL => pb::UnwindStop::InKernel,
+        unwind_stop::TAIL_CALL => pb::UnwindStop::TailCall,
+        _ => pb::UnwindStop::Off,
+    };
     Event::Sample(
         pb::Sample {
             ts_ns: e.ts_ns,
@@ -381,8 +511,11 @@ fn decode_sample(e: &SampleEvent) -> Event {
             cgroup_id: e.cgroup_id,
             kernel_stack: e.kernel_stack[..k].to_vec(),
             user_stack: e.user_stack[..u].to_vec(),
+            unwind_method: method as i32,
+            unwind_stop: stop as i32,
         },
         e.comm,
+        e.unwind,
     )
 }
 

@@ -115,7 +115,7 @@ impl Session {
                     self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
                     chunk.switches.push(s);
                 }
-                Event::Sample(s, comm) => {
+                Event::Sample(s, comm, unwind) => {
                     let seen = Sighting {
                         cgroup_id: s.cgroup_id,
                         comm: Some(comm),
@@ -123,6 +123,7 @@ impl Session {
                     };
                     self.observe(&mut chunk, seen);
                     if self.targets.contains(s.tgid) {
+                        self.probes.observe_unwind(s.tgid, unwind);
                         chunk.samples.push(s);
                     }
                 }
@@ -143,6 +144,7 @@ impl Session {
             Kind::Exec => {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
+                self.probes.forget_unwind(p.tgid);
                 self.comms.remove(&p.tid);
                 let seen = Sighting {
                     comm: Some(raw_comm(&p.comm)),
@@ -167,7 +169,12 @@ impl Session {
                 self.targets.follow_fork(p.tgid, p.child_tgid);
             }
             // The pid may be reused; forget it once its last switch-outs are drained.
-            Kind::Exit => self.exited[1].push((p.tid, p.tgid)),
+            Kind::Exit => {
+                if p.tid == p.tgid {
+                    self.probes.forget_unwind(p.tgid);
+                }
+                self.exited[1].push((p.tid, p.tgid));
+            }
             Kind::Unspecified => {}
         }
     }

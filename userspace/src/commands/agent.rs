@@ -84,6 +84,9 @@ pub struct Args {
     /// The per-run activity counter.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub unwind: super::args::UnwindArgs,
     /// Static power measured by `energy-bpf calibrate` (the default file when it exists).
     #[command(flatten)]
     pub calibration: crate::calibration::CalibrationArgs,
@@ -128,6 +131,7 @@ impl Args {
                 energy: self.energy.clone(),
                 attribute,
                 activity: self.activity.event,
+                unwind: self.unwind.mode,
                 // The agent drains every second; eight seconds of samples leave room for
                 // a stalled poll without holding 32 MiB of ring in RSS for a slow rate.
                 sample_ring_bytes: Some(crate::capture::sample_ring_bytes(

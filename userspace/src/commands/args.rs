@@ -6,7 +6,7 @@ use clap::{ValueEnum, builder::PossibleValue};
 use crate::{
     analysis::ModelOverride,
     attribute::{IdlePolicy, Options, PowerModel},
-    capture::ActivityEvent,
+    capture::{ActivityEvent, UnwindMode},
 };
 
 /// The counter `sched_switch` reads per run, for `record` and `top`.
@@ -18,6 +18,36 @@ pub struct ActivityArgs {
     /// cycles if available, else none.
     #[arg(long = "activity-event", value_enum, default_value_t = ActivityEvent::Auto)]
     pub event: ActivityEvent,
+}
+
+/// How user stacks are walked, for `record`, `top` and the agent.
+#[derive(clap::Args, Clone, Debug)]
+pub struct UnwindArgs {
+    /// User-stack unwinding: `dwarf` walks unwind tables compiled from each binary's
+    /// `.eh_frame` (whole stacks without frame pointers; a frame-pointer step where a PC has
+    /// no table); `fp` has the kernel follow frame pointers; `auto` is `dwarf` where the
+    /// kernel accepts the table walker, else `fp` with a warning.
+    #[arg(long = "unwind", value_enum, default_value_t = UnwindMode::Auto)]
+    pub mode: UnwindMode,
+}
+
+impl ValueEnum for UnwindMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[UnwindMode::Auto, UnwindMode::Dwarf, UnwindMode::Fp]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            UnwindMode::Auto => {
+                "Unwind tables where the kernel takes the walker, else frame pointers"
+            }
+            UnwindMode::Dwarf => {
+                "Unwind tables from .eh_frame (an error if the walker cannot load)"
+            }
+            UnwindMode::Fp => "Frame pointers only",
+        };
+        Some(PossibleValue::new(self.name()).help(help))
+    }
 }
 
 impl ValueEnum for ActivityEvent {

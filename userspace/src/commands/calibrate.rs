@@ -56,7 +56,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     // A low sampling rate: stacks are not needed, only the switch timeline.
     // Only who ran matters here, not what each run did.
-    let probes = Probes::start(1, ActivityEvent::None).context("cannot start capture")?;
+    let probes = Probes::start(1, ActivityEvent::None, crate::capture::UnwindMode::Fp)
+        .context("cannot start capture")?;
     let cpu_ids = probes.cpus().to_vec();
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, &cpu_ids);
     let energy =

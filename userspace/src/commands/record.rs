@@ -52,6 +52,9 @@ pub struct Args {
     /// The per-run activity counter, stored with every switch event.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub unwind: super::args::UnwindArgs,
     /// Command to run; recording stops when it exits.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -71,7 +74,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
-    let probes = Probes::start(args.freq, args.activity.event).context("cannot start capture")?;
+    let probes = Probes::start(args.freq, args.activity.event, args.unwind.mode)
+        .context("cannot start capture")?;
     let activity_event = probes.activity_event().map(|e| e.name());
     let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
     let energy =

@@ -74,6 +74,9 @@ pub struct Args {
     /// The per-run activity counter.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub unwind: super::args::UnwindArgs,
 }
 
 impl Args {
@@ -149,6 +152,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         energy: args.energy.clone(),
         attribute,
         activity: args.activity.event,
+        unwind: args.unwind.mode,
         sample_ring_bytes: None,
     })?;
     run_with_feed(&args, feed)

@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use super::compile::{Segment, load_segments};
 use super::{UnwindCache, UnwindRow, unwind_kind};
 
-/// Most executable mappings kept per process; the walker scans them linearly. Programs
-/// beyond it (hundreds of shared objects) keep their first ones and count the rest.
-pub const MAX_MAPPINGS: usize = 64;
+/// Most executable mappings kept per process: the walker scans them linearly, and the
+/// verifier bounds that loop. Programs beyond it (hundreds of shared objects) keep their
+/// first ones; PCs in the others fall back to frame pointers.
+pub const MAX_MAPPINGS: usize = energy_bpf_abi::UNWIND_MAPPINGS;
 
 /// Why a process's table could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -36,8 +37,13 @@ pub struct MappingEntry {
 }
 
 /// The shared row arena, bounded by `capacity` rows (the BPF array's size).
+///
+/// It holds the rows added since the last [`RowArena::take_new`]; the sampler's loader takes
+/// them into the BPF array and keeps only the index, so rows live once, in the kernel.
 #[derive(Debug)]
 pub struct RowArena {
+    /// Index of `rows[0]` in the arena.
+    base: usize,
     rows: Vec<UnwindRow>,
     /// Slice of each file already stored, by build-id (or path when it has none).
     files: HashMap<Vec<u8>, (u32, u32)>,
@@ -49,6 +55,7 @@ pub struct RowArena {
 impl RowArena {
     pub fn new(capacity: usize) -> Self {
         Self {
+            base: 0,
             rows: Vec::new(),
             files: HashMap::new(),
             capacity,
@@ -56,16 +63,59 @@ impl RowArena {
         }
     }
 
+    /// The rows added since the last [`RowArena::take_new`] (all of them if never taken).
     pub fn rows(&self) -> &[UnwindRow] {
         &self.rows
     }
 
-    /// The rows of `entry`, empty when they are out of range.
+    /// Rows in the arena, taken or not.
+    pub fn len(&self) -> usize {
+        self.base + self.rows.len()
+    }
+
+    /// Whether no rows were stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rows the arena can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Files stored.
+    pub fn files(&self) -> usize {
+        self.files.len()
+    }
+
+    /// The rows added since the last call and the arena index of the first: the caller
+    /// stores them elsewhere, and the arena keeps only the index.
+    pub fn take_new(&mut self) -> (usize, Vec<UnwindRow>) {
+        let start = self.base;
+        self.base += self.rows.len();
+        (start, std::mem::take(&mut self.rows))
+    }
+
+    /// Forgets every file and row (the caller rebuilds what is still in use).
+    pub fn clear(&mut self) {
+        self.base = 0;
+        self.rows.clear();
+        self.files.clear();
+    }
+
+    /// The rows of `entry`, empty when they are out of range or already taken.
     pub fn slice(&self, entry: &MappingEntry) -> &[UnwindRow] {
-        let start = entry.row_start as usize;
+        let Some(start) = (entry.row_start as usize).checked_sub(self.base) else {
+            return &[];
+        };
         self.rows
             .get(start..start + entry.row_count as usize)
             .unwrap_or_default()
+    }
+
+    /// The slice of a file already stored.
+    pub fn get(&self, key: &[u8]) -> Option<(u32, u32)> {
+        self.files.get(key).copied()
     }
 
     /// Stores a file's rows once; `None` when the arena has no room left.
@@ -73,12 +123,12 @@ impl RowArena {
         if let Some(&slice) = self.files.get(key) {
             return Some(slice);
         }
-        if self.rows.len() + rows.len() > self.capacity {
+        if self.len() + rows.len() > self.capacity {
             self.full += 1;
             return None;
         }
         let slice = (
-            u32::try_from(self.rows.len()).ok()?,
+            u32::try_from(self.len()).ok()?,
             u32::try_from(rows.len()).ok()?,
         );
         self.rows.extend_from_slice(rows);
@@ -120,7 +170,10 @@ pub fn process_entries(
     let maps = crate::symbolize::process_mappings(tgid, 0)
         .map_err(|source| ProcessError::Maps { tgid, source })?;
     let mut out = Vec::new();
-    for m in maps.iter().take(MAX_MAPPINGS) {
+    for m in &maps {
+        if out.len() == MAX_MAPPINGS {
+            break;
+        }
         // The path as the process sees it: through its root, for containers.
         let path = std::path::PathBuf::from(format!("/proc/{tgid}/root{}", m.path));
         let Ok(segments) = load_segments(&path) else {
@@ -134,10 +187,14 @@ pub fn process_entries(
         // merge two different files.
         let mut key = m.build_id.clone();
         key.extend_from_slice(m.path.as_bytes());
-        let Ok((table, _)) = cache.table(&path) else {
-            continue;
+        let slice = match arena.get(&key) {
+            Some(slice) => Some(slice),
+            None => match cache.table(&path) {
+                Ok((table, _)) => arena.insert(&key, &table.rows),
+                Err(_) => None,
+            },
         };
-        let Some((row_start, row_count)) = arena.insert(&key, &table.rows) else {
+        let Some((row_start, row_count)) = slice else {
             continue;
         };
         out.push(MappingEntry {

@@ -1,0 +1,316 @@
+//! Keeps the sampler's unwind tables (docs/ARCHITECTURE.md, "Capture"): which processes have
+//! them, and their rows in the BPF maps the table walker reads.
+//!
+//! Tables are loaded on demand. A sample of a process without tables says so
+//! ([`unwind_stop::NO_PROCESS`]); the capture asks for that process once, and a thread of its
+//! own reads `/proc/PID/maps`, compiles or fetches each file's table from the on-disk cache
+//! (`unwind::UnwindCache`), writes new rows into the shared row array and then the
+//! process's mapping entry, so the walker never sees a mapping before its rows. Until then
+//! the process is walked by frame pointers, and the sample says that too.
+//!
+//! An `exec` drops the process's entry (the next sample asks again, by then with the new
+//! program's libraries mapped); an exit drops it for good. A walk that meets a PC outside
+//! every known mapping ([`unwind_flags::UNMAPPED_PC`]: `dlopen`, JIT code) asks for a reload,
+//! at most once per [`REFRESH_EVERY`] per process, and only re-reads when the process's
+//! executable mappings changed.
+//!
+//! Memory is bounded by the maps: [`UNWIND_ROWS`] rows (16 MiB) shared by every file, and
+//! [`MAX_PROCESSES`] processes. When the rows run out, the arena is rebuilt with only the
+//! files of processes still loaded; a process whose files alone do not fit keeps frame
+//! pointers. Rows live once, in the kernel: userspace keeps only the index.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{
+        Arc, Mutex,
+        mpsc::{self, Receiver, Sender},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use energy_bpf_abi::{
+    UNWIND_MAPPINGS, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, unwind_flags,
+    unwind_stop,
+};
+
+use crate::unwind::{
+    UnwindCache,
+    process::{MappingEntry, RowArena, process_entries},
+};
+
+/// Most processes with tables at once (the `UNWIND_PROCS` map's size).
+pub const MAX_PROCESSES: usize = 4096;
+
+/// Shortest time between two reloads of one process's tables for unmapped PCs.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
+
+/// What the tables cost and hold, for `sources`, the agent's metrics and the record summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Processes with tables loaded now.
+    pub processes: u64,
+    /// Files with rows in the arena.
+    pub files: u64,
+    /// Rows in the arena, and its capacity.
+    pub rows: u64,
+    pub row_capacity: u64,
+    /// Times the arena was full and rebuilt.
+    pub rebuilds: u64,
+    /// Processes whose tables could not be loaded (gone, unreadable, or no room).
+    pub failed: u64,
+    /// Total time spent building and loading tables, in milliseconds.
+    pub load_ms: u64,
+}
+
+impl UnwindStats {
+    /// Kernel memory the row array takes (its full size: BPF arrays are preallocated).
+    pub fn row_bytes(&self) -> u64 {
+        self.row_capacity * std::mem::size_of::<UnwindRow>() as u64
+    }
+}
+
+enum Request {
+    Load(u32),
+    Refresh(u32),
+    Drop(u32),
+}
+
+/// The capture side: decides which processes need tables and hands the work to the loader
+/// thread, so draining the ring buffers never waits on ELF parsing.
+pub struct Unwinder {
+    tx: Option<Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<Mutex<UnwindStats>>,
+    /// Processes asked for and not dropped since.
+    requested: HashSet<u32>,
+    refreshed: HashMap<u32, Instant>,
+}
+
+impl Unwinder {
+    /// Starts the loader thread on the walker's maps.
+    pub fn start(
+        rows: Array<MapData, UnwindRow>,
+        procs: BpfHashMap<MapData, u32, UnwindProcess>,
+        cache: UnwindCache,
+    ) -> Self {
+        let stats = Arc::new(Mutex::new(UnwindStats {
+            row_capacity: u64::from(UNWIND_ROWS),
+            ..UnwindStats::default()
+        }));
+        let (tx, rx) = mpsc::channel();
+        let loader = Loader {
+            rows,
+            procs,
+            cache,
+            arena: RowArena::new(UNWIND_ROWS as usize),
+            loaded: HashMap::new(),
+            stats: Arc::clone(&stats),
+        };
+        let thread = std::thread::Builder::new()
+            .name("unwind-tables".into())
+            .spawn(move || loader.run(rx))
+            .ok();
+        Self {
+            tx: Some(tx),
+            thread,
+            stats,
+            requested: HashSet::new(),
+            refreshed: HashMap::new(),
+        }
+    }
+
+    /// Looks at one sample's `unwind` word: asks for the tables of a process sampled without
+    /// them, and for a reload where a walk met unmapped code.
+    pub fn observe(&mut self, tgid: u32, unwind: u32) {
+        let stop = (unwind >> 8) & 0xff;
+        if stop == unwind_stop::NO_PROCESS {
+            if self.requested.len() < 4 * MAX_PROCESSES && self.requested.insert(tgid) {
+                self.send(Request::Load(tgid));
+            }
+        } else if unwind & unwind_flags::UNMAPPED_PC != 0 {
+            let now = Instant::now();
+            let due = self
+                .refreshed
+                .get(&tgid)
+                .is_none_or(|t| now.duration_since(*t) >= REFRESH_EVERY);
+            if due {
+                self.refreshed.insert(tgid, now);
+                self.send(Request::Refresh(tgid));
+            }
+        }
+    }
+
+    /// A process exec'd (its tables describe the old program) or exited.
+    pub fn forget(&mut self, tgid: u32) {
+        self.requested.remove(&tgid);
+        self.refreshed.remove(&tgid);
+        self.send(Request::Drop(tgid));
+    }
+
+    /// What the tables hold now.
+    pub fn stats(&self) -> UnwindStats {
+        self.stats.lock().map(|s| *s).unwrap_or_default()
+    }
+
+    fn send(&self, request: Request) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(request);
+        }
+    }
+}
+
+impl Drop for Unwinder {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The loader thread's state.
+struct Loader {
+    rows: Array<MapData, UnwindRow>,
+    procs: BpfHashMap<MapData, u32, UnwindProcess>,
+    cache: UnwindCache,
+    arena: RowArena,
+    /// Loaded processes and the executable mappings their entry was built from.
+    loaded: HashMap<u32, Vec<MappingEntry>>,
+    stats: Arc<Mutex<UnwindStats>>,
+}
+
+impl Loader {
+    fn run(mut self, rx: Receiver<Request>) {
+        while let Ok(request) = rx.recv() {
+            let started = Instant::now();
+            match request {
+                Request::Load(tgid) => {
+                    if !self.loaded.contains_key(&tgid) {
+                        self.load(tgid);
+                    }
+                }
+                Request::Refresh(tgid) => {
+                    if self.loaded.contains_key(&tgid) {
+                        self.load(tgid);
+                    }
+                }
+                Request::Drop(tgid) => {
+                    if self.loaded.remove(&tgid).is_some() {
+                        let _ = self.procs.remove(&tgid);
+                    }
+                }
+            }
+            if let Ok(mut stats) = self.stats.lock() {
+                stats.processes = self.loaded.len() as u64;
+                stats.files = self.arena.files() as u64;
+                stats.rows = self.arena.len() as u64;
+                stats.load_ms += started.elapsed().as_millis() as u64;
+            }
+        }
+    }
+
+    /// Builds (or rebuilds) `tgid`'s entry; on a full arena, rebuilds the arena once.
+    fn load(&mut self, tgid: u32) {
+        if !self.loaded.contains_key(&tgid) && self.loaded.len() >= MAX_PROCESSES {
+            self.failed();
+            return;
+        }
+        let full = self.arena.full;
+        let Ok(mut entries) = process_entries(tgid, &self.cache, &mut self.arena) else {
+            // Gone already, or not readable: frame pointers.
+            self.failed();
+            return;
+        };
+        if self.arena.full != full {
+            self.rebuild(tgid);
+            let full = self.arena.full;
+            match process_entries(tgid, &self.cache, &mut self.arena) {
+                Ok(e) if self.arena.full == full => entries = e,
+                _ => {
+                    self.flush_rows();
+                    self.failed();
+                    return;
+                }
+            }
+        }
+        if self.loaded.get(&tgid) == Some(&entries) {
+            return;
+        }
+        self.flush_rows();
+        if self.install(tgid, &entries) {
+            self.loaded.insert(tgid, entries);
+        } else {
+            self.failed();
+        }
+    }
+
+    /// Empties the arena and reloads every process still loaded except `except`; their
+    /// entries are removed first, so no walk reads rows being overwritten.
+    fn rebuild(&mut self, except: u32) {
+        let keep: Vec<u32> = self
+            .loaded
+            .keys()
+            .copied()
+            .filter(|&t| t != except)
+            .collect();
+        for tgid in self.loaded.keys() {
+            let _ = self.procs.remove(tgid);
+        }
+        self.loaded.clear();
+        self.arena.clear();
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.rebuilds += 1;
+        }
+        for tgid in keep {
+            let full = self.arena.full;
+            match process_entries(tgid, &self.cache, &mut self.arena) {
+                Ok(entries) if self.arena.full == full => {
+                    self.flush_rows();
+                    if self.install(tgid, &entries) {
+                        self.loaded.insert(tgid, entries);
+                    }
+                }
+                _ => self.flush_rows(),
+            }
+        }
+    }
+
+    /// Writes the rows added since the last flush into the row array.
+    fn flush_rows(&mut self) {
+        let (start, rows) = self.arena.take_new();
+        for (i, row) in rows.iter().enumerate() {
+            let Ok(index) = u32::try_from(start + i) else {
+                break;
+            };
+            if self.rows.set(index, *row, 0).is_err() {
+                break;
+            }
+        }
+    }
+
+    fn install(&mut self, tgid: u32, entries: &[MappingEntry]) -> bool {
+        let mut value = UnwindProcess {
+            count: entries.len().min(UNWIND_MAPPINGS) as u32,
+            _pad: 0,
+            maps: [UnwindMapping::default(); UNWIND_MAPPINGS],
+        };
+        for (slot, e) in value.maps.iter_mut().zip(entries) {
+            *slot = UnwindMapping {
+                start: e.start,
+                end: e.end,
+                bias: e.bias,
+                row_start: e.row_start,
+                row_count: e.row_count,
+            };
+        }
+        self.procs.insert(tgid, value, 0).is_ok()
+    }
+
+    fn failed(&self) {
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.failed += 1;
+        }
+    }
+}
