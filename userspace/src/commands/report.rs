@@ -87,6 +87,8 @@ struct RecordingFacts {
     truncated: bool,
     damage: serde_json::Value,
     losses: Losses,
+    /// How user stacks were walked: samples per method and per stop reason.
+    unwind: crate::record::UnwindCounts,
 }
 
 #[derive(Serialize)]
@@ -112,6 +114,7 @@ impl RecordingFacts {
                 stack_errors: l.stack_errors,
                 vanished_processes: l.vanished_processes,
             },
+            unwind: crate::record::UnwindCounts::of(&rec.samples),
         }
     }
 }
@@ -320,6 +323,7 @@ fn report(
         ),
         format!("activity: {}", totals.activity.label()),
         format!("{} events lost", crate::record::lost_events(&rec.losses)),
+        crate::record::UnwindCounts::of(&rec.samples).label(),
     ];
     let mut notes = notes;
     notes.extend(crate::attribute::static_power::describe(&attr.sources));

@@ -239,6 +239,9 @@ pub fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profil
             profile.meta.lost_events
         )));
     }
+    if !profile.meta.unwind.is_empty() {
+        out.comment.push(strings.id(&profile.meta.unwind));
+    }
     out.string_table = strings.table;
     out
 }

@@ -56,6 +56,9 @@ pub fn subtitle(profile: &Profile) -> Option<String> {
             profile.meta.lost_events
         ));
     }
+    if !profile.meta.unwind.is_empty() {
+        parts.push(profile.meta.unwind.clone());
+    }
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 

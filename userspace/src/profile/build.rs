@@ -309,9 +309,12 @@ pub fn build(
             source: weights.source.clone(),
             sample_hz: rec.header.sample_hz,
             start_unix_ns: rec.header.start_unix_ns,
-            lost_events: rec.losses.switch_dropped
-                + rec.losses.sample_dropped
-                + rec.losses.process_dropped,
+            lost_events: crate::record::lost_events(&rec.losses),
+            unwind: if rec.samples.is_empty() {
+                String::new()
+            } else {
+                crate::record::UnwindCounts::of(&rec.samples).label()
+            },
         },
         value_types,
         frames,

@@ -136,6 +136,8 @@ pub struct ProfileMeta {
     /// Events the kernel dropped during capture (switches, samples, process events):
     /// every output that can says so, since they make the picture incomplete.
     pub lost_events: u64,
+    /// How user stacks were walked (`UnwindCounts::label`), empty without samples.
+    pub unwind: String,
 }
 
 /// A symbolized, weighted profile.

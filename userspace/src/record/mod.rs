@@ -17,11 +17,13 @@ pub mod frame;
 mod reader;
 pub mod rotate;
 pub mod series;
+mod unwind_counts;
 mod validate;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
+pub use unwind_counts::{UnwindCounts, stop_name};
 pub use validate::{MAX_CPUS, MAX_QUIET_NS, PRE_START_NS};
 pub use writer::{WriteError, Writer};
 
