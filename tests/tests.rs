@@ -11,6 +11,8 @@ mod capture;
 mod activity;
 // Bad input and missing privileges: clear errors, nothing lost.
 mod errors;
+// User stacks by unwind tables: C, Rust and python3 built without frame pointers.
+mod unwind;
 // Damaged recordings: damage reported, memory bounded.
 mod damage;
 // Output files: modes, planted symlinks, a full disk.

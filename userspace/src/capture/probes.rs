@@ -296,6 +296,14 @@ impl Probes {
         }
     }
 
+    /// An explicit target exec'd: its new program's tables are loaded now
+    /// ([`Unwinder::exec`]).
+    pub fn exec_unwind(&mut self, tgid: u32) {
+        if let Some(u) = &mut self.unwinder {
+            u.exec(tgid);
+        }
+    }
+
     /// A process exec'd or exited: its tables no longer apply.
     pub fn forget_unwind(&mut self, tgid: u32) {
         if let Some(u) = &mut self.unwinder {

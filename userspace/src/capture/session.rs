@@ -26,6 +26,11 @@ impl Targets {
         }
     }
 
+    /// Whether samples are kept for some processes only (`-p`, a command).
+    pub fn is_explicit(&self) -> bool {
+        !self.pids.is_empty()
+    }
+
     /// Whether samples of `tgid` are kept.
     pub fn contains(&self, tgid: u32) -> bool {
         self.pids.is_empty() || self.pids.contains(&tgid)
@@ -144,7 +149,11 @@ impl Session {
             Kind::Exec => {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
-                self.probes.forget_unwind(p.tgid);
+                if self.targets.is_explicit() && self.targets.contains(p.tgid) {
+                    self.probes.exec_unwind(p.tgid);
+                } else {
+                    self.probes.forget_unwind(p.tgid);
+                }
                 self.comms.remove(&p.tid);
                 let seen = Sighting {
                     comm: Some(raw_comm(&p.comm)),

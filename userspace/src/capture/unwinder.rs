@@ -142,6 +142,15 @@ impl Unwinder {
         }
     }
 
+    /// A process exec'd and is worth tables before its first sample (an explicit target):
+    /// drops the old program's and loads the new one's now. The request reaches the loader
+    /// after the next drain, by when the dynamic loader has usually mapped the libraries.
+    pub fn exec(&mut self, tgid: u32) {
+        self.forget(tgid);
+        self.requested.insert(tgid);
+        self.send(Request::Load(tgid));
+    }
+
     /// A process exec'd (its tables describe the old program) or exited.
     pub fn forget(&mut self, tgid: u32) {
         self.requested.remove(&tgid);

@@ -37,7 +37,9 @@ impl UnwindCounts {
                 counts.stops.push((stop_name(stop).to_owned(), n));
             }
         }
-        counts.stops.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        counts
+            .stops
+            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         counts
     }
 

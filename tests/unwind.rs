@@ -1,0 +1,248 @@
+//! User stacks walked with unwind tables through the real sampler: programs built without
+//! frame pointers (C at -O2, a Rust release binary, Debian's python3) recorded with
+//! `--unwind dwarf`, their collapsed stacks checked for whole call chains.
+
+use std::{collections::HashMap, path::Path, process::Command};
+
+use crate::util::{report_json, require_root, run, text};
+
+/// Collapsed stacks (`comm;frame;...` → weight) of `file`, CPU time as weight.
+fn collapsed(file: &Path) -> HashMap<String, u64> {
+    let out = run(&[
+        "flamegraph",
+        "--format",
+        "collapsed",
+        "--domain",
+        "cpu-time",
+        file.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "flamegraph failed: {}", text(&out));
+    let mut stacks = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (stack, n) = line.rsplit_once(' ').expect("collapsed line");
+        *stacks.entry(stack.to_owned()).or_insert(0) += n.parse::<u64>().expect("weight");
+    }
+    stacks
+}
+
+/// Share of `comm`'s weight whose stack has a frame for which `frame` holds.
+fn share(stacks: &HashMap<String, u64>, comm: &str, frame: impl Fn(&str) -> bool) -> (f64, u64) {
+    let mine = stacks
+        .iter()
+        .filter(|(s, _)| s.split(';').next() == Some(comm));
+    let (mut hit, mut total) = (0, 0);
+    for (s, &n) in mine {
+        total += n;
+        if s.split(';').any(&frame) {
+            hit += n;
+        }
+    }
+    (hit as f64 / total.max(1) as f64, total)
+}
+
+/// Share of the weight of stacks whose leaf is `leaf` that have `caller` right above it.
+fn caller_share(stacks: &HashMap<String, u64>, leaf: &str, caller: &str) -> (f64, u64) {
+    let (mut hit, mut total) = (0, 0);
+    for (s, &n) in stacks {
+        let frames: Vec<&str> = s.split(';').collect();
+        // The leaf is the last user frame: kernel frames (`_[k]`) may sit above it.
+        let Some(i) = frames.iter().rposition(|f| !f.ends_with("_[k]")) else {
+            continue;
+        };
+        if !frames[i].ends_with(leaf) {
+            continue;
+        }
+        total += n;
+        if i > 0 && frames[i - 1].ends_with(caller) {
+            hit += n;
+        }
+    }
+    (hit as f64 / total.max(1) as f64, total)
+}
+
+/// `record --unwind MODE -F 199 -- ARGV` into `dir/NAME.ebpr`.
+fn record(dir: &Path, name: &str, mode: &str, argv: &[&str]) -> std::path::PathBuf {
+    let file = dir.join(format!("{name}.ebpr"));
+    let mut args = vec![
+        "record",
+        "--energy-source",
+        "model",
+        "--unwind",
+        mode,
+        "-F",
+        "199",
+        "-o",
+        file.to_str().expect("path"),
+        "--",
+    ];
+    args.extend_from_slice(argv);
+    let out = run(&args);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    file
+}
+
+fn build(cmd: &mut Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn workload(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/workloads")
+        .join(name)
+}
+
+#[test]
+fn c_without_frame_pointers_reaches_main_and_keeps_callers() {
+    if !require_root("c_without_frame_pointers_reaches_main_and_keeps_callers") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = dir.path().join("nofp");
+    build(
+        Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-o"])
+            .arg(&prog)
+            .arg(workload("nofp.c")),
+        "gcc",
+    );
+    let prog = prog.to_str().expect("path");
+
+    let file = record(dir.path(), "dwarf", "dwarf", &[prog, "5"]);
+    let stacks = collapsed(&file);
+    let (main, total) = share(&stacks, "nofp", |f| f == "main");
+    let (caller, leaf) = caller_share(&stacks, "inner", "outer");
+    eprintln!(
+        "C -O2 -fomit-frame-pointer, unwind tables: {:.1}% reach main, {:.1}% of inner show outer",
+        main * 100.0,
+        caller * 100.0
+    );
+    assert!(total > 0, "no samples of nofp: {stacks:?}");
+    assert!(
+        main >= 0.95,
+        "{:.1}% of nofp's samples reach main with unwind tables (want >= 95%): {stacks:#?}",
+        main * 100.0
+    );
+    assert!(leaf > 0, "no samples in inner: {stacks:#?}");
+    assert!(
+        caller >= 0.95,
+        "{:.1}% of inner's samples show outer as its caller: {stacks:#?}",
+        caller * 100.0
+    );
+    let unwind = &report_json(&file)["unwind"];
+    assert!(
+        unwind["dwarf"].as_u64() > Some(0),
+        "report counts table-walked samples: {unwind}"
+    );
+
+    // The same program by frame pointers: the walk cannot leave the leaf, which is why the
+    // tables exist (and what makes the check above able to fail).
+    let file = record(dir.path(), "fp", "fp", &[prog, "2"]);
+    let stacks = collapsed(&file);
+    let (main, total) = share(&stacks, "nofp", |f| f == "main");
+    eprintln!("C, frame pointers: {:.1}% reach main", main * 100.0);
+    assert!(total > 0, "no samples of nofp by frame pointers");
+    assert!(
+        main < 0.5,
+        "frame pointers reached main in {:.1}% of samples of a -fomit-frame-pointer build",
+        main * 100.0
+    );
+    let unwind = &report_json(&file)["unwind"];
+    assert_eq!(unwind["dwarf"], 0, "--unwind fp walks no tables: {unwind}");
+}
+
+#[test]
+fn rust_release_binary_without_frame_pointers_reaches_main() {
+    if !require_root("rust_release_binary_without_frame_pointers_reaches_main") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = dir.path().join("nofp_rs");
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    build(
+        Command::new(rustc)
+            .args([
+                "--edition",
+                "2021",
+                "--crate-name",
+                "nofp_rs",
+                "-C",
+                "opt-level=3",
+                "-C",
+                "force-frame-pointers=no",
+                "-C",
+                "debuginfo=0",
+                "-o",
+            ])
+            .arg(&prog)
+            .arg(workload("nofp.rs")),
+        "rustc",
+    );
+    let file = record(
+        dir.path(),
+        "rs",
+        "dwarf",
+        &[prog.to_str().expect("path"), "5"],
+    );
+    let stacks = collapsed(&file);
+    let (main, total) = share(&stacks, "nofp_rs", |f| f == "nofp_rs::main");
+    eprintln!(
+        "Rust release, unwind tables: {:.1}% reach main",
+        main * 100.0
+    );
+    assert!(total > 0, "no samples of nofp_rs: {stacks:?}");
+    assert!(
+        main >= 0.95,
+        "{:.1}% of nofp_rs's samples reach nofp_rs::main: {stacks:#?}",
+        main * 100.0
+    );
+    let (caller, leaf) = caller_share(&stacks, "nofp_rs::inner", "nofp_rs::outer");
+    assert!(leaf > 0, "no samples in nofp_rs::inner: {stacks:#?}");
+    assert!(
+        caller >= 0.95,
+        "{:.1}% of inner's samples show outer as its caller: {stacks:#?}",
+        caller * 100.0
+    );
+}
+
+#[test]
+fn debian_python3_reaches_libc_start() {
+    if !require_root("debian_python3_reaches_libc_start") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("loop.py");
+    std::fs::write(
+        &script,
+        "import time\n\
+         def inner(n):\n    s = 0\n    for i in range(n):\n        s += i * i\n    return s\n\
+         end = time.time() + 5\n\
+         while time.time() < end:\n    inner(10000)\n",
+    )
+    .expect("write script");
+    let file = record(
+        dir.path(),
+        "py",
+        "dwarf",
+        &["python3", script.to_str().expect("path")],
+    );
+    let stacks = collapsed(&file);
+    let (start, total) = share(&stacks, "python3", |f| f == "__libc_start_call_main");
+    eprintln!(
+        "python3, unwind tables: {:.1}% reach __libc_start_call_main",
+        start * 100.0
+    );
+    assert!(total > 0, "no samples of python3: {stacks:?}");
+    assert!(
+        start >= 0.80,
+        "{:.1}% of python3's samples reach __libc_start_call_main (want >= 80%)",
+        start * 100.0
+    );
+}
