@@ -1,6 +1,7 @@
 //! `cargo xtask bench ...`:
 //! - `overhead`: a CPU-bound and a context-switch-heavy workload, each alone, under
-//!   `energy-bpf record -F 99` and under `perf record -a -g -F 99`, alternating runs;
+//!   `energy-bpf record` (frame pointers at 99 Hz, unwind tables at 99 and 999 Hz) and under
+//!   `perf record -a` (`-g`, `--call-graph dwarf`, `--switch-events`), alternating runs;
 //!   medians, ratios, and the recorder's own CPU time and peak memory.
 //! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
 //! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
@@ -42,25 +43,43 @@ pub fn run(args: &[String]) -> Result {
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     Alone,
-    EnergyBpf,
+    /// `energy-bpf record` with frame pointers only.
+    EnergyBpfFp,
+    /// `energy-bpf record` walking user stacks with unwind tables, at this rate.
+    EnergyBpfDwarf(u32),
     Perf,
+    /// perf copying 8 KiB of user stack per sample and unwinding it afterwards: the
+    /// like-for-like tool for stacks without frame pointers.
+    PerfDwarf,
     /// perf also tracing every context switch: the like-for-like comparison for the
     /// context-switch workload, since plain `perf record` only samples.
     PerfSwitches,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [Mode::Alone, Mode::EnergyBpf, Mode::Perf, Mode::PerfSwitches];
-}
+    const ALL: [Mode; 7] = [
+        Mode::Alone,
+        Mode::EnergyBpfFp,
+        Mode::EnergyBpfDwarf(99),
+        Mode::EnergyBpfDwarf(999),
+        Mode::Perf,
+        Mode::PerfDwarf,
+        Mode::PerfSwitches,
+    ];
 
-impl Mode {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Mode::Alone => "alone",
-            Mode::EnergyBpf => "energy-bpf record -F 99",
-            Mode::Perf => "perf record -a -g -F 99",
-            Mode::PerfSwitches => "perf record ... --switch-events",
+            Mode::Alone => "alone".into(),
+            Mode::EnergyBpfFp => "energy-bpf record --unwind fp -F 99".into(),
+            Mode::EnergyBpfDwarf(hz) => format!("energy-bpf record --unwind dwarf -F {hz}"),
+            Mode::Perf => "perf record -a -g -F 99".into(),
+            Mode::PerfDwarf => "perf record -a --call-graph dwarf -F 99".into(),
+            Mode::PerfSwitches => "perf record -a -g -F 99 --switch-events".into(),
         }
+    }
+
+    fn index(self) -> usize {
+        Mode::ALL.iter().position(|&m| m == self).unwrap_or(0)
     }
 }
 
@@ -104,8 +123,8 @@ fn overhead(rounds: usize) -> Result {
          # slowdown = median over rounds of (time / the same round's time alone) - 1, [quartiles]"
     );
     for (name, wargs) in &workloads {
-        let mut times: [Vec<f64>; 4] = Default::default();
-        let mut costs: [Vec<RecorderCost>; 4] = Default::default();
+        let mut times: [Vec<f64>; Mode::ALL.len()] = Default::default();
+        let mut costs: [Vec<RecorderCost>; Mode::ALL.len()] = Default::default();
         for round in 0..rounds {
             for k in 0..Mode::ALL.len() {
                 let i = (k + round) % Mode::ALL.len();
@@ -128,7 +147,7 @@ fn overhead(rounds: usize) -> Result {
             .collect();
         println!("\n## {name}");
         println!(
-            "{:<32} {:>9} {:>9} {:>17} {:>14} {:>12}",
+            "{:<44} {:>9} {:>9} {:>17} {:>14} {:>12}",
             "mode", "median s", "slowdown", "quartiles", "recorder CPU s", "recorder RSS"
         );
         for (i, mode) in Mode::ALL.into_iter().enumerate() {
@@ -142,7 +161,7 @@ fn overhead(rounds: usize) -> Result {
                 (format!("{cpu:.3}"), format!("{} MiB", rss / 1024))
             };
             println!(
-                "{:<32} {:>9.3} {:>8.2}% {:>17} {:>14} {:>12}",
+                "{:<44} {:>9.3} {:>8.2}% {:>17} {:>14} {:>12}",
                 mode.name(),
                 m,
                 100.0 * q2,
@@ -151,17 +170,84 @@ fn overhead(rounds: usize) -> Result {
                 rss
             );
         }
-        let ours = median(&slowdowns[1]);
-        for (i, what) in [(2, "perf"), (3, "perf --switch-events")] {
-            let perf = median(&slowdowns[i]);
-            if perf > 0.0 {
-                println!("slowdown ratio energy-bpf/{what}: {:.2}", ours / perf);
+        let at = |m: Mode| median(&slowdowns[m.index()]);
+        for (ours, theirs) in [
+            (Mode::EnergyBpfFp, Mode::Perf),
+            (Mode::EnergyBpfFp, Mode::PerfSwitches),
+            (Mode::EnergyBpfDwarf(99), Mode::PerfDwarf),
+        ] {
+            let (a, b) = (at(ours), at(theirs));
+            if b > 0.0 {
+                println!(
+                    "slowdown ratio {} / {}: {:.2}",
+                    ours.name(),
+                    theirs.name(),
+                    a / b
+                );
             } else {
-                println!("slowdown ratio energy-bpf/{what}: n/a ({what} showed no slowdown)");
+                println!(
+                    "slowdown ratio {} / {}: n/a (no slowdown measured)",
+                    ours.name(),
+                    theirs.name()
+                );
             }
         }
+        println!(
+            "dwarf - fp slowdown at 99 Hz: {:+.2} percentage points",
+            100.0 * (at(Mode::EnergyBpfDwarf(99)) - at(Mode::EnergyBpfFp))
+        );
     }
+    unwind_tables()
+}
+
+/// Table memory per 100 MiB of text, and build time cold and cached, for the largest
+/// binary at hand (the toolchain's librustc_driver) and for libc and python3.
+fn unwind_tables() -> Result {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("rustc --print sysroot: {e}"))?;
+    let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_owned();
+    let mut files: Vec<String> = std::fs::read_dir(Path::new(&sysroot).join("lib"))
+        .map_err(|e| format!("reading {sysroot}/lib: {e}"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().display().to_string())
+        .filter(|p| p.contains("librustc_driver"))
+        .collect();
+    files.extend(
+        ["/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3"]
+            .iter()
+            .filter(|p| Path::new(p).exists())
+            .map(|p| p.to_string()),
+    );
+    let cache = tempfile_dir("unwind-cache")?;
+    println!("\n## unwind tables (cold: compiled and stored; cached: read back)");
+    for pass in ["cold", "cached"] {
+        println!("### {pass}");
+        let mut args = vec![
+            "run",
+            "--locked",
+            "--release",
+            "-q",
+            "-p",
+            "energy-bpf",
+            "--example",
+            "unwind_table",
+            "--",
+        ];
+        args.extend(files.iter().map(String::as_str));
+        args.extend(["--cache", cache.to_str().unwrap_or_default()]);
+        util::cargo(&args)?;
+    }
+    let _ = std::fs::remove_dir_all(&cache);
     Ok(())
+}
+
+/// A fresh private directory under the bench output.
+fn tempfile_dir(name: &str) -> Result<std::path::PathBuf> {
+    let dir = util::root().join("bench-out").join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(dir)
 }
 
 fn one_run(
@@ -173,15 +259,26 @@ fn one_run(
 ) -> Result<(f64, RecorderCost)> {
     let mut rec = match mode {
         Mode::Alone => None,
-        Mode::EnergyBpf => Some(start_recorder(
-            Command::new(recorder)
-                .args(["record", "-F", "99", "-o"])
-                .arg(out.with_extension("ebpr")),
-            Some("recording"),
-        )?),
-        Mode::Perf | Mode::PerfSwitches => Some(start_recorder(
+        Mode::EnergyBpfFp | Mode::EnergyBpfDwarf(_) => {
+            let (unwind, hz) = match mode {
+                Mode::EnergyBpfDwarf(hz) => ("dwarf", hz),
+                _ => ("fp", 99),
+            };
+            Some(start_recorder(
+                Command::new(recorder)
+                    .args(["record", "--unwind", unwind, "-F", &hz.to_string(), "-o"])
+                    .arg(out.with_extension("ebpr")),
+                Some("recording"),
+            )?)
+        }
+        Mode::Perf | Mode::PerfDwarf | Mode::PerfSwitches => Some(start_recorder(
             Command::new("perf")
-                .args(["record", "-a", "-g", "-F", "99", "-q"])
+                .args(["record", "-a", "-F", "99", "-q"])
+                .args(if mode == Mode::PerfDwarf {
+                    ["--call-graph", "dwarf"].as_slice()
+                } else {
+                    ["-g"].as_slice()
+                })
                 .args((mode == Mode::PerfSwitches).then_some("--switch-events"))
                 .arg("-o")
                 .arg(out.with_extension("perf.data")),

@@ -46,6 +46,11 @@ pub const MAX_PROCESSES: usize = 4096;
 /// Shortest time between two reloads of one process's tables for unmapped PCs.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
 
+/// Shortest time between two rebuilds of a full arena: when the files in use do not fit,
+/// new processes keep frame pointers rather than the loader rewriting the arena again and
+/// again.
+pub const REBUILD_EVERY: Duration = Duration::from_secs(60);
+
 /// What the tables cost and hold, for `sources`, the agent's metrics and the record summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindStats {
@@ -71,10 +76,55 @@ impl UnwindStats {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Request {
     Load(u32),
     Refresh(u32),
     Drop(u32),
+}
+
+/// Which samples and lifecycle events turn into loader work: each process is asked for
+/// once until it is dropped, and reloaded for unmapped PCs at most every
+/// [`REFRESH_EVERY`]. Pure, so it is tested without a kernel.
+#[derive(Default)]
+struct Policy {
+    /// Processes asked for and not dropped since.
+    requested: HashSet<u32>,
+    refreshed: HashMap<u32, Instant>,
+}
+
+impl Policy {
+    fn on_sample(&mut self, tgid: u32, unwind: u32, now: Instant) -> Option<Request> {
+        let stop = (unwind >> 8) & 0xff;
+        if stop == unwind_stop::NO_PROCESS {
+            // Bounded: past this many live requests, new processes keep frame pointers.
+            return (self.requested.len() < 4 * MAX_PROCESSES && self.requested.insert(tgid))
+                .then_some(Request::Load(tgid));
+        }
+        if unwind & unwind_flags::UNMAPPED_PC == 0 {
+            return None;
+        }
+        let due = self
+            .refreshed
+            .get(&tgid)
+            .is_none_or(|t| now.duration_since(*t) >= REFRESH_EVERY);
+        due.then(|| {
+            self.refreshed.insert(tgid, now);
+            Request::Refresh(tgid)
+        })
+    }
+
+    fn forget(&mut self, tgid: u32) -> Request {
+        self.requested.remove(&tgid);
+        self.refreshed.remove(&tgid);
+        Request::Drop(tgid)
+    }
+
+    fn exec(&mut self, tgid: u32) -> [Request; 2] {
+        let drop = self.forget(tgid);
+        self.requested.insert(tgid);
+        [drop, Request::Load(tgid)]
+    }
 }
 
 /// The capture side: decides which processes need tables and hands the work to the loader
@@ -83,9 +133,7 @@ pub struct Unwinder {
     tx: Option<Sender<Request>>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<Mutex<UnwindStats>>,
-    /// Processes asked for and not dropped since.
-    requested: HashSet<u32>,
-    refreshed: HashMap<u32, Instant>,
+    policy: Policy,
 }
 
 impl Unwinder {
@@ -107,6 +155,7 @@ impl Unwinder {
             arena: RowArena::new(UNWIND_ROWS as usize),
             loaded: HashMap::new(),
             stats: Arc::clone(&stats),
+            last_rebuild: None,
         };
         let thread = std::thread::Builder::new()
             .name("unwind-tables".into())
@@ -116,29 +165,15 @@ impl Unwinder {
             tx: Some(tx),
             thread,
             stats,
-            requested: HashSet::new(),
-            refreshed: HashMap::new(),
+            policy: Policy::default(),
         }
     }
 
     /// Looks at one sample's `unwind` word: asks for the tables of a process sampled without
     /// them, and for a reload where a walk met unmapped code.
     pub fn observe(&mut self, tgid: u32, unwind: u32) {
-        let stop = (unwind >> 8) & 0xff;
-        if stop == unwind_stop::NO_PROCESS {
-            if self.requested.len() < 4 * MAX_PROCESSES && self.requested.insert(tgid) {
-                self.send(Request::Load(tgid));
-            }
-        } else if unwind & unwind_flags::UNMAPPED_PC != 0 {
-            let now = Instant::now();
-            let due = self
-                .refreshed
-                .get(&tgid)
-                .is_none_or(|t| now.duration_since(*t) >= REFRESH_EVERY);
-            if due {
-                self.refreshed.insert(tgid, now);
-                self.send(Request::Refresh(tgid));
-            }
+        if let Some(request) = self.policy.on_sample(tgid, unwind, Instant::now()) {
+            self.send(request);
         }
     }
 
@@ -146,16 +181,15 @@ impl Unwinder {
     /// drops the old program's and loads the new one's now. The request reaches the loader
     /// after the next drain, by when the dynamic loader has usually mapped the libraries.
     pub fn exec(&mut self, tgid: u32) {
-        self.forget(tgid);
-        self.requested.insert(tgid);
-        self.send(Request::Load(tgid));
+        for request in self.policy.exec(tgid) {
+            self.send(request);
+        }
     }
 
     /// A process exec'd (its tables describe the old program) or exited.
     pub fn forget(&mut self, tgid: u32) {
-        self.requested.remove(&tgid);
-        self.refreshed.remove(&tgid);
-        self.send(Request::Drop(tgid));
+        let request = self.policy.forget(tgid);
+        self.send(request);
     }
 
     /// What the tables hold now.
@@ -188,6 +222,7 @@ struct Loader {
     /// Loaded processes and the executable mappings their entry was built from.
     loaded: HashMap<u32, Vec<MappingEntry>>,
     stats: Arc<Mutex<UnwindStats>>,
+    last_rebuild: Option<Instant>,
 }
 
 impl Loader {
@@ -227,12 +262,30 @@ impl Loader {
             return;
         }
         let full = self.arena.full;
-        let Ok(mut entries) = process_entries(tgid, &self.cache, &mut self.arena) else {
-            // Gone already, or not readable: frame pointers.
-            self.failed();
-            return;
+        let mut entries = match process_entries(tgid, &self.cache, &mut self.arena) {
+            Ok(entries) => entries,
+            Err(err) => {
+                // Gone already, or not readable: frame pointers.
+                tracing::debug!("unwind tables of {tgid}: {err}");
+                self.failed();
+                return;
+            }
         };
         if self.arena.full != full {
+            if self
+                .last_rebuild
+                .is_some_and(|t| t.elapsed() < REBUILD_EVERY)
+            {
+                // Walk what fitted; the rest falls back to frame pointers.
+                self.flush_rows();
+                if !entries.is_empty() && self.install(tgid, &entries) {
+                    self.loaded.insert(tgid, entries);
+                } else {
+                    self.failed();
+                }
+                return;
+            }
+            self.last_rebuild = Some(Instant::now());
             self.rebuild(tgid);
             let full = self.arena.full;
             match process_entries(tgid, &self.cache, &mut self.arena) {
@@ -251,6 +304,7 @@ impl Loader {
         if self.install(tgid, &entries) {
             self.loaded.insert(tgid, entries);
         } else {
+            tracing::debug!("unwind tables of {tgid}: the process map is full");
             self.failed();
         }
     }
@@ -321,5 +375,73 @@ impl Loader {
         if let Ok(mut stats) = self.stats.lock() {
             stats.failed += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use energy_bpf_abi::unwind_method;
+
+    const NO_TABLES: u32 = unwind_method::FP | (unwind_stop::NO_PROCESS << 8);
+    const WALKED: u32 = unwind_method::DWARF | (unwind_stop::END_OF_STACK << 8);
+
+    #[test]
+    fn asks_once_per_process_until_dropped() {
+        let mut p = Policy::default();
+        let now = Instant::now();
+        assert_eq!(p.on_sample(7, NO_TABLES, now), Some(Request::Load(7)));
+        assert_eq!(p.on_sample(7, NO_TABLES, now), None, "asked already");
+        assert_eq!(p.on_sample(8, NO_TABLES, now), Some(Request::Load(8)));
+        assert_eq!(
+            p.on_sample(7, WALKED, now),
+            None,
+            "a whole walk needs nothing"
+        );
+        assert_eq!(p.forget(7), Request::Drop(7));
+        assert_eq!(
+            p.on_sample(7, NO_TABLES, now),
+            Some(Request::Load(7)),
+            "a new program"
+        );
+    }
+
+    #[test]
+    fn exec_drops_then_loads_and_is_not_asked_again() {
+        let mut p = Policy::default();
+        assert_eq!(p.exec(9), [Request::Drop(9), Request::Load(9)]);
+        assert_eq!(p.on_sample(9, NO_TABLES, Instant::now()), None);
+    }
+
+    #[test]
+    fn unmapped_pcs_reload_at_most_every_refresh_period() {
+        let mut p = Policy::default();
+        let t0 = Instant::now();
+        let unmapped = WALKED | unwind_flags::UNMAPPED_PC;
+        assert_eq!(p.on_sample(5, unmapped, t0), Some(Request::Refresh(5)));
+        assert_eq!(
+            p.on_sample(5, unmapped, t0 + Duration::from_millis(500)),
+            None
+        );
+        assert_eq!(
+            p.on_sample(5, unmapped, t0 + REFRESH_EVERY),
+            Some(Request::Refresh(5))
+        );
+        // Dropping the process resets it: the next program's first unmapped PC is not late.
+        p.forget(5);
+        assert_eq!(
+            p.on_sample(5, unmapped, t0 + REFRESH_EVERY),
+            Some(Request::Refresh(5))
+        );
+    }
+
+    #[test]
+    fn requests_are_bounded() {
+        let mut p = Policy::default();
+        let now = Instant::now();
+        let asked = (0..5 * MAX_PROCESSES as u32)
+            .filter(|&t| p.on_sample(t, NO_TABLES, now).is_some())
+            .count();
+        assert_eq!(asked, 4 * MAX_PROCESSES);
     }
 }

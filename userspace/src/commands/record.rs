@@ -112,8 +112,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Some(child)
         }
     };
+    let unwind = if session.probes().unwind_stats().is_some() {
+        "unwind tables, frame pointers where a PC has none"
+    } else {
+        "frame pointers"
+    };
     eprintln!(
-        "energy-bpf: recording {} CPUs at {} Hz to {}, activity: {} (Ctrl-C to stop)",
+        "energy-bpf: recording {} CPUs at {} Hz to {}, activity: {}, user stacks: {unwind} \
+         (Ctrl-C to stop)",
         header.cpus.len(),
         args.freq,
         args.output.display(),
@@ -157,6 +163,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     kill(&mut child);
     // A last sweep pins down who is on each CPU at the end of the window.
     let mut last = session.finish();
+    if let Some(u) = session.probes().unwind_stats() {
+        eprintln!(
+            "energy-bpf: unwind tables: {} processes, {} files, {} of {} rows ({:.1} of {} MiB \
+             of kernel memory), {} processes gone or unreadable before loading, {} ms spent loading",
+            u.processes,
+            u.files,
+            u.rows,
+            u.row_capacity,
+            u.rows as f64 * 16.0 / 1048576.0,
+            u.row_bytes() >> 20,
+            u.failed,
+            u.load_ms
+        );
+    }
     last.readings = energy.stop();
     let losses = last.losses;
     if let Err(err) = writer.chunk(last) {

@@ -111,11 +111,15 @@ mod tests {
     #[test]
     fn subtitle_names_source_and_lost_events() {
         let mut p = testdata::profile();
-        assert_eq!(subtitle(&p).as_deref(), Some("source: model"));
+        let unwind = "user stacks: 3 by unwind tables (75.0%), 1 by frame pointers";
+        assert_eq!(
+            subtitle(&p).as_deref(),
+            Some(format!("source: model; {unwind}").as_str())
+        );
         p.meta.lost_events = 12;
         assert_eq!(
             subtitle(&p).as_deref(),
-            Some("source: model; 12 events lost during capture")
+            Some(format!("source: model; 12 events lost during capture; {unwind}").as_str())
         );
         let mut out = Vec::new();
         Svg {
@@ -127,6 +131,7 @@ mod tests {
         assert!(String::from_utf8_lossy(&out).contains("12 events lost during capture"));
         p.meta.source.clear();
         p.meta.lost_events = 0;
+        p.meta.unwind.clear();
         assert_eq!(subtitle(&p), None);
     }
 

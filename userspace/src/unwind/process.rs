@@ -50,6 +50,8 @@ pub struct RowArena {
     capacity: usize,
     /// Files that did not fit.
     pub full: u64,
+    /// Files larger than the whole arena: never loaded again.
+    too_big: std::collections::HashSet<Vec<u8>>,
 }
 
 impl RowArena {
@@ -60,6 +62,7 @@ impl RowArena {
             files: HashMap::new(),
             capacity,
             full: 0,
+            too_big: std::collections::HashSet::new(),
         }
     }
 
@@ -118,10 +121,23 @@ impl RowArena {
         self.files.get(key).copied()
     }
 
+    /// Whether a file was found larger than the whole arena (so it is not read again).
+    pub fn is_too_big(&self, key: &[u8]) -> bool {
+        self.too_big.contains(key)
+    }
+
     /// Stores a file's rows once; `None` when the arena has no room left.
     pub fn insert(&mut self, key: &[u8], rows: &[UnwindRow]) -> Option<(u32, u32)> {
         if let Some(&slice) = self.files.get(key) {
             return Some(slice);
+        }
+        if rows.len() > self.capacity {
+            // Bounded: a machine with this many huge files gets them read again.
+            if self.too_big.len() >= 4096 {
+                self.too_big.clear();
+            }
+            self.too_big.insert(key.to_vec());
+            return None;
         }
         if self.len() + rows.len() > self.capacity {
             self.full += 1;
@@ -189,6 +205,7 @@ pub fn process_entries(
         key.extend_from_slice(m.path.as_bytes());
         let slice = match arena.get(&key) {
             Some(slice) => Some(slice),
+            None if arena.is_too_big(&key) => None,
             None => match cache.table(&path) {
                 Ok((table, _)) => arena.insert(&key, &table.rows),
                 Err(_) => None,
