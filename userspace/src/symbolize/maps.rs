@@ -109,12 +109,11 @@ fn cached_build_id(key: &FileKey) -> Vec<u8> {
     id
 }
 
-/// The GNU build-id of an ELF file; empty when it has none or cannot be read.
+/// The GNU build-id of an ELF file; empty when it has none or cannot be read. Checked by
+/// note name as well as type: a SystemTap note has the same type number, and taking one
+/// (as a type-only reader does) would give every user of one library the same "build-id".
 pub fn read_build_id(path: &std::path::Path) -> Vec<u8> {
-    match blazesym::helper::read_elf_build_id(path) {
-        Ok(Some(id)) => id.into_owned(),
-        Ok(None) | Err(_) => Vec::new(),
-    }
+    crate::unwind::file_build_id(path)
 }
 
 #[cfg(test)]

@@ -223,3 +223,51 @@ fn kernel_frames_from_kallsyms() {
         "[kernel]+0xffffffff81000150"
     );
 }
+
+/// A SystemTap-style note has the same type number (3) as a GNU build-id: only the `GNU`
+/// note is a build-id, whether or not another note comes first.
+#[test]
+fn build_id_is_the_gnu_note_not_any_note_of_its_type() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("notes.c");
+    // A note named "stapsdt", type 3, 4 bytes of descriptor, in its own allocated section
+    // (sections named .note.* sort before .note.gnu.build-id in the linked file).
+    std::fs::write(
+        &src,
+        r#"__asm__(".pushsection .note.a_stapsdt,\"a\",@note\n.balign 4\n.long 8\n.long 4\n.long 3\n.asciz \"stapsdt\"\n.balign 4\n.long 0xdeadbeef\n.popsection\n");
+int main(void) { return 0; }
+"#,
+    )
+    .expect("write source");
+    let build = |name: &str, build_id: &str| {
+        let out = dir.path().join(name);
+        let status = Command::new("gcc")
+            .arg(format!("-Wl,--build-id={build_id}"))
+            .arg("-o")
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("run gcc");
+        assert!(status.success(), "gcc failed");
+        out
+    };
+    let none = build("none", "none");
+    assert_eq!(
+        read_build_id(&none),
+        Vec::<u8>::new(),
+        "no GNU note, no build-id"
+    );
+    let sha1 = build("sha1", "sha1");
+    let id = read_build_id(&sha1);
+    let readelf = Command::new("readelf")
+        .arg("-n")
+        .arg(&sha1)
+        .output()
+        .expect("run readelf");
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(id.len(), 20, "sha1 build-id");
+    assert!(
+        String::from_utf8_lossy(&readelf.stdout).contains(&format!("Build ID: {hex}")),
+        "readelf agrees on {hex}"
+    );
+}

@@ -198,9 +198,8 @@ pub fn process_entries(
         let Some(bias) = mapping_bias(&segments, m.start, m.file_offset) else {
             continue;
         };
-        // Build-id and path together: the recorder's build-id reader takes any note for
-        // one (a SystemTap note is shared by every libstdc++ user), so alone it could
-        // merge two different files.
+        // Build-id and path together: two copies of one file at different paths are then
+        // stored twice, but a file without a build-id never merges with another.
         let mut key = m.build_id.clone();
         key.extend_from_slice(m.path.as_bytes());
         let slice = match arena.get(&key) {
