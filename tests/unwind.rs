@@ -227,11 +227,17 @@ fn debian_python3_reaches_libc_start() {
          while time.time() < end:\n    inner(10000)\n",
     )
     .expect("write script");
+    // Debian's own interpreter, not whichever python3 is first on PATH.
+    let python = "/usr/bin/python3";
+    assert!(
+        Path::new(python).exists(),
+        "{python} missing: apt-get install -y python3"
+    );
     let file = record(
         dir.path(),
         "py",
         "dwarf",
-        &["python3", script.to_str().expect("path")],
+        &[python, script.to_str().expect("path")],
     );
     let stacks = collapsed(&file);
     let (start, total) = share(&stacks, "python3", |f| f == "__libc_start_call_main");
@@ -242,7 +248,8 @@ fn debian_python3_reaches_libc_start() {
     assert!(total > 0, "no samples of python3: {stacks:?}");
     assert!(
         start >= 0.80,
-        "{:.1}% of python3's samples reach __libc_start_call_main (want >= 80%)",
-        start * 100.0
+        "{:.1}% of python3's samples reach __libc_start_call_main (want >= 80%); {}",
+        start * 100.0,
+        report_json(&file)["unwind"]
     );
 }

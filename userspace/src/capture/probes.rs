@@ -4,7 +4,7 @@ use std::{collections::HashMap, path::Path, thread, time::Duration};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         BtfTracePoint, PerfEvent,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -427,10 +427,10 @@ fn start_walker(ebpf: &mut Ebpf) -> Result<Unwinder, String> {
         .and_then(|m| ProgramArray::try_from(m).ok())
         .ok_or("map WALK_PROGS missing")?;
     progs.set(0, &fd, 0).map_err(|e| e.to_string())?;
-    let rows: Array<MapData, energy_bpf_abi::UnwindRow> = ebpf
-        .take_map("UNWIND_ROWS")
-        .and_then(|m| Array::try_from(m).ok())
-        .ok_or("map UNWIND_ROWS missing")?;
+    let rows = match ebpf.take_map("UNWIND_ROWS") {
+        Some(aya::maps::Map::Array(data)) => data,
+        _ => return Err("map UNWIND_ROWS missing".into()),
+    };
     let procs: BpfHashMap<MapData, u32, energy_bpf_abi::UnwindProcess> = ebpf
         .take_map("UNWIND_PROCS")
         .and_then(|m| BpfHashMap::try_from(m).ok())

@@ -85,6 +85,12 @@ impl Session {
         &self.probes
     }
 
+    /// Loads the unwind tables of a process that just exec'd now, rather than after the
+    /// next drain (for the command `record` started).
+    pub fn load_unwind_tables(&mut self, tgid: u32) {
+        self.probes.exec_unwind(tgid);
+    }
+
     /// Mutable access to the sample filter (e.g. to add a spawned command).
     pub fn targets_mut(&mut self) -> &mut Targets {
         &mut self.targets

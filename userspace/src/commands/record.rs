@@ -109,6 +109,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .spawn()
                 .with_context(|| format!("cannot run {program}"))?;
             session.targets_mut().add(child.id());
+            if session.probes().unwind_stats().is_some() && wait_for_exec(child.id()) {
+                // Tables from the first milliseconds, not after the first drain; libraries
+                // the dynamic loader maps later are picked up at the first walk that meets
+                // them.
+                session.load_unwind_tables(child.id());
+            }
             Some(child)
         }
     };
@@ -203,6 +209,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => ExitCode::SUCCESS,
     })
+}
+
+/// Waits (up to 200 ms) until the child we forked has exec'd its program, then 2 ms more
+/// for the dynamic loader; false when it did not exec in time.
+fn wait_for_exec(pid: u32) -> bool {
+    let ours = std::fs::read_link("/proc/self/exe").ok();
+    let deadline = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < deadline {
+        match std::fs::read_link(format!("/proc/{pid}/exe")) {
+            Ok(exe) if Some(&exe) != ours.as_ref() => {
+                std::thread::sleep(Duration::from_millis(2));
+                return true;
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 /// A write failed (disk full, I/O error): the writer has cut the partial record off, so
