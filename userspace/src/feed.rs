@@ -122,6 +122,11 @@ impl Capture {
         })
     }
 
+    /// What the unwind tables hold, when user stacks are walked with them.
+    pub fn unwind_stats(&self) -> Option<crate::capture::unwinder::UnwindStats> {
+        self.session.probes().unwind_stats()
+    }
+
     /// The recording header of this capture (topology, sample rate, start time).
     pub fn header(&self) -> &pb::Header {
         &self.header

@@ -111,6 +111,9 @@ impl Collector {
             tracing::warn!("{fault}; the agent goes on with the other sources");
         }
         self.out.chunk(&chunk);
+        if let Some(u) = self.capture.unwind_stats() {
+            self.out.metrics.unwind_tables(&u);
+        }
         self.capture.push(chunk);
         let started = Instant::now();
         // Polls come about once a second: asking for half a poll less than the interval

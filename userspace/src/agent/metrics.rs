@@ -81,6 +81,8 @@ struct State {
     sink_errors: Family<Labels, Counter>,
     exported: Family<Labels, Counter>,
     pending: Gauge,
+    unwind_samples: Family<Labels, Counter>,
+    unwind_tables: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -109,6 +111,18 @@ impl Metrics {
         let sink_errors = Family::<Labels, Counter>::default();
         let exported = Family::<Labels, Counter>::default();
         let pending = Gauge::default();
+        let unwind_samples = Family::<Labels, Counter>::default();
+        let unwind_tables = Family::<Labels, Gauge>::default();
+        registry.register(
+            "energy_bpf_samples_unwound",
+            "Stack samples by how the user stack was walked (method=\"dwarf\": unwind tables, \"frame_pointer\") and why the walk ended",
+            unwind_samples.clone(),
+        );
+        registry.register(
+            "energy_bpf_unwind_tables",
+            "What the table walker holds: processes with tables, files and rows loaded, row capacity (16 bytes a row of kernel memory)",
+            unwind_tables.clone(),
+        );
         registry.register(
             "energy_bpf_node_joules",
             "Energy of the node since the agent started, by zone; mode=\"idle\" is static power, mode=\"active\" the rest",
@@ -229,6 +243,8 @@ impl Metrics {
                 sink_errors,
                 exported,
                 pending,
+                unwind_samples,
+                unwind_tables,
             }),
         }))
     }
@@ -260,6 +276,16 @@ impl Metrics {
                 .get_or_create(&vec![("kind", kind.into())])
                 .inc_by(n as u64);
         }
+        for sample in &chunk.samples {
+            let method = match sample.unwind_method() {
+                pb::UnwindMethod::Dwarf => "dwarf",
+                pb::UnwindMethod::FramePointer => "frame_pointer",
+            };
+            let stop = crate::record::stop_name(sample.unwind_stop());
+            s.unwind_samples
+                .get_or_create(&vec![("method", method.into()), ("stop", stop.into())])
+                .inc();
+        }
         let Some(now) = chunk.losses else {
             return;
         };
@@ -279,6 +305,21 @@ impl Metrics {
             s.dropped
                 .get_or_create(&vec![("kind", kind.into())])
                 .inc_by(now.saturating_sub(before));
+        }
+    }
+
+    /// What the unwind tables hold now.
+    pub fn unwind_tables(&self, u: &crate::capture::unwinder::UnwindStats) {
+        let s = self.lock();
+        for (what, n) in [
+            ("processes", u.processes),
+            ("files", u.files),
+            ("rows", u.rows),
+            ("row_capacity", u.row_capacity),
+        ] {
+            s.unwind_tables
+                .get_or_create(&vec![("what", what.into())])
+                .set(n as i64);
         }
     }
 

@@ -122,3 +122,41 @@ fn loss_counters_are_exported_as_they_grow() {
         "{text}"
     );
 }
+
+#[test]
+fn samples_are_counted_by_unwind_method_and_stop() {
+    let m = Metrics::new(10).expect("metrics");
+    let sample = |method: pb::UnwindMethod, stop: pb::UnwindStop| pb::Sample {
+        unwind_method: method as i32,
+        unwind_stop: stop as i32,
+        ..Default::default()
+    };
+    m.chunk(&pb::Chunk {
+        samples: vec![
+            sample(pb::UnwindMethod::Dwarf, pb::UnwindStop::EndOfStack),
+            sample(pb::UnwindMethod::Dwarf, pb::UnwindStop::EndOfStack),
+            sample(
+                pb::UnwindMethod::FramePointer,
+                pb::UnwindStop::NoProcessTable,
+            ),
+        ],
+        ..Default::default()
+    });
+    m.unwind_tables(&crate::capture::unwinder::UnwindStats {
+        processes: 3,
+        files: 7,
+        rows: 1000,
+        row_capacity: 1 << 20,
+        ..Default::default()
+    });
+    let text = m.encode().expect("encodes");
+    for line in [
+        "energy_bpf_samples_unwound_total{method=\"dwarf\",stop=\"end_of_stack\"} 2",
+        "energy_bpf_samples_unwound_total{method=\"frame_pointer\",stop=\"no_process_table\"} 1",
+        "energy_bpf_unwind_tables{what=\"processes\"} 3",
+        "energy_bpf_unwind_tables{what=\"rows\"} 1000",
+        "energy_bpf_unwind_tables{what=\"row_capacity\"} 1048576",
+    ] {
+        assert!(text.contains(line), "{line} missing:\n{text}");
+    }
+}
