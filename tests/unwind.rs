@@ -253,3 +253,65 @@ fn debian_python3_reaches_libc_start() {
         report_json(&file)["unwind"]
     );
 }
+
+#[test]
+fn a_library_loaded_later_is_walked_and_symbolized() {
+    if !require_root("a_library_loaded_later_is_walked_and_symbolized") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib = dir.path().join("libhot.so");
+    let prog = dir.path().join("dlmain");
+    build(
+        Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(workload("dlopen_lib.c")),
+        "gcc (library)",
+    );
+    build(
+        Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-o"])
+            .arg(&prog)
+            .arg(workload("dlopen_main.c"))
+            .arg("-ldl"),
+        "gcc (program)",
+    );
+    let file = record(
+        dir.path(),
+        "dl",
+        "dwarf",
+        &[
+            prog.to_str().expect("path"),
+            lib.to_str().expect("path"),
+            "3",
+        ],
+    );
+    let stacks = collapsed(&file);
+    // The tables were loaded before the library was mapped: the first walk into it finds
+    // a PC in no known mapping, the process's tables and recorded mappings are re-read,
+    // and from then on its frames are walked and named.
+    let (caller, leaf) = caller_share(&stacks, "lib_inner", "lib_outer");
+    let (main, _) = share(&stacks, "dlmain", |f| f == "lib_inner");
+    eprintln!(
+        "dlopen: {:.1}% of lib_inner show lib_outer; lib_inner in {:.1}% of samples",
+        caller * 100.0,
+        main * 100.0
+    );
+    assert!(leaf > 0, "no samples named lib_inner: {stacks:#?}");
+    assert!(
+        caller >= 0.90,
+        "{:.1}% of lib_inner's samples show lib_outer as caller: {stacks:#?}",
+        caller * 100.0
+    );
+    let through_main: u64 = stacks
+        .iter()
+        .filter(|(s, _)| s.contains(";main;lib_outer;lib_inner"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        through_main as f64 >= 0.90 * leaf as f64,
+        "lib_inner reached through main in {through_main} of {leaf}: {stacks:#?}"
+    );
+}

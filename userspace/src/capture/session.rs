@@ -63,6 +63,8 @@ pub struct Session {
     exited: [Vec<(u32, u32)>; 2],
     vanished: u64,
     read_mappings: MappingReader,
+    /// Per process: when its mappings were last re-read, and the starts already recorded.
+    remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
 }
 
 impl Session {
@@ -77,6 +79,7 @@ impl Session {
             exited: [Vec::new(), Vec::new()],
             vanished: 0,
             read_mappings,
+            remapped: HashMap::new(),
         }
     }
 
@@ -135,6 +138,9 @@ impl Session {
                     self.observe(&mut chunk, seen);
                     if self.targets.contains(s.tgid) {
                         self.probes.observe_unwind(s.tgid, unwind);
+                        if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
+                            self.remap(&mut chunk, s.tgid, s.ts_ns);
+                        }
                         chunk.samples.push(s);
                     }
                 }
@@ -199,6 +205,37 @@ impl Session {
         self.comms.remove(&tid);
         if tid == tgid {
             self.processes.remove(&tgid);
+            self.remapped.remove(&tgid);
+        }
+    }
+
+    /// A stack walk met code outside the mappings known when the process was first seen
+    /// (`dlopen`): records the executable mappings added since, at most every 500 ms per
+    /// process, so those frames symbolize too.
+    fn remap(&mut self, chunk: &mut pb::Chunk, tgid: u32, ts_ns: u64) {
+        let now = std::time::Instant::now();
+        if let Some((last, _)) = self.remapped.get(&tgid)
+            && now.duration_since(*last) < std::time::Duration::from_millis(500)
+        {
+            return;
+        }
+        if self.remapped.len() > 65_536 {
+            self.remapped.clear();
+        }
+        let Ok(maps) = (self.read_mappings)(tgid, ts_ns) else {
+            return;
+        };
+        let (last, known) = self
+            .remapped
+            .entry(tgid)
+            .or_insert_with(|| (now, HashSet::new()));
+        *last = now;
+        // The first re-read repeats what the first sighting recorded (the same mapping twice
+        // symbolizes the same); later ones add only what is new.
+        for m in maps {
+            if known.insert(m.start) {
+                chunk.mappings.push(m);
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 //! An `exec` drops the process's entry (the next sample asks again, by then with the new
 //! program's libraries mapped); an exit drops it for good. A walk that meets a PC outside
 //! every known mapping ([`unwind_flags::UNMAPPED_PC`]: `dlopen`, JIT code) asks for a reload,
-//! at most once per [`REFRESH_EVERY`] per process, and only re-reads when the process's
+//! at most once per [`REFRESH_EVERY`] per process, and only rewrites the entry when the process's
 //! executable mappings changed.
 //!
 //! Memory is bounded by the maps: [`UNWIND_ROWS`] rows (16 MiB) shared by every file, and
@@ -46,7 +46,7 @@ use crate::unwind::{
 pub const MAX_PROCESSES: usize = 4096;
 
 /// Shortest time between two reloads of one process's tables for unmapped PCs.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
+pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
 
 /// Shortest time between two rebuilds of a full arena: when the files in use do not fit,
 /// new processes keep frame pointers rather than the loader rewriting the arena again and

@@ -221,8 +221,68 @@ pub fn process_entries(
             row_count,
         });
     }
+    if out.len() < MAX_MAPPINGS
+        && let Some(entry) = vdso_entry(tgid, arena)
+    {
+        out.push(entry);
+    }
     out.sort_by_key(|e| e.start);
     Ok(out)
+}
+
+/// The entry of the process's vDSO (`clock_gettime` and friends, hot in many programs): the
+/// kernel maps the same image into every process, so its table is compiled once from ours.
+fn vdso_entry(tgid: u32, arena: &mut RowArena) -> Option<MappingEntry> {
+    let maps = std::fs::read_to_string(format!("/proc/{tgid}/maps")).ok()?;
+    let (start, end) = vdso_range(&maps)?;
+    let vdso = own_vdso()?;
+    let (row_start, row_count) = arena.insert(b"[vdso]", &vdso.0.rows)?;
+    Some(MappingEntry {
+        start,
+        end,
+        bias: start.wrapping_sub(vdso.1),
+        row_start,
+        row_count,
+    })
+}
+
+/// The `[vdso]` line of a maps file.
+fn vdso_range(maps: &str) -> Option<(u64, u64)> {
+    let line = maps.lines().find(|l| l.trim_end().ends_with("[vdso]"))?;
+    let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+    Some((
+        u64::from_str_radix(start, 16).ok()?,
+        u64::from_str_radix(end, 16).ok()?,
+    ))
+}
+
+/// Our own vDSO's table and the virtual address its image is linked at (its first load
+/// segment's address less that segment's file offset), read once.
+fn own_vdso() -> Option<&'static (super::UnwindTable, u64)> {
+    static VDSO: std::sync::OnceLock<Option<(super::UnwindTable, u64)>> =
+        std::sync::OnceLock::new();
+    VDSO.get_or_init(|| {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let (start, end) = vdso_range(&maps)?;
+        // SAFETY: getauxval has no preconditions.
+        let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+        if base != start || end <= start || end - start > 1 << 20 {
+            return None;
+        }
+        // SAFETY: [start, end) is our own vDSO mapping, readable for the whole life of the
+        // process, and checked above to be where the auxiliary vector says it is.
+        let image =
+            unsafe { std::slice::from_raw_parts(start as *const u8, (end - start) as usize) };
+        let table = super::compile_elf(image).ok()?;
+        use object::{Object as _, ObjectSegment as _};
+        let file = object::File::parse(image).ok()?;
+        let linked = file
+            .segments()
+            .next()
+            .map(|s| s.address().wrapping_sub(s.file_range().0))?;
+        Some((table, linked))
+    })
+    .as_ref()
 }
 
 /// The row for `pc` (a file virtual address) in one file's sorted rows; `None` for gaps.
