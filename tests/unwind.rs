@@ -315,3 +315,53 @@ fn a_library_loaded_later_is_walked_and_symbolized() {
         "lib_inner reached through main in {through_main} of {leaf}: {stacks:#?}"
     );
 }
+
+#[test]
+fn samples_taken_in_the_kernel_keep_their_whole_user_stack() {
+    if !require_root("samples_taken_in_the_kernel_keep_their_whole_user_stack") {
+        return;
+    }
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    if (v.next().unwrap_or(0), v.next().unwrap_or(0)) < (5, 15) {
+        eprintln!(
+            "SKIPPED: kernel {release} has no bpf_task_pt_regs (5.15); kernel-mode samples use frame pointers there"
+        );
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = dir.path().join("syscalls");
+    build(
+        Command::new("gcc")
+            .args(["-O2", "-fomit-frame-pointer", "-o"])
+            .arg(&prog)
+            .arg(workload("syscalls.c")),
+        "gcc",
+    );
+    let file = record(
+        dir.path(),
+        "sys",
+        "dwarf",
+        &[prog.to_str().expect("path"), "3"],
+    );
+    let stacks = collapsed(&file);
+    let (in_kernel, total) = share(&stacks, "syscalls", |f| f.ends_with("_[k]"));
+    let (main, _) = share(&stacks, "syscalls", |f| f == "main");
+    eprintln!(
+        "syscalls: {:.1}% of samples in the kernel, {:.1}% reach main",
+        in_kernel * 100.0,
+        main * 100.0
+    );
+    assert!(total > 0, "no samples of syscalls: {stacks:?}");
+    // Reading /dev/zero 64 KiB at a time keeps it in the kernel most of the time: the user
+    // stack then comes from the registers saved at kernel entry (Linux 5.15+).
+    assert!(in_kernel >= 0.5, "{:.1}% in the kernel", in_kernel * 100.0);
+    assert!(
+        main >= 0.95,
+        "{:.1}% of samples reach main, kernel-mode ones included: {stacks:#?}",
+        main * 100.0
+    );
+}

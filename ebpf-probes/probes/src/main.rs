@@ -15,8 +15,10 @@ use aya_ebpf::{
     bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, bpf_perf_event_value, pt_regs},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_user,
-        generated::{bpf_get_stack, bpf_perf_event_read_value},
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{
+            bpf_get_current_task_btf, bpf_get_stack, bpf_perf_event_read_value, bpf_task_pt_regs,
+        },
     },
     macros::{btf_tracepoint, map, perf_event},
     maps::{Array, HashMap, PerCpuArray, PerfEventArray, ProgramArray, RingBuf},
@@ -75,6 +77,12 @@ struct ActivityCursor {
 /// Nonzero when the table walker is loaded (`--unwind dwarf|auto`).
 #[unsafe(no_mangle)]
 static UNWIND_ON: u32 = 0;
+
+/// Nonzero when the kernel has `bpf_task_pt_regs` (Linux 5.15): a sample taken in kernel
+/// mode then walks the user stack from the registers saved at kernel entry. Zero leaves the
+/// helper call in dead code, which the verifier never visits on older kernels.
+#[unsafe(no_mangle)]
+static TASK_REGS_ON: u32 = 0;
 
 /// Every loaded file's unwind rows; each process's mappings point at slices of it.
 #[map(name = "UNWIND_ROWS")]
@@ -368,23 +376,50 @@ fn start_table_walk(ctx: &PerfEventContext, pid_tgid: u64) -> u32 {
     if unsafe { UNWIND_PROCS.get(&tgid) }.is_none() {
         return unwind_stop::NO_PROCESS;
     }
-    let regs = ctx.as_ptr() as *const pt_regs;
+    let sampled = ctx.as_ptr() as *const pt_regs;
     let (Some(state), Some(event)) = (WALK_STATE.get_ptr_mut(0), WALK_SAMPLE.get_ptr_mut(0)) else {
         return unwind_stop::TAIL_CALL;
     };
-    // SAFETY: `regs` is the sample's pt_regs; `state` and `event` are this CPU's slots, and
-    // a perf_event program does not nest on one CPU.
+    // SAFETY: `sampled` is the sample's pt_regs; the task's user registers are copied with
+    // bpf_probe_read_kernel from what bpf_task_pt_regs returns; `state` and `event` are this
+    // CPU's slots, and a perf_event program does not nest on one CPU.
     unsafe {
-        if (*regs).cs & 3 != 3 {
-            return unwind_stop::IN_KERNEL;
+        let mut kernel_depth = 0;
+        let (pc, sp, bp);
+        if (*sampled).cs & 3 == 3 {
+            (pc, sp, bp) = ((*sampled).rip, (*sampled).rsp, (*sampled).rbp);
+        } else {
+            if global(&TASK_REGS_ON) == 0 {
+                return unwind_stop::IN_KERNEL;
+            }
+            let at = bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs;
+            let Ok(user) = bpf_probe_read_kernel(at) else {
+                return unwind_stop::IN_KERNEL;
+            };
+            if user.cs & 3 != 3 {
+                // A kernel thread: no user stack to walk.
+                return unwind_stop::IN_KERNEL;
+            }
+            (pc, sp, bp) = (user.rip, user.rsp, user.rbp);
+            const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+            let k = bpf_get_stack(
+                ctx.as_ptr(),
+                (*event).kernel_stack.as_mut_ptr().cast(),
+                STACK_BYTES,
+                0,
+            );
+            if k < 0 {
+                bump(counter::STACK_ERRORS);
+            }
+            kernel_depth = if k > 0 { (k as u32) / 8 } else { 0 };
         }
         fill_sample_header(event, pid_tgid, unwind_method::DWARF);
-        (*event).kernel_depth = 0;
+        (*event).kernel_depth = kernel_depth;
         (*event).user_depth = 0;
         *state = WalkState {
-            pc: (*regs).rip,
-            sp: (*regs).rsp,
-            bp: (*regs).rbp,
+            pc,
+            sp,
+            bp,
             depth: 0,
             flags: 0,
         };

@@ -170,13 +170,16 @@ impl Probes {
         // Opened before loading: whether there is a counter is frozen into the probe.
         let activity = ActivityCounters::open(activity, &cpus)?;
         let activity_on = u32::from(activity.is_some());
+        // bpf_task_pt_regs: user registers for samples taken in kernel mode.
+        let task_regs_on = u32::from(host::kernel_at_least(&host::uname().0, (5, 15)));
         let load = |unwind_on: u32| {
             let mut loader = EbpfLoader::new();
             loader
                 .override_global("TASK_PID_OFFSET", &pid_off, true)
                 .override_global("TASK_TGID_OFFSET", &tgid_off, true)
                 .override_global("ACTIVITY_ON", &activity_on, true)
-                .override_global("UNWIND_ON", &unwind_on, true);
+                .override_global("UNWIND_ON", &unwind_on, true)
+                .override_global("TASK_REGS_ON", &task_regs_on, true);
             if let Some(bytes) = sample_ring_bytes {
                 loader.map_max_entries("SAMPLES", bytes);
             }
