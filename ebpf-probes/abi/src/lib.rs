@@ -207,6 +207,9 @@ pub const UNWIND_MAPPINGS: usize = 16;
 /// Rows in the walker's shared row array (16 MiB of kernel memory at 16 bytes a row).
 pub const UNWIND_ROWS: u32 = 1 << 20;
 
+/// Processes with tables at once (the `UNWIND_PROCS` map's size).
+pub const UNWIND_PROCESSES: u32 = 4096;
+
 /// One executable mapping of a process in the walker's table: PCs in `[start, end)` use rows
 /// `row_start..row_start + row_count` of the shared row array, looked up at `pc - bias`.
 #[repr(C)]

@@ -26,9 +26,9 @@ use aya_ebpf::{
 };
 use energy_bpf_abi::{
     COMM_LEN, MAX_STACK_DEPTH, ProcEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER,
-    SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent, UNWIND_MAPPINGS, UNWIND_ROWS,
-    UnwindMapping, UnwindProcess, UnwindRow, counter, proc_kind, switch_flags, unwind_flags,
-    unwind_kind, unwind_method, unwind_reg, unwind_stop,
+    SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent, UNWIND_MAPPINGS,
+    UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, counter, proc_kind,
+    switch_flags, unwind_flags, unwind_kind, unwind_method, unwind_reg, unwind_stop,
 };
 
 /// `BPF_RB_NO_WAKEUP`: never wake the consumer from the probe (see module docs).
@@ -90,7 +90,7 @@ static UNWIND_ROWS_MAP: Array<UnwindRow> = Array::with_max_entries(UNWIND_ROWS, 
 
 /// Processes with tables, by tgid.
 #[map]
-static UNWIND_PROCS: HashMap<u32, UnwindProcess> = HashMap::with_max_entries(4096, 0);
+static UNWIND_PROCS: HashMap<u32, UnwindProcess> = HashMap::with_max_entries(UNWIND_PROCESSES, 0);
 
 /// The sample a table walk is filling, per CPU.
 #[map]

@@ -43,7 +43,11 @@ use crate::unwind::{
 };
 
 /// Most processes with tables at once (the `UNWIND_PROCS` map's size).
-pub const MAX_PROCESSES: usize = 4096;
+pub const MAX_PROCESSES: usize = energy_bpf_abi::UNWIND_PROCESSES as usize;
+
+/// How often processes that are gone without an exit event (the lifecycle ring buffer was
+/// full) are forgotten on both sides, so lost exits never fill the tables for good.
+pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Shortest time between two reloads of one process's tables for unmapped PCs.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
@@ -83,6 +87,13 @@ enum Request {
     Load(u32),
     Refresh(u32),
     Drop(u32),
+    /// Drop every process that no longer exists.
+    Prune,
+}
+
+/// Whether process `tgid` still exists.
+fn alive(tgid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{tgid}")).exists()
 }
 
 /// Which samples and lifecycle events turn into loader work: each process is asked for
@@ -127,6 +138,12 @@ impl Policy {
         self.requested.insert(tgid);
         [drop, Request::Load(tgid)]
     }
+
+    /// Forgets processes for which `alive` says no.
+    fn prune(&mut self, alive: impl Fn(u32) -> bool) {
+        self.requested.retain(|&t| alive(t));
+        self.refreshed.retain(|&t, _| alive(t));
+    }
 }
 
 /// The capture side: decides which processes need tables and hands the work to the loader
@@ -136,6 +153,7 @@ pub struct Unwinder {
     thread: Option<JoinHandle<()>>,
     stats: Arc<Mutex<UnwindStats>>,
     policy: Policy,
+    pruned: Instant,
     /// Tells the loader to leave queued work: the capture is ending.
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -172,6 +190,7 @@ impl Unwinder {
             thread,
             stats,
             policy: Policy::default(),
+            pruned: Instant::now(),
             stop,
         }
     }
@@ -179,8 +198,14 @@ impl Unwinder {
     /// Looks at one sample's `unwind` word: asks for the tables of a process sampled without
     /// them, and for a reload where a walk met unmapped code.
     pub fn observe(&mut self, tgid: u32, unwind: u32) {
-        if let Some(request) = self.policy.on_sample(tgid, unwind, Instant::now()) {
+        let now = Instant::now();
+        if let Some(request) = self.policy.on_sample(tgid, unwind, now) {
             self.send(request);
+        }
+        if now.duration_since(self.pruned) >= PRUNE_EVERY {
+            self.pruned = now;
+            self.policy.prune(alive);
+            self.send(Request::Prune);
         }
     }
 
@@ -253,9 +278,12 @@ impl Loader {
                         self.load(tgid);
                     }
                 }
-                Request::Drop(tgid) => {
-                    if self.loaded.remove(&tgid).is_some() {
-                        let _ = self.procs.remove(&tgid);
+                Request::Drop(tgid) => self.drop_process(tgid),
+                Request::Prune => {
+                    let gone: Vec<u32> =
+                        self.loaded.keys().copied().filter(|&t| !alive(t)).collect();
+                    for tgid in gone {
+                        self.drop_process(tgid);
                     }
                 }
             }
@@ -265,6 +293,12 @@ impl Loader {
                 stats.rows = self.arena.len() as u64;
                 stats.load_ms += started.elapsed().as_millis() as u64;
             }
+        }
+    }
+
+    fn drop_process(&mut self, tgid: u32) {
+        if self.loaded.remove(&tgid).is_some() {
+            let _ = self.procs.remove(&tgid);
         }
     }
 
@@ -543,6 +577,26 @@ mod tests {
         assert_eq!(
             p.on_sample(5, unmapped, t0 + REFRESH_EVERY),
             Some(Request::Refresh(5))
+        );
+    }
+
+    #[test]
+    fn prune_forgets_processes_that_are_gone() {
+        let mut p = Policy::default();
+        let now = Instant::now();
+        for t in [1, 2, 3] {
+            p.on_sample(t, NO_TABLES, now);
+        }
+        p.prune(|t| t == 2);
+        assert_eq!(
+            p.on_sample(1, NO_TABLES, now),
+            Some(Request::Load(1)),
+            "pruned"
+        );
+        assert_eq!(
+            p.on_sample(2, NO_TABLES, now),
+            None,
+            "still alive, still asked"
         );
     }
 
