@@ -564,10 +564,7 @@ mod tests {
         let t0 = Instant::now();
         let unmapped = WALKED | unwind_flags::UNMAPPED_PC;
         assert_eq!(p.on_sample(5, unmapped, t0), Some(Request::Refresh(5)));
-        assert_eq!(
-            p.on_sample(5, unmapped, t0 + Duration::from_millis(500)),
-            None
-        );
+        assert_eq!(p.on_sample(5, unmapped, t0 + REFRESH_EVERY / 2), None);
         assert_eq!(
             p.on_sample(5, unmapped, t0 + REFRESH_EVERY),
             Some(Request::Refresh(5))
