@@ -262,6 +262,10 @@ struct Loader {
 
 impl Loader {
     fn run(mut self, rx: Receiver<Request>) {
+        // Building tables is background work: it yields to the programs being profiled and
+        // to the capture's own drain.
+        // SAFETY: setpriority on this thread's own id (Linux threads have their own nice).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
         while let Ok(request) = rx.recv() {
             if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
                 return;

@@ -4,8 +4,9 @@
 //! little-endian) and a CRC32C of everything before it. The directory is private (0700,
 //! owned by us, refused when others may write to it: these rows end up in BPF maps that
 //! steer kernel memory reads), files are 0600 and written by rename, so a reader never sees
-//! half a file. A damaged or foreign file is ignored and rebuilt. Files without a build-id
-//! are compiled every time: nothing identifies their content.
+//! half a file. A damaged or foreign file is ignored and rebuilt. A file without a build-id
+//! is keyed by what `stat` says of it (device, inode, size, modification time, path), so
+//! it is compiled again only when it changes.
 
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -63,8 +64,43 @@ pub enum TableSource {
     Cached,
     /// Compiled now and stored.
     Built,
-    /// Compiled now, not stored: the file has no build-id.
+    /// Compiled now and stored under what `stat` says of the file: it has no build-id.
+    BuiltByStat,
+    /// Compiled now, not stored: neither a build-id nor `stat` identify it.
     Uncached,
+}
+
+/// The cache key of a file: its build-id, or for a file without one `stat-` and a digest
+/// of its device, inode, size, modification time and path (a length no build-id has).
+/// Empty when neither is usable.
+fn cache_key(build_id: &[u8], path: &Path) -> Vec<u8> {
+    if !build_id.is_empty() {
+        return if build_id.len() <= MAX_BUILD_ID {
+            build_id.to_vec()
+        } else {
+            Vec::new()
+        };
+    }
+    let Ok(m) = fs::metadata(path) else {
+        return Vec::new();
+    };
+    let mut facts = Vec::new();
+    for v in [
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime() as u64,
+        m.mtime_nsec() as u64,
+    ] {
+        facts.extend_from_slice(&v.to_le_bytes());
+    }
+    facts.extend_from_slice(path.as_os_str().as_encoded_bytes());
+    let mut key = b"stat-".to_vec();
+    key.extend_from_slice(&m.size().to_le_bytes());
+    key.extend_from_slice(&crc32c::crc32c(&facts).to_le_bytes());
+    facts.reverse();
+    key.extend_from_slice(&crc32c::crc32c(&facts).to_le_bytes());
+    key
 }
 
 /// The cache directory.
@@ -116,24 +152,56 @@ impl UnwindCache {
     /// The table of the ELF file at `path`: from the cache when its build-id is there,
     /// else compiled (and stored when it has a build-id).
     pub fn table(&self, path: &Path) -> Result<(UnwindTable, TableSource), CacheError> {
+        self.table_at_most(path, usize::MAX)?
+            .ok_or(CacheError::Compile(UnwindError::TooManyRows {
+                cap: usize::MAX,
+            }))
+    }
+
+    /// [`UnwindCache::table`], or `None` when the table has more than `max_rows` rows. A
+    /// cached table that large is recognised by its file size and not read (for the
+    /// sampler, whose row array cannot hold it anyway).
+    pub fn table_at_most(
+        &self,
+        path: &Path,
+        max_rows: usize,
+    ) -> Result<Option<(UnwindTable, TableSource)>, CacheError> {
         let mut cached = None;
+        let mut too_big = false;
+        let mut key = Vec::new();
         let (id, built) = super::compile::build_id_and_table(path, |id| {
-            if id.is_empty() || id.len() > MAX_BUILD_ID {
+            key = cache_key(id, path);
+            if key.is_empty() {
                 return true;
             }
-            cached = self.load(id);
+            let rows = fs::metadata(self.path_for(&key))
+                .map(|m| (m.len() as usize).saturating_sub(HEADER + 4) / ROW_BYTES);
+            if rows.is_ok_and(|rows| rows > max_rows) {
+                too_big = true;
+                return false;
+            }
+            cached = self.load(&key);
             cached.is_none()
         })?;
+        if too_big {
+            return Ok(None);
+        }
         if let Some(table) = cached {
-            return Ok((table, TableSource::Cached));
+            return Ok(Some((table, TableSource::Cached)));
         }
         // `want` asked for a table whenever there was no cached one.
         let table = built.unwrap_or_default();
-        if id.is_empty() || id.len() > MAX_BUILD_ID {
-            return Ok((table, TableSource::Uncached));
+        if key.is_empty() {
+            return Ok(Some((table, TableSource::Uncached)));
         }
-        self.store(&id, &table)?;
-        Ok((table, TableSource::Built))
+        self.store(&key, &table)?;
+        let fits = table.rows.len() <= max_rows;
+        let source = if id.is_empty() {
+            TableSource::BuiltByStat
+        } else {
+            TableSource::Built
+        };
+        Ok(fits.then_some((table, source)))
     }
 
     /// The cache file of `build_id`.

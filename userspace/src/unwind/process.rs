@@ -126,17 +126,22 @@ impl RowArena {
         self.too_big.contains(key)
     }
 
+    /// Remembers a file larger than the whole arena.
+    pub fn mark_too_big(&mut self, key: &[u8]) {
+        // Bounded: a machine with this many huge files gets them looked at again.
+        if self.too_big.len() >= 4096 {
+            self.too_big.clear();
+        }
+        self.too_big.insert(key.to_vec());
+    }
+
     /// Stores a file's rows once; `None` when the arena has no room left.
     pub fn insert(&mut self, key: &[u8], rows: &[UnwindRow]) -> Option<(u32, u32)> {
         if let Some(&slice) = self.files.get(key) {
             return Some(slice);
         }
         if rows.len() > self.capacity {
-            // Bounded: a machine with this many huge files gets them read again.
-            if self.too_big.len() >= 4096 {
-                self.too_big.clear();
-            }
-            self.too_big.insert(key.to_vec());
+            self.mark_too_big(key);
             return None;
         }
         if self.len() + rows.len() > self.capacity {
@@ -205,8 +210,12 @@ pub fn process_entries(
         let slice = match arena.get(&key) {
             Some(slice) => Some(slice),
             None if arena.is_too_big(&key) => None,
-            None => match cache.table(&path) {
-                Ok((table, _)) => arena.insert(&key, &table.rows),
+            None => match cache.table_at_most(&path, arena.capacity()) {
+                Ok(Some((table, _))) => arena.insert(&key, &table.rows),
+                Ok(None) => {
+                    arena.mark_too_big(&key);
+                    None
+                }
                 Err(_) => None,
             },
         };

@@ -245,23 +245,50 @@ fn unwind_cache_round_trips_and_rejects_damage() {
 }
 
 #[test]
-fn unwind_cache_does_not_store_files_without_a_build_id() {
+fn unwind_cache_keys_files_without_a_build_id_by_stat() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("n.c");
     let bin = dir.path().join("n");
-    std::fs::write(&src, "int main(void) { return 0; }").unwrap();
-    let mut gcc = Command::new("gcc");
-    gcc.args(["-O2", "-Wl,--build-id=none", "-o"])
-        .arg(&bin)
-        .arg(&src);
-    assert!(gcc.status().unwrap().success(), "gcc failed");
+    let build = |body: &str| {
+        std::fs::write(&src, body).unwrap();
+        let mut gcc = Command::new("gcc");
+        gcc.args(["-O2", "-Wl,--build-id=none", "-o"])
+            .arg(&bin)
+            .arg(&src);
+        assert!(gcc.status().unwrap().success(), "gcc failed");
+    };
+    build("int main(void) { return 0; }");
     let cache = UnwindCache::open(dir.path().join("cache")).unwrap();
     let (table, src) = cache.table(&bin).unwrap();
-    assert_eq!(src, TableSource::Uncached);
+    assert_eq!(src, TableSource::BuiltByStat);
     assert!(!table.rows.is_empty());
+    let (again, src) = cache.table(&bin).unwrap();
     assert_eq!(
-        std::fs::read_dir(dir.path().join("cache")).unwrap().count(),
-        0
+        (src, &again),
+        (TableSource::Cached, &table),
+        "unchanged: read back"
+    );
+    // A rebuilt file is a different file, whatever its name.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    build("int f(int x) { return x * 3; } int main(int c, char **v) { return f(c); }");
+    assert_eq!(cache.table(&bin).unwrap().1, TableSource::BuiltByStat);
+}
+
+#[test]
+fn unwind_cache_skips_a_table_larger_than_asked_without_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = UnwindCache::open(dir.path().join("cache")).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let (table, _) = cache.table(&exe).unwrap();
+    let n = table.rows.len();
+    assert!(n > 10);
+    assert!(
+        cache.table_at_most(&exe, n - 1).unwrap().is_none(),
+        "cached, too big"
+    );
+    assert_eq!(
+        cache.table_at_most(&exe, n).unwrap().map(|t| t.1),
+        Some(TableSource::Cached)
     );
 }
 
