@@ -394,10 +394,18 @@ impl Loader {
     /// Writes the rows added since the last flush into the row array.
     fn flush_rows(&mut self) {
         let (start, rows) = self.arena.take_new();
+        if rows.is_empty() {
+            return;
+        }
         let fd = self.rows.fd().as_fd().as_raw_fd();
         if let Err(err) = write_rows(fd, start, &rows) {
             tracing::warn!("writing unwind rows: {err}; their processes use frame pointers");
         }
+        drop(rows);
+        // A large table passes through the heap once (tens of MiB for the largest files);
+        // hand that back to the system instead of keeping it as the process's footprint.
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
     }
 
     fn install(&mut self, tgid: u32, entries: &[MappingEntry]) -> bool {
