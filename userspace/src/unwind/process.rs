@@ -135,6 +135,25 @@ impl RowArena {
         self.too_big.insert(key.to_vec());
     }
 
+    /// [`RowArena::insert`] taking the rows by value: when nothing is pending they are
+    /// kept as they are rather than copied (a large file's table then lives once in memory).
+    pub fn insert_owned(&mut self, key: &[u8], rows: Vec<UnwindRow>) -> Option<(u32, u32)> {
+        if !self.rows.is_empty() || self.files.contains_key(key) || rows.len() > self.capacity {
+            return self.insert(key, &rows);
+        }
+        if self.len() + rows.len() > self.capacity {
+            self.full += 1;
+            return None;
+        }
+        let slice = (
+            u32::try_from(self.len()).ok()?,
+            u32::try_from(rows.len()).ok()?,
+        );
+        self.rows = rows;
+        self.files.insert(key.to_vec(), slice);
+        Some(slice)
+    }
+
     /// Stores a file's rows once; `None` when the arena has no room left.
     pub fn insert(&mut self, key: &[u8], rows: &[UnwindRow]) -> Option<(u32, u32)> {
         if let Some(&slice) = self.files.get(key) {
@@ -211,7 +230,7 @@ pub fn process_entries(
             Some(slice) => Some(slice),
             None if arena.is_too_big(&key) => None,
             None => match cache.table_at_most(&path, arena.capacity()) {
-                Ok(Some((table, _))) => arena.insert(&key, &table.rows),
+                Ok(Some((table, _))) => arena.insert_owned(&key, table.rows),
                 Ok(None) => {
                     arena.mark_too_big(&key);
                     None

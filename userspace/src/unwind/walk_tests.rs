@@ -146,4 +146,24 @@ fn unwind_mapping_bias_uses_the_executable_segment() {
     );
     assert_eq!(arena.insert(b"b", &[row; 2]), None, "the arena is bounded");
     assert_eq!(arena.full, 1);
+
+    // Rows taken into the BPF map leave only the index; new rows follow them.
+    let (start, taken) = arena.take_new();
+    assert_eq!((start, taken.len(), arena.len()), (0, 3, 3));
+    assert!(arena.rows().is_empty());
+    assert_eq!(arena.insert_owned(b"c", vec![row; 1]), Some((3, 1)));
+    assert_eq!(arena.get(b"a"), Some((0, 3)), "the index outlives the rows");
+    assert_eq!(
+        arena.insert_owned(b"d", vec![row; 1]),
+        None,
+        "still bounded"
+    );
+    assert_eq!(
+        arena.insert_owned(b"e", vec![row; 5]),
+        None,
+        "larger than the arena"
+    );
+    assert!(arena.is_too_big(b"e"));
+    arena.clear();
+    assert_eq!((arena.len(), arena.files()), (0, 0));
 }
