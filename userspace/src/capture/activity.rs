@@ -210,41 +210,9 @@ fn perf_event_open(kind: u32, config: u64, cpu: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
-/// `BPF_MAP_UPDATE_ELEM` of one `u32 → fd` entry. aya has no call for storing an
-/// arbitrary perf event in a `PERF_EVENT_ARRAY` (its `open` makes output buffers).
+/// `BPF_MAP_UPDATE_ELEM` of one `u32 → fd` entry.
 fn map_update(map_fd: libc::c_int, key: u32, value: libc::c_int) -> io::Result<()> {
-    /// The `BPF_MAP_*_ELEM` member of `union bpf_attr`.
-    #[repr(C)]
-    struct ElemAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-    const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
-    let value = value as u32;
-    let attr = ElemAttr {
-        map_fd: map_fd as u32,
-        _pad: 0,
-        key: (&raw const key) as u64,
-        value: (&raw const value) as u64,
-        flags: 0,
-    };
-    // SAFETY: `attr` and the key and value it points at live across the call; the size is
-    // that of the member we fill.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_ELEM,
-            &raw const attr,
-            std::mem::size_of::<ElemAttr>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    super::bpf_sys::update_elem(map_fd, &key, &(value as u32))
 }
 
 #[cfg(test)]

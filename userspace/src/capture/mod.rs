@@ -7,6 +7,7 @@
 //! chunks on top of it.
 
 pub mod activity;
+mod bpf_sys;
 pub mod btf;
 pub mod host;
 mod probes;

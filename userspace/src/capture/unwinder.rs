@@ -437,100 +437,24 @@ impl Loader {
 const BATCH_ROWS: usize = 1 << 16;
 
 /// Writes `rows` at indices `start..` of the array map `fd`: batches of [`BATCH_ROWS`]
-/// (`BPF_MAP_UPDATE_BATCH`, Linux 5.6), one element per call where the kernel has no batch
-/// operations. A row per call cost ~2 µs, so a 400k-row file took most of a second.
+/// (Linux 5.6), one element per call where the kernel has no batch operations.
 fn write_rows(fd: i32, start: usize, rows: &[UnwindRow]) -> std::io::Result<()> {
+    use super::bpf_sys::{update_batch, update_elem};
     let too_far = || std::io::Error::other("row index past u32");
     let mut batch_ok = true;
     for (n, chunk) in rows.chunks(BATCH_ROWS).enumerate() {
         let first = u32::try_from(start + n * BATCH_ROWS).map_err(|_| too_far())?;
         let keys: Vec<u32> = (0..chunk.len() as u32).map(|i| first + i).collect();
         if batch_ok {
-            match bpf_batch_update(fd, &keys, chunk) {
+            match update_batch(fd, &keys, chunk) {
                 Ok(()) => continue,
                 Err(err) if err.raw_os_error() == Some(libc::EINVAL) => batch_ok = false,
                 Err(err) => return Err(err),
             }
         }
         for (key, row) in keys.iter().zip(chunk) {
-            bpf_update(fd, key, row)?;
+            update_elem(fd, key, row)?;
         }
-    }
-    Ok(())
-}
-
-/// `union bpf_attr` for `BPF_MAP_*_BATCH` (include/uapi/linux/bpf.h).
-#[repr(C)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-/// `union bpf_attr` for `BPF_MAP_UPDATE_ELEM`.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-
-fn bpf_batch_update(fd: i32, keys: &[u32], values: &[UnwindRow]) -> std::io::Result<()> {
-    let mut attr = BatchAttr {
-        in_batch: 0,
-        out_batch: 0,
-        keys: keys.as_ptr() as u64,
-        values: values.as_ptr() as u64,
-        count: keys.len().min(values.len()) as u32,
-        map_fd: fd as u32,
-        elem_flags: 0,
-        flags: 0,
-    };
-    // SAFETY: `attr` is a valid bpf_attr prefix of the size passed; `keys` and `values`
-    // hold `count` elements each and outlive the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_BATCH,
-            &mut attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn bpf_update(fd: i32, key: &u32, value: &UnwindRow) -> std::io::Result<()> {
-    let mut attr = ElemAttr {
-        map_fd: fd as u32,
-        _pad: 0,
-        key: key as *const u32 as u64,
-        value: value as *const UnwindRow as u64,
-        flags: 0,
-    };
-    // SAFETY: as in bpf_batch_update, for one element.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_ELEM,
-            &mut attr as *mut ElemAttr,
-            std::mem::size_of::<ElemAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }

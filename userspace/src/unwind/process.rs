@@ -138,19 +138,15 @@ impl RowArena {
     /// [`RowArena::insert`] taking the rows by value: when nothing is pending they are
     /// kept as they are rather than copied (a large file's table then lives once in memory).
     pub fn insert_owned(&mut self, key: &[u8], rows: Vec<UnwindRow>) -> Option<(u32, u32)> {
-        if !self.rows.is_empty() || self.files.contains_key(key) || rows.len() > self.capacity {
-            return self.insert(key, &rows);
+        if let Some(&slice) = self.files.get(key) {
+            return Some(slice);
         }
-        if self.len() + rows.len() > self.capacity {
-            self.full += 1;
-            return None;
+        let slice = self.place(key, rows.len())?;
+        if self.rows.is_empty() {
+            self.rows = rows;
+        } else {
+            self.rows.extend_from_slice(&rows);
         }
-        let slice = (
-            u32::try_from(self.len()).ok()?,
-            u32::try_from(rows.len()).ok()?,
-        );
-        self.rows = rows;
-        self.files.insert(key.to_vec(), slice);
         Some(slice)
     }
 
@@ -159,19 +155,22 @@ impl RowArena {
         if let Some(&slice) = self.files.get(key) {
             return Some(slice);
         }
-        if rows.len() > self.capacity {
+        let slice = self.place(key, rows.len())?;
+        self.rows.extend_from_slice(rows);
+        Some(slice)
+    }
+
+    /// Reserves `n` rows for a new file at the arena's end.
+    fn place(&mut self, key: &[u8], n: usize) -> Option<(u32, u32)> {
+        if n > self.capacity {
             self.mark_too_big(key);
             return None;
         }
-        if self.len() + rows.len() > self.capacity {
+        if self.len() + n > self.capacity {
             self.full += 1;
             return None;
         }
-        let slice = (
-            u32::try_from(self.len()).ok()?,
-            u32::try_from(rows.len()).ok()?,
-        );
-        self.rows.extend_from_slice(rows);
+        let slice = (u32::try_from(self.len()).ok()?, u32::try_from(n).ok()?);
         self.files.insert(key.to_vec(), slice);
         Some(slice)
     }
