@@ -304,3 +304,34 @@ fn learner_persists_across_restarts() {
     );
     assert_eq!(back.intervals, learned.intervals);
 }
+
+#[test]
+fn learns_the_simulated_static_power_from_windows_of_a_busy_machine() {
+    use crate::attribute::{load::load_rows, scenarios::one_cpu_always_busy, sim::simulate};
+    // Windows of the machine (6 W static, one CPU never idle), as the agent would
+    // see them one after another.
+    let mut k = Keeper::new(2);
+    for seed in 1..=6 {
+        let out = simulate(&one_cpu_always_busy(seed));
+        let input = crate::attribute::Input {
+            timeline: &out.timeline,
+            samples: &[],
+            sources: &out.sources,
+            readings: &out.readings,
+            cpus: &out.cpus,
+            threads: &[],
+            activity: None,
+        };
+        for load in load_rows(&input, ROW_NS) {
+            for row in &load.rows {
+                k.offer(Kept::from_row(row, i128::from(seed) * 100_000_000_000));
+            }
+        }
+    }
+    let l = k.estimate().expect("identified");
+    assert!((l.watts - 6.0).abs() < 0.1, "{l:?}");
+    assert!(
+        l.fit.ci_low_w - 0.1 <= 6.0 && 6.0 <= l.fit.ci_high_w + 0.1,
+        "{l:?}"
+    );
+}
