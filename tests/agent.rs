@@ -40,10 +40,20 @@ fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
 
 /// [`start_agent`] with more flags.
 pub fn start_agent_with(dir: &Path, extra: &[&str]) -> (Daemon, String, mpsc::Receiver<String>) {
+    let mut args = vec!["--energy-source", "model"];
+    args.extend_from_slice(extra);
+    spawn_agent(dir, &args)
+}
+
+/// The agent with 1 s windows, a free metrics port, its socket and state in `dir`, and
+/// `extra` flags (which must choose the energy source).
+pub fn spawn_agent(dir: &Path, extra: &[&str]) -> (Daemon, String, mpsc::Receiver<String>) {
     let mut child = Command::new(util::bin())
-        .args(["agent", "--energy-source", "model", "--interval", "1"])
+        .args(["agent", "--interval", "1"])
         .args(["--metrics-addr", "127.0.0.1:0", "--socket"])
         .arg(dir.join("agent.sock"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
         .args(extra)
         .stderr(Stdio::piped())
         .spawn()

@@ -33,3 +33,5 @@ mod otlp;
 mod top_tmux;
 // The agent scraped by a real Prometheus: shares, per-zone sums, monotonic counters.
 mod agent;
+// The agent learns static power from varying load and keeps it across restarts.
+mod learn;

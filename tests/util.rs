@@ -156,3 +156,80 @@ impl Recorder {
         rest
     }
 }
+
+/// An emulated RAPL package counter driven by the machine's real busy CPU time:
+/// `static_w` W plus `per_cpu_w` W per busy CPU, busy being elapsed time × CPUs minus the
+/// idle time of `/proc/stat` ([`machine_idle_ns`]), written into `energy_uj` every 2 ms. Every process, the tests' own and whatever
+/// else runs here, draws the same watts per CPU-second: that is the model the time split
+/// assumes, so a process's truth is `per_cpu_w` × its CPU time. Stops on drop.
+pub struct BusyEmulator {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Idle CPU time of the machine so far (idle + iowait of every CPU), ns, and the number
+/// of CPUs. Unlike user and system time, which the tick samples, idle time is measured at
+/// each idle entry and exit on tickless kernels, so busy = elapsed × CPUs − idle is exact
+/// to the 10 ms the file prints.
+pub fn machine_idle_ns() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let mut lines = stat.lines();
+    let ticks: Vec<u64> = lines
+        .next()
+        .expect("cpu line")
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let cpus = lines.take_while(|l| l.starts_with("cpu")).count().max(1) as u64;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .unwrap_or(100)
+        .max(1);
+    // user nice system idle iowait ...
+    ((ticks[3] + ticks[4]) * 1_000_000_000 / hz, cpus)
+}
+
+impl BusyEmulator {
+    /// Starts writing `energy_uj`.
+    pub fn start(energy_uj: &Path, static_w: f64, per_cpu_w: f64) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let out = std::fs::OpenOptions::new()
+            .write(true)
+            .open(energy_uj)
+            .expect("energy_uj");
+        let thread = {
+            let stop = std::sync::Arc::clone(&stop);
+            std::thread::spawn(move || {
+                use std::os::unix::fs::FileExt as _;
+                let t0 = std::time::Instant::now();
+                let (idle0, cpus) = machine_idle_ns();
+                while !stop.load(Ordering::Relaxed) {
+                    let dt_ns = t0.elapsed().as_nanos() as f64;
+                    let idle = machine_idle_ns().0.saturating_sub(idle0) as f64;
+                    let busy = (dt_ns * cpus as f64 - idle).max(0.0);
+                    // W × ns = nJ; /1000 = µJ, in whole µJ like the real counter. Rewritten
+                    // in place with a fixed width, so every read sees a whole number.
+                    let uj = (static_w * dt_ns + per_cpu_w * busy) / 1000.0;
+                    out.write_all_at(format!("{:020}\n", uj as u64).as_bytes(), 0)
+                        .expect("write energy_uj");
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            })
+        };
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BusyEmulator {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

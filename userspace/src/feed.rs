@@ -14,7 +14,7 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    attribute::{Options, domain_name},
+    attribute::{Learned, Options, domain_name},
     capture::{
         ActivityEvent, Probes, host,
         session::{Session, Targets},
@@ -140,6 +140,12 @@ impl Capture {
     /// The pipeline (window start, pending events).
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
+    }
+
+    /// Static power the agent learned, per source key: used from the next window on where
+    /// nothing given or calibrated wins.
+    pub fn set_learned_static(&mut self, learned: std::collections::BTreeMap<String, Learned>) {
+        self.pipeline.options_mut().learned = learned;
     }
 
     /// Drains the probes and the energy reader into one chunk, shaped as `record` writes

@@ -3,12 +3,17 @@
 //! to the sinks. Control messages (stop, reload) wake it between polls.
 
 use std::{
+    collections::BTreeMap,
     sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
 
-use super::{metrics::Metrics, sink::Sink};
-use crate::{feed::Capture, pb::v1 as pb, pipeline::Window};
+use super::{
+    learn::{self, Learner},
+    metrics::Metrics,
+    sink::Sink,
+};
+use crate::{attribute, clock, feed::Capture, pb::v1 as pb, pipeline::Window};
 
 /// Drains at least this often: ring buffers are sized for about a second of a busy
 /// machine (docs/ARCHITECTURE.md, "Capture"), and a later drain only makes chunks larger.
@@ -33,11 +38,14 @@ pub struct Collector {
     capture: Capture,
     out: Outputs,
     interval: Duration,
+    learner: Option<Learner>,
 }
 
 /// The sinks and the metrics the loop reports to.
 struct Outputs {
     header: pb::Header,
+    /// Calibrated static power per source key (the drift metric compares with it).
+    calibrated: BTreeMap<String, attribute::Calibrated>,
     sinks: Vec<Box<dyn Sink>>,
     metrics: Arc<Metrics>,
 }
@@ -51,6 +59,7 @@ impl Collector {
         interval: Duration,
     ) -> Self {
         let header = capture.header().clone();
+        let calibrated = capture.pipeline().config().options.calibrated.clone();
         for sink in &mut sinks {
             if let Err(err) = sink.start(&header) {
                 tracing::warn!(sink = sink.name(), "cannot start: {err}");
@@ -61,11 +70,19 @@ impl Collector {
             capture,
             out: Outputs {
                 header,
+                calibrated,
                 sinks,
                 metrics,
             },
             interval,
+            learner: None,
         }
+    }
+
+    /// Learns static power from every window (see [`super::learn`]).
+    pub fn learning(mut self, learner: Learner) -> Self {
+        self.learner = Some(learner);
+        self
     }
 
     /// Runs until [`Control::Stop`] or until the sender is gone, then closes the last
@@ -88,10 +105,18 @@ impl Collector {
             self.step();
         }
         let Self {
-            capture, mut out, ..
+            capture,
+            mut out,
+            mut learner,
+            ..
         } = self;
         let started = Instant::now();
         let window = capture.finish(|chunk| out.chunk(chunk));
+        if let Some(learner) = &mut learner {
+            // No window follows to use what the last one teaches: it is only saved.
+            let _ = learn(learner, &window, &out);
+            learner.save();
+        }
         out.window(&window, started, 0);
         for sink in &mut out.sinks {
             if let Err(err) = sink.finish() {
@@ -121,10 +146,41 @@ impl Collector {
         let min_len = self.interval.saturating_sub(MAX_POLL / 2);
         let min_len_ns = u64::try_from(min_len.as_nanos()).unwrap_or(u64::MAX);
         if let Some(window) = self.capture.close_due(min_len_ns) {
+            if let Some(learner) = &mut self.learner {
+                let learned = learn(learner, &window, &self.out);
+                self.capture.set_learned_static(learned);
+            }
             let pending = self.capture.pipeline().pending();
             self.out.window(&window, started, pending);
         }
     }
+}
+
+/// Offers a window's load rows to the learner and gives the metrics what it learned;
+/// returns the identified estimates per source key, for the next windows.
+fn learn(
+    learner: &mut Learner,
+    window: &Window,
+    out: &Outputs,
+) -> BTreeMap<String, attribute::Learned> {
+    let a = &window.analysis;
+    let input = attribute::Input {
+        timeline: &a.timeline,
+        samples: &[],
+        sources: &a.sources,
+        readings: &a.readings,
+        cpus: &out.header.cpus,
+        threads: &[],
+        activity: None,
+    };
+    let loads = attribute::load::load_rows(&input, learn::ROW_NS);
+    let offset = i128::from(clock::realtime_ns()) - i128::from(clock::monotonic_ns());
+    let learned = learner.observe(&loads, offset);
+    out.metrics.set_learned(&learned, &out.calibrated);
+    learned
+        .into_iter()
+        .filter_map(|s| Some((s.key, s.learned?)))
+        .collect()
 }
 
 impl Outputs {

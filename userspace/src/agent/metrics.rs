@@ -66,6 +66,9 @@ struct State {
     container: JoulesFamily,
     source_info: Family<Labels, Gauge>,
     static_identified: Family<Labels, Gauge>,
+    static_watts: WattsFamily,
+    static_learned: WattsFamily,
+    static_drift: WattsFamily,
     series: Gauge,
     events: Family<Labels, Counter>,
     dropped: Family<Labels, Counter>,
@@ -98,6 +101,9 @@ impl Metrics {
         let container = JoulesFamily::default();
         let source_info = Family::<Labels, Gauge>::default();
         let static_identified = Family::<Labels, Gauge>::default();
+        let static_watts = WattsFamily::default();
+        let static_learned = WattsFamily::default();
+        let static_drift = WattsFamily::default();
         let series = Gauge::default();
         let events = Family::<Labels, Counter>::default();
         let dropped = Family::<Labels, Counter>::default();
@@ -152,6 +158,21 @@ impl Metrics {
             "energy_bpf_static_identified",
             "1 when a source's static power is known (given, calibrated, modelled or measured), 0 when it could not be identified: then process series include static power; run `energy-bpf calibrate` or pass --static-power-w",
             static_identified.clone(),
+        );
+        registry.register(
+            "energy_bpf_static_watts",
+            "Static power the last window used, per source, with where it came from (origin: given, calibrated, learned, model, online_idle, extrapolated, online, unidentified)",
+            static_watts.clone(),
+        );
+        registry.register(
+            "energy_bpf_static_learned_watts",
+            "Static power the agent learned from the quietest intervals it kept (persisted in --state-dir), per source; absent until they identify it",
+            static_learned.clone(),
+        );
+        registry.register(
+            "energy_bpf_static_drift_ratio",
+            "Learned static power over calibrated static power, minus 1, per source; only where both exist",
+            static_drift.clone(),
         );
         registry.register(
             "energy_bpf_process_series",
@@ -228,6 +249,9 @@ impl Metrics {
                 container,
                 source_info,
                 static_identified,
+                static_watts,
+                static_learned,
+                static_drift,
                 series,
                 events,
                 dropped,
@@ -347,7 +371,14 @@ impl Metrics {
         );
         s.source_info.clear();
         s.static_identified.clear();
+        s.static_watts.clear();
         for src in &w.analysis.attribution.sources {
+            s.static_watts
+                .get_or_create(&vec![
+                    ("source", src.name.clone()),
+                    ("origin", src.static_origin.kind().to_owned()),
+                ])
+                .set(src.static_w);
             let unknown = matches!(
                 src.static_origin,
                 crate::attribute::StaticOrigin::Unidentified { .. }
@@ -373,6 +404,30 @@ impl Metrics {
                 .set(1);
         }
         s.publish();
+    }
+
+    /// The learned static power of every source, and its drift from the calibrated value
+    /// where both exist.
+    pub fn set_learned(
+        &self,
+        learned: &[super::learn::SourceLearned],
+        calibrated: &BTreeMap<String, crate::attribute::Calibrated>,
+    ) {
+        let s = self.lock();
+        s.static_learned.clear();
+        s.static_drift.clear();
+        for src in learned {
+            let Some(l) = &src.learned else {
+                continue;
+            };
+            let labels = vec![("source", src.name.clone())];
+            s.static_learned.get_or_create(&labels).set(l.watts);
+            if let Some(c) = calibrated.get(&src.key).filter(|c| c.watts > 0.0) {
+                s.static_drift
+                    .get_or_create(&labels)
+                    .set(l.watts / c.watts - 1.0);
+            }
+        }
     }
 
     /// Records how long a window took from close to export.

@@ -160,3 +160,73 @@ fn samples_are_counted_by_unwind_method_and_stop() {
         assert!(text.contains(line), "{line} missing:\n{text}");
     }
 }
+
+#[test]
+fn learned_static_power_and_its_drift_only_where_both_exist() {
+    use crate::agent::learn::SourceLearned;
+    use crate::attribute::{Calibrated, Learned, zero_load::ZeroLoadFit};
+    let m = Metrics::new(1).expect("metrics");
+    let fit = ZeroLoadFit {
+        intercept_w: 6.3,
+        slope_w: 10.0,
+        spread_cpus: 0.5,
+        min_busy_cpus: 0.1,
+        levels: 16,
+        residual_w: 0.1,
+        ci_low_w: 6.0,
+        ci_high_w: 6.6,
+        rows: 64,
+        rejected: 0,
+    };
+    let learned = |name: &str, w: Option<f64>| SourceLearned {
+        key: format!("powercap:{name}"),
+        name: name.into(),
+        learned: w.map(|watts| Learned {
+            watts,
+            intervals: 64,
+            span_s: 3600.0,
+            fit,
+        }),
+    };
+    let calibrated = BTreeMap::from([
+        (
+            "powercap:package-0".to_string(),
+            Calibrated {
+                watts: 6.0,
+                date: "2026-05-20T10:00:00Z".into(),
+                file: String::new(),
+            },
+        ),
+        (
+            "powercap:package-2".to_string(),
+            Calibrated {
+                watts: 4.0,
+                date: "2026-05-20T10:00:00Z".into(),
+                file: String::new(),
+            },
+        ),
+    ]);
+    m.set_learned(
+        &[
+            learned("package-0", Some(6.3)),
+            learned("package-1", Some(5.0)),
+            learned("package-2", None),
+        ],
+        &calibrated,
+    );
+    let text = m.encode().expect("encode");
+    let watts = labels_of(&text, "energy_bpf_static_learned_watts");
+    assert_eq!(watts.len(), 2, "{text}");
+    assert!(watts.contains(&(
+        "energy_bpf_static_learned_watts{source=\"package-1\"}".into(),
+        5.0
+    )));
+    // Drift only for package-0: package-1 has no calibration, package-2 learned nothing.
+    let drift = labels_of(&text, "energy_bpf_static_drift_ratio");
+    assert_eq!(drift.len(), 1, "{text}");
+    assert_eq!(
+        drift[0].0,
+        "energy_bpf_static_drift_ratio{source=\"package-0\"}"
+    );
+    assert!((drift[0].1 - 0.05).abs() < 1e-9, "{drift:?}");
+}

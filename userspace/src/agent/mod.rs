@@ -10,6 +10,8 @@
 
 pub mod collect;
 mod http;
+pub mod learn;
+pub mod learn_store;
 pub mod ledger;
 pub mod metrics;
 pub mod otlp_sink;
@@ -105,10 +107,14 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     let live = settings.live.clone();
     let interval = settings.interval;
     let capture_metrics = Arc::clone(&metrics);
+    let state_dir = settings.state_dir.clone();
     let mut capture = tokio::task::spawn_blocking(move || match Capture::start(&live) {
         Ok(capture) => {
             let _ = ready_tx.send(Ok(()));
-            collect::Collector::new(capture, sinks, capture_metrics, interval).run(&control_rx);
+            let learner = learn::Learner::open(&state_dir, &capture.header().hostname);
+            collect::Collector::new(capture, sinks, capture_metrics, interval)
+                .learning(learner)
+                .run(&control_rx);
         }
         Err(err) => {
             let _ = ready_tx.send(Err(err));
@@ -166,6 +172,7 @@ fn apply_reload(old: &Settings, new: &Settings, control: &mpsc::Sender<collect::
         ("--metrics-addr", old.metrics_addr != new.metrics_addr),
         ("--socket", old.socket != new.socket),
         ("--record-dir/--retain", old.record != new.record),
+        ("--state-dir", old.state_dir != new.state_dir),
         (
             "energy source and capture flags",
             format!(

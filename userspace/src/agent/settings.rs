@@ -23,6 +23,8 @@ pub struct Settings {
     pub record: Option<RecordSettings>,
     /// OTLP profile export, when asked for.
     pub otlp: Option<OtlpSettings>,
+    /// Where state that outlives a restart is kept (the learned static power).
+    pub state_dir: PathBuf,
 }
 
 /// `--otlp-endpoint URL --otlp-header K=V --otlp-insecure --profile-interval SECS`.

@@ -176,7 +176,7 @@ fn book(report: &mut SourceAttribution, iv: &Interval, s: &Split) {
 /// CPUs whose threads may receive a source's energy: the package's CPUs for per-package
 /// domains (a package's energy never goes to another package, docs/ARCHITECTURE.md, "Attribution"), every CPU for
 /// whole-machine domains or when the topology is unknown.
-fn domain_cpus(input: &Input<'_>, source: &EnergySource) -> Vec<u32> {
+pub(super) fn domain_cpus(input: &Input<'_>, source: &EnergySource) -> Vec<u32> {
     if input.cpus.is_empty() {
         return input.timeline.cpus.iter().map(|c| c.cpu).collect();
     }

@@ -19,6 +19,7 @@ pub mod calibrate;
 pub mod ci;
 pub mod interval;
 mod linalg;
+pub mod load;
 pub mod regression;
 pub mod samples;
 #[cfg(any(test, feature = "test-support"))]
@@ -50,7 +51,7 @@ pub use attribution::{
 };
 pub use ci::{Estimate, estimate_samples};
 pub use split::ThreadKey;
-pub use static_power::{Calibrated, StaticOrigin, Unidentified, source_key};
+pub use static_power::{Calibrated, Learned, StaticOrigin, Unidentified, source_key};
 
 /// What attribution reads. All slices may be in any order.
 #[derive(Clone, Copy, Debug)]
@@ -108,6 +109,9 @@ pub struct Options {
     /// Static power measured by `energy-bpf calibrate`, per [`static_power::source_key`]
     /// (used after `static_w_by_source` and `static_w`).
     pub calibrated: BTreeMap<String, Calibrated>,
+    /// Static power the agent learned, per [`static_power::source_key`] (used after
+    /// `calibrated`: a calibration file wins).
+    pub learned: BTreeMap<String, Learned>,
     /// Percentile of GPU interval power used as the GPU's online static estimate, 0..100.
     pub static_percentile: f64,
     /// Power model.
@@ -135,6 +139,7 @@ impl Default for Options {
             static_w_by_source: BTreeMap::new(),
             static_w: None,
             calibrated: BTreeMap::new(),
+            learned: BTreeMap::new(),
             static_percentile: 5.0,
             power_model: PowerModel::Auto,
             regression_classes: 8,

@@ -29,6 +29,21 @@ pub struct Calibrated {
     pub file: String,
 }
 
+/// A static power the agent learned from the quietest intervals it kept over hours
+/// (`agent::learn`): the zero-load fit over them, identified by the same checks as any
+/// other extrapolation, bounded by the lowest kept interval power.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Learned {
+    /// Static power, W.
+    pub watts: f64,
+    /// Intervals kept and fitted.
+    pub intervals: usize,
+    /// Time from the oldest to the newest kept interval, s.
+    pub span_s: f64,
+    /// The fit over them.
+    pub fit: ZeroLoadFit,
+}
+
 /// The stable name of a source across runs and reboots, which calibration files are keyed
 /// by (`EnergySource.id` is only an index in one recording): `kind:name`.
 pub fn source_key(source: &EnergySource) -> String {
@@ -77,6 +92,15 @@ pub enum StaticOrigin {
         /// From which file (empty: the recording's header).
         file: String,
     },
+    /// Learned by the agent from the quietest intervals of hours of running.
+    Learned {
+        /// Intervals it rests on.
+        intervals: usize,
+        /// Time they span, s.
+        span_s: f64,
+        /// The fit over them.
+        fit: ZeroLoadFit,
+    },
     /// The energy model's idle power (estimated sources).
     Model,
     /// Median power of the intervals in which the domain's CPUs were (nearly) idle (≤ 5%
@@ -108,6 +132,7 @@ impl StaticOrigin {
         match self {
             Self::Given => "given",
             Self::Calibrated { .. } => "calibrated",
+            Self::Learned { .. } => "learned",
             Self::Model => "model",
             Self::OnlineIdle => "online_idle",
             Self::Extrapolated { .. } => "extrapolated",
@@ -206,6 +231,16 @@ fn choose(
             },
         );
     }
+    if let Some(l) = opts.learned.get(&source_key(source)) {
+        return (
+            l.watts,
+            StaticOrigin::Learned {
+                intervals: l.intervals,
+                span_s: l.span_s,
+                fit: l.fit,
+            },
+        );
+    }
     if source.estimated && source.model_idle_w > 0.0 {
         return (source.model_idle_w, StaticOrigin::Model);
     }
@@ -250,6 +285,16 @@ pub fn describe(sources: &[super::SourceAttribution]) -> Vec<String> {
                 format!("calibrated {date}, from the recording")
             }
             StaticOrigin::Calibrated { date, file } => format!("calibrated {date}, {file}"),
+            StaticOrigin::Learned {
+                intervals,
+                span_s,
+                fit,
+            } => format!(
+                "learned from {intervals} quiet intervals over {}, 95% interval {:.2}–{:.2} W",
+                span_text(*span_s),
+                fit.ci_low_w.max(0.0),
+                fit.ci_high_w
+            ),
             StaticOrigin::Extrapolated { fit } => format!(
                 "extrapolated to zero load, 95% interval {:.2}–{:.2} W",
                 fit.ci_low_w.max(0.0),
@@ -268,4 +313,17 @@ pub fn describe(sources: &[super::SourceAttribution]) -> Vec<String> {
         lines.extend(s.static_origin.warning());
     }
     lines
+}
+
+/// A time span in words: `40 s`, `12 min`, `3.5 h`, `2.0 d`.
+fn span_text(secs: f64) -> String {
+    if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else if secs < 172_800.0 {
+        format!("{:.1} h", secs / 3600.0)
+    } else {
+        format!("{:.1} d", secs / 86_400.0)
+    }
 }

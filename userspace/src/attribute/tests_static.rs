@@ -90,6 +90,64 @@ fn all_cpus_always_busy_is_right_with_calibration() {
 }
 
 #[test]
+fn every_cpu_busy_is_right_with_learned_static_power_and_calibration_wins() {
+    let out = simulate(&all_cpus_always_busy(2));
+    // What an agent learned on quieter hours of this machine.
+    let fit = super::zero_load::fit_zero_load(
+        &(0..40)
+            .map(|i| super::zero_load::PowerRow {
+                busy_cpus: 0.1 * f64::from(i % 20),
+                power_w: 6.0 + 10.0 * 0.1 * f64::from(i % 20),
+            })
+            .collect::<Vec<_>>(),
+    )
+    .expect("identified");
+    let learned = Learned {
+        watts: 6.0,
+        intervals: 40,
+        span_s: 7200.0,
+        fit,
+    };
+    let key = "sim:sim package-0".to_string();
+    let opts = Options {
+        learned: [(key.clone(), learned)].into(),
+        ..Options::default()
+    };
+    let attr = attribute_sim(&out, &opts);
+    let s = &attr.sources[0];
+    assert_eq!(s.static_origin.kind(), "learned");
+    assert_eq!(s.static_w, 6.0);
+    let e = worst(&out, &attr);
+    assert!(e < 0.05, "worst {:.1}%", e * 100.0);
+    let lines = static_power::describe(&attr.sources);
+    assert!(
+        lines[0].contains("learned from 40 quiet intervals over 2.0 h"),
+        "{lines:?}"
+    );
+    let json = serde_json::to_value(&s.static_origin).expect("json");
+    assert_eq!(
+        (json["kind"].as_str(), json["intervals"].as_u64()),
+        (Some("learned"), Some(40))
+    );
+    // A calibration wins over what was learned.
+    let both = Options {
+        calibrated: [(
+            key,
+            Calibrated {
+                watts: 5.5,
+                date: "2026-05-20T10:00:00Z".into(),
+                file: "calibration.json".into(),
+            },
+        )]
+        .into(),
+        ..opts
+    };
+    let attr = attribute_sim(&out, &both);
+    assert_eq!(attr.sources[0].static_origin.kind(), "calibrated");
+    assert_eq!(attr.sources[0].static_w, 5.5);
+}
+
+#[test]
 fn static_power_is_never_above_the_quietest_interval() {
     // Ask for an absurd 100 W: the bound holds and the clamp is reported.
     let out = simulate(&one_cpu_always_busy(4));

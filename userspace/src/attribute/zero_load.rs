@@ -57,39 +57,71 @@ pub struct PowerRow {
 }
 
 pub fn merge_rows(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> Vec<PowerRow> {
+    merge_spans(intervals, occs, row_ns)
+        .iter()
+        .map(Span::power_row)
+        .collect()
+}
+
+/// Contiguous intervals merged to at least a row length, before they become a [`PowerRow`]:
+/// the agent keeps them with their time and activity (see [`super::load`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Span {
+    /// Start, ns.
+    pub start_ns: u64,
+    /// End, ns.
+    pub end_ns: u64,
+    /// Measured energy, µJ.
+    pub energy_uj: f64,
+    /// Busy CPU-ns (threads + unknown time).
+    pub busy_ns: f64,
+    /// Σ weight × busy ns of the occupancies' weights.
+    pub weighted_ns: f64,
+}
+
+impl Span {
+    /// Mean power and busy CPUs.
+    pub fn power_row(&self) -> PowerRow {
+        let ns = self.end_ns.saturating_sub(self.start_ns).max(1) as f64;
+        PowerRow {
+            power_w: self.energy_uj / ns * 1e3,
+            busy_cpus: self.busy_ns / ns,
+        }
+    }
+}
+
+/// Intervals merged to at least `row_ns` (see [`PowerRow`]); a gap ends a row, and a short
+/// tail is kept only when it is the only row.
+pub fn merge_spans(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> Vec<Span> {
     let mut rows = Vec::new();
-    let (mut start, mut end, mut uj, mut busy) = (None::<u64>, 0u64, 0.0f64, 0.0f64);
+    let mut cur: Option<Span> = None;
     for (i, iv) in intervals.iter().enumerate() {
         // A gap (dropped interval) ends a row: power over it is unknown.
-        if start.is_some() && iv.start_ns != end {
-            push_row(&mut rows, start.take(), end, uj, busy);
-            (uj, busy) = (0.0, 0.0);
+        if let Some(row) = cur.filter(|r| iv.start_ns != r.end_ns) {
+            rows.push(row);
+            cur = None;
         }
-        let s = *start.get_or_insert(iv.start_ns);
-        end = iv.end_ns;
-        uj += iv.energy_uj;
-        busy += occs.get(i).map_or(0.0, Occupancy::busy_ns);
-        if end - s >= row_ns {
-            push_row(&mut rows, start.take(), end, uj, busy);
-            (uj, busy) = (0.0, 0.0);
+        let row = cur.get_or_insert(Span {
+            start_ns: iv.start_ns,
+            ..Span::default()
+        });
+        row.end_ns = iv.end_ns;
+        row.energy_uj += iv.energy_uj;
+        if let Some(o) = occs.get(i) {
+            row.busy_ns += o.busy_ns();
+            row.weighted_ns +=
+                o.threads.values().map(|t| t.weighted).sum::<f64>() + o.unknown.weighted;
+        }
+        if row.end_ns - row.start_ns >= row_ns {
+            rows.extend(cur.take());
         }
     }
     // A short tail is a row of its own only when there is nothing else: too short to bound
     // static power reliably otherwise.
     if rows.is_empty() {
-        push_row(&mut rows, start, end, uj, busy);
+        rows.extend(cur.filter(|r| r.end_ns > r.start_ns));
     }
     rows
-}
-
-fn push_row(rows: &mut Vec<PowerRow>, start: Option<u64>, end: u64, uj: f64, busy_ns: f64) {
-    if let Some(s) = start.filter(|&s| end > s) {
-        let ns = (end - s) as f64;
-        rows.push(PowerRow {
-            power_w: uj / ns * 1e3,
-            busy_cpus: busy_ns / ns,
-        });
-    }
 }
 
 pub type FitError = (Unidentified, Option<ZeroLoadFit>);

@@ -90,6 +90,10 @@ pub struct Args {
     /// Static power measured by `energy-bpf calibrate` (the default file when it exists).
     #[command(flatten)]
     pub calibration: crate::calibration::CalibrationArgs,
+    /// Directory of state kept across restarts: the quietest intervals static power is
+    /// learned from (`static-learned.json`, mode 0600).
+    #[arg(long, value_name = "DIR", default_value = crate::agent::learn_store::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -141,6 +145,7 @@ impl Args {
                 )),
             },
             socket: self.socket.clone(),
+            state_dir: self.state_dir.clone(),
             otlp: self
                 .otlp_endpoint
                 .as_ref()

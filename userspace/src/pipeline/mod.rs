@@ -354,6 +354,11 @@ impl Pipeline {
         &self.cfg
     }
 
+    /// The attribution options of the next windows (the agent sets learned static power).
+    pub fn options_mut(&mut self) -> &mut Options {
+        &mut self.cfg.options
+    }
+
     /// Latest known info per thread.
     pub fn threads(&self) -> &HashMap<u32, ThreadInfo> {
         &self.threads
