@@ -159,7 +159,9 @@ impl Recorder {
 
 /// An emulated RAPL package counter driven by the machine's real busy CPU time:
 /// `static_w` W plus `per_cpu_w` W per busy CPU, busy being elapsed time × CPUs minus the
-/// idle time of `/proc/stat` ([`machine_idle_ns`]), written into `energy_uj` every 2 ms. Every process, the tests' own and whatever
+/// idle time of `/proc/stat` ([`machine_idle_ns`]), written into `energy_uj` every 10 ms (the file's
+/// resolution; at 2 ms the writer's own wake-ups showed up as ~0.1 busy CPU that the
+/// timeline, rightly, does not see). Every process, the tests' own and whatever
 /// else runs here, draws the same watts per CPU-second: that is the model the time split
 /// assumes, so a process's truth is `per_cpu_w` × its CPU time. Stops on drop.
 pub struct BusyEmulator {
@@ -214,7 +216,7 @@ impl BusyEmulator {
                     let uj = (static_w * dt_ns + per_cpu_w * busy) / 1000.0;
                     out.write_all_at(format!("{:020}\n", uj as u64).as_bytes(), 0)
                         .expect("write energy_uj");
-                    std::thread::sleep(std::time::Duration::from_millis(2));
+                    std::thread::sleep(std::time::Duration::from_millis(10));
                 }
             })
         };
