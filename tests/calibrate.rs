@@ -111,3 +111,84 @@ fn calibrate_measures_a_quiet_machine_and_refuses_a_busy_one() {
     assert!(text(&out).contains("not quiet"), "{}", text(&out));
     assert!(!cal.exists(), "nothing written when refused");
 }
+
+/// `calibrate --load` on an emulated package of 6 W + 10 W per busy CPU (real busy time),
+/// with both CPUs described as SMT siblings of one core: the curve spins CPU 0, then its
+/// sibling, and each step's power is what the emulator charged.
+#[test]
+fn calibrate_load_measures_the_power_curve_core_first() {
+    if !require_root("calibrate_load_measures_the_power_curve_core_first") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sysfs = dir.path().join("sys");
+    let tree = FakePowercap::create(
+        &sysfs,
+        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
+    )
+    .expect("fake powercap");
+    let cpu_dir = sysfs.join("devices/system/cpu");
+    std::fs::create_dir_all(&cpu_dir).expect("cpu dir");
+    std::fs::write(cpu_dir.join("online"), "0-1\n").expect("online");
+    for id in 0..2 {
+        let topo = cpu_dir.join(format!("cpu{id}/topology"));
+        std::fs::create_dir_all(&topo).expect("topology dir");
+        std::fs::write(topo.join("physical_package_id"), "0\n").expect("package");
+        std::fs::write(topo.join("core_id"), "0\n").expect("core");
+    }
+    let _emulator = crate::util::BusyEmulator::start(
+        &tree.zone_dir("intel-rapl:0").join("energy_uj"),
+        6.0,
+        10.0,
+    );
+    let cal = dir.path().join("calibration.json");
+    let out = run(&[
+        "calibrate",
+        "--load",
+        "-d",
+        "3",
+        "--max-busy",
+        "50",
+        "--energy-source",
+        "powercap",
+        "--sysfs-root",
+        sysfs.to_str().expect("path"),
+        "--calibration",
+        cal.to_str().expect("path"),
+    ]);
+    let msg = text(&out);
+    assert!(out.status.success(), "calibrate --load failed: {msg}");
+    eprintln!("{msg}");
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cal).expect("calibration written")).expect("json");
+    let source = file["hosts"]
+        .as_object()
+        .and_then(|h| h.values().next())
+        .and_then(|h| h["sources"].as_object())
+        .and_then(|s| s.values().next())
+        .expect("one source");
+    let curve = source["load_curve"].as_array().expect("load_curve");
+    assert_eq!(curve.len(), 2, "{source:#}");
+    let step = |i: usize| {
+        (
+            curve[i]["busy_cpus"].as_u64().expect("busy_cpus"),
+            curve[i]["busy_cores"].as_u64().expect("busy_cores"),
+            curve[i]["watts"].as_f64().expect("watts"),
+        )
+    };
+    // The sibling comes second: one core for both steps. The emulator charges every busy CPU
+    // of the machine (this process and the recorder too), so allow a little above.
+    let (cpus1, cores1, w1) = step(0);
+    let (cpus2, cores2, w2) = step(1);
+    assert_eq!((cpus1, cores1, cpus2, cores2), (1, 1, 2, 1), "{source:#}");
+    assert!(
+        (15.0..18.0).contains(&w1),
+        "one busy CPU: {w1:.2} W, emulated 16 W"
+    );
+    assert!(
+        (25.0..28.0).contains(&w2),
+        "two busy CPUs: {w2:.2} W, emulated 26 W"
+    );
+    assert!(msg.contains("busy CPU(s) on 1 core(s)"), "{msg}");
+}

@@ -238,6 +238,7 @@ mod tests {
 
     fn measured(w: f64) -> Measured {
         Measured {
+            load_curve: Vec::new(),
             key: "powercap:package-0".into(),
             name: "package-0".into(),
             static_w: w,

@@ -34,6 +34,52 @@ pub struct Measured {
     pub method: String,
     /// Kept reading intervals.
     pub intervals: usize,
+    /// With `--load`: mean power at each step, spinners placed on distinct physical cores
+    /// first, then on their SMT siblings. Empty without a load phase.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub load_curve: Vec<LoadStep>,
+}
+
+/// One step of a load phase.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LoadStep {
+    /// CPUs spinning.
+    pub busy_cpus: u32,
+    /// Distinct physical cores among them.
+    pub busy_cores: u32,
+    /// Mean power of the source over the step, W.
+    pub watts: f64,
+}
+
+/// The order to spin CPUs in: one CPU of each physical core (package, core) first, in CPU
+/// order, then the remaining SMT siblings, so the curve's first steps measure whole cores
+/// and the later ones what a sibling adds.
+pub fn spin_order(cpus: &[crate::pb::v1::Cpu]) -> Vec<crate::pb::v1::Cpu> {
+    let mut sorted = cpus.to_vec();
+    sorted.sort_by_key(|c| c.id);
+    let mut seen = std::collections::HashSet::new();
+    let (first, siblings): (Vec<_>, Vec<_>) = sorted
+        .into_iter()
+        .partition(|c| seen.insert((c.package, c.core)));
+    first.into_iter().chain(siblings).collect()
+}
+
+/// Mean power of `source_id` from the first reading at or after `from_ns` to the last at or
+/// before `to_ns`, W; `None` with fewer than two readings there.
+pub fn mean_power(
+    readings: &[EnergyReading],
+    source_id: u32,
+    from_ns: u64,
+    to_ns: u64,
+) -> Option<f64> {
+    let mut inside = readings
+        .iter()
+        .filter(|r| r.source_id == source_id && r.ts_ns >= from_ns && r.ts_ns <= to_ns);
+    let first = inside.next()?;
+    let last = inside.last()?;
+    let dt = last.ts_ns.checked_sub(first.ts_ns).filter(|&d| d > 0)?;
+    // µJ per ns is kW.
+    Some((last.energy_uj - first.energy_uj) / dt as f64 * 1e3)
 }
 
 /// Why calibration refused.
@@ -116,6 +162,7 @@ pub fn measure(
         }
         let (static_w, per_busy_cpu_w, method) = static_of(&intervals, &occs, cpus.len(), row_ns);
         out.push(Measured {
+            load_curve: Vec::new(),
             key: source_key(source),
             name: source.name.clone(),
             static_w,
@@ -195,6 +242,51 @@ fn static_of(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn spins_whole_cores_first_then_siblings() {
+        let cpu = |id, package, core| crate::pb::v1::Cpu { id, package, core };
+        // Two packages of two cores with two threads each, siblings numbered apart.
+        let cpus = [
+            cpu(5, 1, 0),
+            cpu(0, 0, 0),
+            cpu(1, 0, 1),
+            cpu(2, 1, 0),
+            cpu(3, 1, 1),
+            cpu(4, 0, 0),
+            cpu(6, 0, 1),
+            cpu(7, 1, 1),
+        ];
+        let order: Vec<u32> = spin_order(&cpus).iter().map(|c| c.id).collect();
+        assert_eq!(order, [0, 1, 2, 3, 4, 5, 6, 7]);
+        let one_core: Vec<u32> = spin_order(&[cpu(1, 0, 0), cpu(0, 0, 0)])
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(one_core, [0, 1]);
+    }
+
+    #[test]
+    fn mean_power_spans_the_readings_inside_the_step() {
+        let r = |ts_ns, energy_uj| EnergyReading {
+            source_id: 1,
+            ts_ns,
+            energy_uj,
+            ..EnergyReading::default()
+        };
+        // 16 W: 16 µJ per µs.
+        let readings = [
+            r(0, 0.0),
+            r(1_000_000, 16_000.0),
+            r(2_000_000, 32_000.0),
+            r(3_000_000, 80_000.0),
+        ];
+        let w = mean_power(&readings, 1, 500_000, 2_000_000).expect("two readings");
+        assert!((w - 16.0).abs() < 1e-9, "{w}");
+        assert_eq!(mean_power(&readings, 1, 2_500_000, 2_900_000), None);
+        assert_eq!(mean_power(&readings, 2, 0, 3_000_000), None, "other source");
+    }
+
     use super::*;
     use crate::attribute::sim::{SimClass, SimConfig, simulate};
 

@@ -78,18 +78,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.duration
     );
     collect(&mut session, &energy, step, &mut switches, &mut readings);
-    let steps = if args.load { cpu_ids.len() } else { 0 };
-    for n in 1..=steps {
+    // Load steps: 1..N spinners, distinct physical cores first, then SMT siblings.
+    let order = if args.load {
+        calibrate::spin_order(&cpus)
+    } else {
+        Vec::new()
+    };
+    // (busy CPUs, busy cores, start, end) of each step; the first 20% of a step settles.
+    let mut steps = Vec::new();
+    for n in 1..=order.len() {
+        let spun = &order[..n];
+        let cores = spun
+            .iter()
+            .map(|c| (c.package, c.core))
+            .collect::<std::collections::HashSet<_>>()
+            .len();
         eprintln!(
-            "energy-bpf: load step: {n} busy CPU(s) for {:.1} s",
+            "energy-bpf: load step: {n} busy CPU(s) on {cores} core(s) for {:.1} s",
             args.duration
         );
         let stop = Arc::new(AtomicBool::new(false));
-        let spinners: Vec<_> = cpu_ids[..n]
-            .iter()
-            .map(|&cpu| spin(cpu, Arc::clone(&stop)))
-            .collect();
+        let spinners: Vec<_> = spun.iter().map(|c| spin(c.id, Arc::clone(&stop))).collect();
+        let from = crate::clock::monotonic_ns() + (step.as_nanos() / 5) as u64;
         collect(&mut session, &energy, step, &mut switches, &mut readings);
+        steps.push((n as u32, cores as u32, from, crate::clock::monotonic_ns()));
         stop.store(true, Ordering::Relaxed);
         for s in spinners {
             let _ = s.join();
@@ -100,7 +112,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     readings.extend(energy.stop());
     let end_ns = crate::clock::monotonic_ns();
     let timeline = Timeline::build(start_ns, end_ns, &cpu_ids, &switches);
-    let measured = calibrate::measure(
+    let mut measured = calibrate::measure(
         &timeline,
         &sources,
         &readings,
@@ -114,6 +126,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     file.version = calibration::VERSION;
     let date = calibration::rfc3339(crate::clock::realtime_ns());
     let host_cal = file.hosts.entry(hostname.clone()).or_default();
+    for m in &mut measured {
+        if let Some(source) = sources
+            .iter()
+            .find(|s| crate::attribute::source_key(s) == m.key)
+        {
+            m.load_curve = steps
+                .iter()
+                .filter_map(|&(busy_cpus, busy_cores, from, to)| {
+                    Some(calibrate::LoadStep {
+                        busy_cpus,
+                        busy_cores,
+                        watts: calibrate::mean_power(&readings, source.id, from, to)?,
+                    })
+                })
+                .collect();
+        }
+    }
     for m in &measured {
         println!(
             "{}: static {:.3} W ({}; {:.1}% busy{})",
@@ -125,6 +154,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .map(|w| format!("; {w:.2} W per busy CPU"))
                 .unwrap_or_default()
         );
+        let mut before = m.static_w;
+        for s in &m.load_curve {
+            println!(
+                "  {} busy CPU(s) on {} core(s): {:.3} W ({:+.3} W for this step)",
+                s.busy_cpus,
+                s.busy_cores,
+                s.watts,
+                s.watts - before
+            );
+            before = s.watts;
+        }
         host_cal.sources.insert(
             m.key.clone(),
             SourceCalibration {
