@@ -76,7 +76,7 @@ pub fn mean_power(
         .iter()
         .filter(|r| r.source_id == source_id && r.ts_ns >= from_ns && r.ts_ns <= to_ns);
     let first = inside.next()?;
-    let last = inside.last()?;
+    let last = inside.next_back()?;
     let dt = last.ts_ns.checked_sub(first.ts_ns).filter(|&d| d > 0)?;
     // µJ per ns is kW.
     Some((last.energy_uj - first.energy_uj) / dt as f64 * 1e3)
