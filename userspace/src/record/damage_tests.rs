@@ -6,7 +6,9 @@ use std::path::Path;
 use prost::Message as _;
 
 use super::*;
-use crate::pb::v1::{Chunk, Header, Record, SwitchEvent, Trailer, record::Kind};
+use crate::pb::v1::{
+    Chunk, EnergySource, Header, Record, SwitchColumns, SwitchEvent, Trailer, record::Kind,
+};
 
 const MS: u64 = 1_000_000;
 const START: u64 = 100_000_000_000;
@@ -172,7 +174,7 @@ fn impossible_timestamps_and_end_times_are_dropped_and_counted() {
     );
     let note = rec.damage.note().expect("a note");
     assert!(
-        note.contains("3 events with impossible timestamps dropped"),
+        note.contains("3 events with impossible timestamps, CPUs or sources dropped"),
         "{note}"
     );
 }
@@ -192,4 +194,92 @@ fn too_many_cpus_in_the_header_is_a_clear_error() {
     .expect("encode");
     let err = read_from(bytes.as_slice(), Path::new("cpus.ebpr")).expect_err("cpus");
     assert!(err.to_string().contains("8193 CPUs"), "{err}");
+}
+
+/// A version 3 file of the given records after the header.
+fn framed(records: &[Record]) -> Vec<u8> {
+    let (bytes, offsets) = recording(0);
+    let mut out = bytes[..offsets[0]].to_vec();
+    for r in records {
+        frame::encode(&r.encode_to_vec(), &mut out).expect("frame");
+    }
+    out
+}
+
+fn chunk(chunk: Chunk) -> Record {
+    Record {
+        kind: Some(Kind::Chunk(chunk)),
+    }
+}
+
+#[test]
+fn records_that_decode_past_the_memory_bound_are_skipped_and_counted() {
+    let switches = |from: u64| Chunk {
+        switches: (0..20)
+            .map(|k| SwitchEvent {
+                ts_ns: START + from + k * MS,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    // Four records of 2 and 4 MiB, each over 100 MiB decoded: empty energy sources (two
+    // bytes each on disk) and switch columns of one-byte entries.
+    let sources = chunk(Chunk {
+        sources: vec![EnergySource::default(); 1 << 20],
+        ..Default::default()
+    });
+    let n = 2 << 20;
+    let columns = chunk(Chunk {
+        switch_columns: Some(SwitchColumns {
+            cpu: vec![0],
+            cpu_run_length: vec![n],
+            ts_delta_ns: vec![1; n as usize],
+            flags: vec![12; n as usize],
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let bytes = framed(&[
+        chunk(switches(0)),
+        sources.clone(),
+        columns.clone(),
+        sources,
+        columns,
+        chunk(switches(100 * MS)),
+    ]);
+    assert!(bytes.len() < 13 << 20, "{}", bytes.len());
+    let rec = read(&bytes);
+    // The 48 MiB + 4 × 12 MiB allowance takes none of them.
+    assert_eq!(rec.damage.records_oversized, 4);
+    assert_eq!(rec.damage.records_damaged, 0);
+    assert_eq!(rec.switches.len(), 40, "the records around them are read");
+    assert!(rec.sources.is_empty());
+    let note = rec.damage.note().expect("a note");
+    assert!(
+        note.contains("4 records skipped as too large to decode within the memory bound"),
+        "{note}"
+    );
+}
+
+#[test]
+fn an_energy_source_is_kept_once_and_thousands_are_dropped() {
+    let source = |id| EnergySource {
+        id,
+        kind: "powercap".into(),
+        ..Default::default()
+    };
+    let bytes = framed(&[
+        chunk(Chunk {
+            sources: (0..MAX_SOURCES as u32 + 10).map(source).collect(),
+            ..Default::default()
+        }),
+        chunk(Chunk {
+            sources: vec![source(0), source(1)],
+            ..Default::default()
+        }),
+    ]);
+    let rec = read(&bytes);
+    assert_eq!(rec.sources.len(), MAX_SOURCES);
+    assert_eq!(rec.damage.events_dropped, 12);
 }
