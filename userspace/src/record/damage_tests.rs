@@ -283,3 +283,34 @@ fn an_energy_source_is_kept_once_and_thousands_are_dropped() {
     assert_eq!(rec.sources.len(), MAX_SOURCES);
     assert_eq!(rec.damage.events_dropped, 12);
 }
+
+/// After damage the reader looks for the next whole frame. A file of frame headers every
+/// 12 bytes, each claiming a length that runs to the end with a wrong checksum, once took
+/// time in the square of its size (each candidate checksummed its whole claimed payload);
+/// `frame::tests::resync_is_linear_in_the_input` counts the work, this reads the file.
+#[test]
+fn a_file_of_near_valid_frame_headers_reads_in_linear_time() {
+    let (bytes, offsets) = recording(2);
+    let mut crafted = bytes[..offsets[1]].to_vec();
+    let size = 4 << 20;
+    while crafted.len() < size {
+        let len = (size + 100 - crafted.len()) as u32;
+        crafted.extend_from_slice(&frame::SYNC);
+        crafted.extend_from_slice(&len.to_le_bytes());
+        crafted.extend_from_slice(&[0; 4]);
+    }
+    let headers = crafted.len() - offsets[1];
+    crafted.extend_from_slice(&bytes[offsets[1]..]);
+    let started = std::time::Instant::now();
+    let rec = read(&crafted);
+    let took = started.elapsed();
+    assert!(
+        !rec.truncated,
+        "the chunk and trailer after the headers are read"
+    );
+    assert_eq!(rec.switches.len(), 2 * 20);
+    assert_eq!(rec.damage.records_damaged, (headers / 12) as u64);
+    assert_eq!(rec.damage.bytes_skipped, headers as u64);
+    // About a second in a debug build; checking each header's claimed payload took hours.
+    assert!(took < std::time::Duration::from_secs(30), "{took:?}");
+}

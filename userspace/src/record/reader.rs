@@ -124,6 +124,7 @@ fn read_within(
             ..Default::default()
         },
         gap_from: None,
+        frames: frame::Resync::new(rest),
         budget,
     };
     loop {
@@ -230,6 +231,8 @@ struct Reading<'a> {
     /// After damage, the latest timestamp before it: the data lost runs from there to the
     /// next timestamp read.
     gap_from: Option<u64>,
+    /// The records after the header, for finding whole frames after damage (version 3).
+    frames: frame::Resync<'a>,
     /// What decoded records may still allocate.
     budget: &'a mut Budget,
 }
@@ -253,20 +256,24 @@ impl Reading<'_> {
                 }
                 next
             }
-            found => match frame::resync(rest) {
-                (Some(skip), frames) => {
-                    self.damaged(frames, skip);
-                    *rest = &rest[skip..];
-                    Next::Damaged
+            found => {
+                let at = self.frames.input_len() - rest.len();
+                match self.frames.next_after(at) {
+                    (Some(next), frames) => {
+                        let skip = next - at;
+                        self.damaged(frames, skip);
+                        *rest = &rest[skip..];
+                        Next::Damaged
+                    }
+                    (None, _) if found == frame::Frame::Cut => Next::Cut,
+                    (None, frames) => {
+                        // Damaged up to the end: nothing after it to go on with.
+                        self.damaged(frames, rest.len());
+                        *rest = &[];
+                        Next::End
+                    }
                 }
-                (None, _) if found == frame::Frame::Cut => Next::Cut,
-                (None, frames) => {
-                    // Damaged up to the end: nothing after it to go on with.
-                    self.damaged(frames, rest.len());
-                    *rest = &[];
-                    Next::End
-                }
-            },
+            }
         }
     }
 
