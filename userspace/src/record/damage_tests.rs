@@ -88,10 +88,9 @@ fn no_flipped_byte_goes_unnoticed() {
             let mut damaged = bytes.clone();
             damaged[at] ^= bit;
             let rec = read(&damaged);
-            // A damaged length in the last frame reads as a file cut short: said too.
-            let in_trailer = at >= offsets[4];
+            // The trailer's length too: a file cut short would not hold the whole frame.
             assert!(
-                rec.damage.records_damaged >= 1 || (in_trailer && rec.truncated),
+                rec.damage.records_damaged >= 1,
                 "flip {bit:#x} at byte {at} of {} went unnoticed",
                 bytes.len()
             );
@@ -194,6 +193,40 @@ fn too_many_cpus_in_the_header_is_a_clear_error() {
     .expect("encode");
     let err = read_from(bytes.as_slice(), Path::new("cpus.ebpr")).expect_err("cpus");
     assert!(err.to_string().contains("8193 CPUs"), "{err}");
+}
+
+#[test]
+fn a_damaged_length_in_the_last_frame_is_damage_not_a_cut() {
+    let (bytes, offsets) = recording(3);
+    let trailer = offsets[3];
+    // The trailer frame's length, made to run past the end of the file.
+    for (byte, bit) in [(4, 0x40), (5, 0x01), (6, 0x10), (7, 0x80)] {
+        let mut damaged = bytes.clone();
+        damaged[trailer + byte] ^= bit;
+        let rec = read(&damaged);
+        assert_eq!(rec.damage.records_damaged, 1, "length byte {byte}");
+        assert!(rec.damage.end_damaged, "length byte {byte}");
+        assert_eq!(rec.switches.len(), 3 * 20);
+        let note = rec.damage.note().expect("a note");
+        assert!(note.contains("1 record damaged"), "{note}");
+        assert!(note.contains("its end is damaged"), "{note}");
+    }
+    // A chunk cut by the end of the file is a cut, whatever length it says.
+    for cut in [trailer - 1, trailer - 30, offsets[2] + 13, offsets[2] + 14] {
+        let rec = read(&bytes[..cut]);
+        assert!(rec.truncated, "cut at {cut}");
+        assert!(rec.damage.is_empty(), "cut at {cut}: {:?}", rec.damage);
+        assert_eq!(rec.trailing_garbage_bytes, (cut - offsets[2]) as u64);
+    }
+    // A length past the end over a payload that cannot start a record of that length.
+    let mut damaged = bytes[..trailer].to_vec();
+    let mut frame = Vec::new();
+    frame::encode(b"\x12\x05hello", &mut frame).expect("frame");
+    frame[4] = 200;
+    damaged.extend_from_slice(&frame);
+    let rec = read(&damaged);
+    assert_eq!(rec.damage.records_damaged, 1);
+    assert!(rec.damage.end_damaged);
 }
 
 /// A version 3 file of the given records after the header.

@@ -88,6 +88,56 @@ pub fn parse(bytes: &[u8]) -> Frame<'_> {
     }
 }
 
+/// Whether `bytes`, a frame whose length runs past the end ([`Frame::Cut`]), can be the
+/// start of a frame a writer was stopped in the middle of. It cannot when the bytes there
+/// are a whole frame under their own length (the length field was damaged, the checksum
+/// says so), or when the payload does not start as a record of the length claimed does
+/// (a `Record` is one field, a header, chunk or trailer, filling the payload).
+pub fn looks_cut(bytes: &[u8]) -> bool {
+    let Some(header) = bytes.get(..FRAME_HEADER_LEN) else {
+        return true;
+    };
+    let payload = &bytes[FRAME_HEADER_LEN..];
+    let want = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    let claimed = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
+    if let Ok(len) = u32::try_from(payload.len())
+        && checksum(len.to_le_bytes(), payload) == want
+    {
+        return false;
+    }
+    match varint_prefix(payload) {
+        Prefix::Short => true,
+        Prefix::Bad => false,
+        Prefix::Value(0x0a | 0x12 | 0x1a, n) => match varint_prefix(&payload[n..]) {
+            Prefix::Short => true,
+            Prefix::Bad => false,
+            Prefix::Value(inner, m) => {
+                usize::try_from(inner).is_ok_and(|inner| n + m + inner == claimed)
+            }
+        },
+        Prefix::Value(..) => false,
+    }
+}
+
+/// A varint at the start of some bytes.
+enum Prefix {
+    /// Its value and length.
+    Value(u64, usize),
+    /// The bytes end inside it.
+    Short,
+    /// Not a varint.
+    Bad,
+}
+
+fn varint_prefix(bytes: &[u8]) -> Prefix {
+    let mut rest = bytes;
+    match super::budget::varint(&mut rest) {
+        Ok(v) => Prefix::Value(v, bytes.len() - rest.len()),
+        Err(_) if rest.is_empty() && bytes.len() < 10 => Prefix::Short,
+        Err(_) => Prefix::Bad,
+    }
+}
+
 /// Where the next whole frame starts after damage at the start of `bytes` (never at 0),
 /// and how many frames the skipped bytes held (sync markers seen, at least one).
 pub fn resync(bytes: &[u8]) -> (Option<usize>, u64) {

@@ -129,6 +129,9 @@ pub struct Damage {
     /// memory bound (200 MiB + 20 × the file's size for every command): a crafted file,
     /// or records far denser than any recorder writes.
     pub records_oversized: u64,
+    /// Whether the file ends in damage rather than in a trailer or a record cut short, so
+    /// nothing tells whether the recording finished.
+    pub end_damaged: bool,
 }
 
 impl Damage {
@@ -172,6 +175,9 @@ impl Damage {
         if self.end_clamped {
             parts.push("end time clamped to the data".into());
         }
+        if self.end_damaged {
+            parts.push("its end is damaged (no trailer read)".into());
+        }
         Some(parts.join("; "))
     }
 
@@ -185,6 +191,7 @@ impl Damage {
             "events_dropped": self.events_dropped,
             "end_clamped": self.end_clamped,
             "records_oversized": self.records_oversized,
+            "end_damaged": self.end_damaged,
         })
     }
 }

@@ -240,7 +240,7 @@ struct Reading<'a> {
 impl Reading<'_> {
     /// The next version 3 frame. Damage is skipped up to the next whole frame and
     /// counted; a frame cut by the end of the file (and nothing whole after it) is a
-    /// truncated tail.
+    /// truncated tail, unless what is there shows damage rather than a cut.
     fn next_frame(&mut self, rest: &mut &[u8]) -> Next {
         if rest.is_empty() {
             return Next::End;
@@ -265,10 +265,11 @@ impl Reading<'_> {
                         *rest = &rest[skip..];
                         Next::Damaged
                     }
-                    (None, _) if found == frame::Frame::Cut => Next::Cut,
+                    (None, _) if found == frame::Frame::Cut && frame::looks_cut(rest) => Next::Cut,
                     (None, frames) => {
                         // Damaged up to the end: nothing after it to go on with.
                         self.damaged(frames, rest.len());
+                        self.rec.damage.end_damaged = true;
                         *rest = &[];
                         Next::End
                     }

@@ -183,6 +183,7 @@ fn append(into: &mut Recording, next: Recording) {
     d.events_dropped += n.events_dropped;
     d.end_clamped |= n.end_clamped;
     d.records_oversized += n.records_oversized;
+    d.end_damaged |= n.end_damaged;
 }
 
 /// Cuts a recording to a wall-clock range (see the module comment).
