@@ -334,7 +334,9 @@ fn damaged_files_stay_within_the_memory_bound() {
 #[test]
 fn dense_crafted_records_stay_within_the_memory_bound() {
     use energy_bpf::{
-        pb::v1::{Chunk, EnergyReading, EnergySource, Header, Sample, SwitchColumns, Trailer},
+        pb::v1::{
+            Chunk, EnergyReading, EnergySource, Header, Sample, SwitchColumns, SwitchEvent, Trailer,
+        },
         record::{FORMAT_VERSION, Writer},
     };
 
@@ -343,9 +345,13 @@ fn dense_crafted_records_stay_within_the_memory_bound() {
     let n = 1usize << 20;
     // Built one at a time and dropped before the commands run: a child's peak RSS counts
     // what it shared with this process when forked.
-    let shapes: [(&str, &dyn Fn() -> Chunk); 4] = [
+    let shapes: [(&str, &dyn Fn() -> Chunk); 5] = [
         ("empty energy sources", &|| Chunk {
             sources: vec![EnergySource::default(); n],
+            ..Default::default()
+        }),
+        ("empty switch events", &|| Chunk {
+            switches: vec![SwitchEvent::default(); n],
             ..Default::default()
         }),
         ("empty samples", &|| Chunk {

@@ -392,11 +392,23 @@ mod tests {
         let bytes = chunk_record(Chunk {
             sources: vec![EnergySource::default(); n],
             samples: vec![Sample::default(); n],
+            switches: vec![SwitchEvent::default(); n],
+            threads: vec![ThreadInfo::default(); n],
+            mappings: vec![Mapping::default(); n],
+            readings: vec![EnergyReading::default(); n],
+            process_events: vec![ProcessEvent::default(); n],
             ..Default::default()
         });
-        assert!(bytes.len() < 5 * n, "two bytes each: {}", bytes.len());
+        assert!(bytes.len() < 15 * n, "two bytes each: {}", bytes.len());
         let cost = cost(&bytes).expect("scans");
-        let at_least = (n * (size_of::<EnergySource>() + size_of::<Sample>())) as u64;
+        let at_least = (n
+            * (size_of::<EnergySource>()
+                + size_of::<Sample>()
+                + size_of::<SwitchEvent>()
+                + size_of::<ThreadInfo>()
+                + size_of::<Mapping>()
+                + size_of::<EnergyReading>()
+                + size_of::<ProcessEvent>())) as u64;
         assert!(cost.kept >= at_least, "{cost:?} < {at_least}");
         // Vectors grown one push at a time: at most twice their length.
         assert!(cost.kept <= 2 * at_least, "{cost:?}");
