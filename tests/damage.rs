@@ -157,14 +157,24 @@ fn sixteen_flipped_bytes_in_a_chunk_are_reported_not_shown_as_data() {
     );
 }
 
+/// What a bounded run left: its output and its peak resident memory.
+struct Bounded {
+    out: Output,
+    max_rss: u64,
+}
+
 /// Runs `energy-bpf ARGS` with its heap limited to 200 MiB + 20 × `input` bytes, killed
-/// after 120 s. `RLIMIT_DATA` (brk and private writable mappings) is the memory the input
-/// can make grow; `RLIMIT_AS` would also count the read-only mappings of the binaries that
-/// symbolization opens, whose size depends on the machine, not on the file.
-fn run_bounded(args: &[&str], input: u64) -> Output {
-    let limit = (200 << 20) + 20 * input;
+/// after 120 s, and measures its peak RSS. `RLIMIT_DATA` (brk and private writable
+/// mappings) is the memory the input can make grow; `RLIMIT_AS` would also count the
+/// read-only mappings of the binaries that symbolization opens, whose size depends on the
+/// machine, not on the file.
+fn run_bounded(args: &[&str], input: u64) -> Bounded {
+    use std::io::Read as _;
+
+    let limit = bound(input);
     let mut cmd = Command::new(bin());
     cmd.args(args)
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         // A failed allocation must abort at once, not capture a backtrace first.
@@ -183,8 +193,23 @@ fn run_bounded(args: &[&str], input: u64) -> Output {
             Ok(())
         });
     }
-    let child = cmd.spawn().expect("run energy-bpf");
+    #[allow(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, which also reports its peak RSS"
+    )]
+    let mut child = cmd.spawn().expect("run energy-bpf");
     let pid = child.id() as libc::pid_t;
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
     let (done, finished) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
         let hung = finished.recv_timeout(Duration::from_secs(120)).is_err();
@@ -194,11 +219,31 @@ fn run_bounded(args: &[&str], input: u64) -> Output {
         }
         hung
     });
-    let out = child.wait_with_output().expect("output");
+    // wait4 rather than Child::wait: it reports the child's own peak RSS.
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child, with pointers to live locals.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
     let _ = done.send(());
     let hung = watchdog.join().expect("watchdog");
+    let out = Output {
+        status: std::os::unix::process::ExitStatusExt::from_raw(status),
+        stdout: stdout.join().expect("stdout"),
+        stderr: stderr.join().expect("stderr"),
+    };
     assert!(!hung, "{args:?} still running after 120 s: {}", text(&out));
-    out
+    Bounded {
+        out,
+        // ru_maxrss is in KiB on Linux.
+        max_rss: usage.ru_maxrss as u64 * 1024,
+    }
+}
+
+/// The memory any command may use for an input of `bytes`: 200 MiB + 20 × its size.
+fn bound(bytes: u64) -> u64 {
+    (200 << 20) + 20 * bytes
 }
 
 #[test]
@@ -260,8 +305,13 @@ fn damaged_files_stay_within_the_memory_bound() {
             vec!["report", "--by", "function", p],
             vec!["flamegraph", "-o", svg.to_str().expect("path"), p],
         ] {
-            let out = run_bounded(&args, data.len() as u64);
-            let msg = text(&out);
+            let run = run_bounded(&args, data.len() as u64);
+            let (out, msg) = (&run.out, text(&run.out));
+            assert!(
+                run.max_rss <= bound(data.len() as u64),
+                "{what}: {args:?} peaked at {} MiB",
+                run.max_rss >> 20
+            );
             assert!(
                 out.status.success() || msg.contains("no samples to show"),
                 "{what}: {args:?} failed within 200 MiB + 20 × {} bytes: {msg}",
@@ -274,6 +324,109 @@ fn damaged_files_stay_within_the_memory_bound() {
                     "{what}: {args:?} says nothing: {msg}"
                 );
             }
+        }
+    }
+}
+
+/// Records that decode to far more than their size (empty messages two bytes each, one-byte
+/// column entries that each become a 56-byte event) are skipped and said to be, so that
+/// every command that reads recordings stays within 200 MiB + 20 × the file's size.
+#[test]
+fn dense_crafted_records_stay_within_the_memory_bound() {
+    use energy_bpf::{
+        pb::v1::{
+            Chunk, EnergyReading, EnergySource, Header, Sample, SwitchColumns, SwitchEvent, Trailer,
+        },
+        record::{FORMAT_VERSION, Writer},
+    };
+
+    const START: u64 = 1_000_000_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let n = 1usize << 20;
+    // Built one at a time and dropped before the commands run: a child's peak RSS counts
+    // what it shared with this process when forked.
+    let shapes: [(&str, &dyn Fn() -> Chunk); 5] = [
+        ("empty energy sources", &|| Chunk {
+            sources: vec![EnergySource::default(); n],
+            ..Default::default()
+        }),
+        ("empty switch events", &|| Chunk {
+            switches: vec![SwitchEvent::default(); n],
+            ..Default::default()
+        }),
+        ("empty samples", &|| Chunk {
+            samples: vec![Sample::default(); n],
+            ..Default::default()
+        }),
+        ("empty readings", &|| Chunk {
+            readings: vec![EnergyReading::default(); n],
+            ..Default::default()
+        }),
+        ("one-byte switch columns", &|| Chunk {
+            switch_columns: Some(SwitchColumns {
+                cpu: vec![0],
+                cpu_run_length: vec![n as u32],
+                ts_delta_ns: vec![1; n],
+                flags: vec![12; n],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    ];
+    for (what, chunk) in shapes {
+        // Eight chunks of 2 MiB: 16 MiB, some 40 times that once decoded.
+        let series = dir.path().join(what.replace(' ', "_"));
+        std::fs::create_dir(&series).expect("mkdir");
+        let file = series.join("energy-bpf-1000-0.ebpr");
+        let header = Header {
+            format_version: FORMAT_VERSION,
+            start_ns: START,
+            cpus: vec![energy_bpf::pb::v1::Cpu::default()],
+            ..Default::default()
+        };
+        let mut w = Writer::create(&file, &header).expect("create");
+        for _ in 0..8 {
+            w.chunk(chunk()).expect("chunk");
+        }
+        w.finish(Trailer {
+            end_ns: START + 1_000_000,
+            ..Default::default()
+        })
+        .expect("finish");
+        let size = std::fs::metadata(&file).expect("stat").len();
+        assert!(size > 15 << 20, "{what}: {size} bytes");
+        let (p, d) = (file.to_str().expect("path"), series.to_str().expect("path"));
+        let svg = dir.path().join("dense.svg");
+        for args in [
+            vec!["report", "--format", "json", p],
+            vec!["flamegraph", "-o", svg.to_str().expect("path"), p],
+            vec!["top", "--batch", "-n", "3", "--replay", p],
+            // The agent's directory of rotating files.
+            vec!["report", d],
+        ] {
+            let run = run_bounded(&args, size);
+            let msg = text(&run.out);
+            assert!(
+                run.max_rss <= bound(size),
+                "{what}: {args:?} peaked at {} MiB, over 200 MiB + 20 × {} MiB",
+                run.max_rss >> 20,
+                size >> 20
+            );
+            assert!(
+                run.out.status.success() || msg.contains("no samples to show"),
+                "{what}: {args:?}: {msg}"
+            );
+            assert!(!msg.contains("panicked"), "{what}: {msg}");
+            assert!(
+                msg.contains("skipped as too large to decode within the memory bound"),
+                "{what}: {args:?} does not say what it left out: {msg}"
+            );
+            eprintln!(
+                "{what}: {} peaked at {} MiB (bound {} MiB)",
+                args[0],
+                run.max_rss >> 20,
+                bound(size) >> 20
+            );
         }
     }
 }

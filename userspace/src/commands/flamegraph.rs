@@ -160,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             container_of: &|_| None,
         }),
     };
-    if rec.truncated {
+    if rec.truncated && !rec.damage.end_damaged {
         eprintln!(
             "energy-bpf: warning: {} was cut short (no trailer); showing what it holds",
             args.file.display()

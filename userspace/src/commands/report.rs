@@ -137,7 +137,7 @@ pub struct WindowDoc<'a> {
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rec = args.range.read(&args.file).context("cannot report")?;
-    if rec.truncated {
+    if rec.truncated && !rec.damage.end_damaged {
         eprintln!(
             "energy-bpf: warning: {} was cut short (recorder killed or disk full); reporting the {:.1} s it holds",
             args.file.display(),

@@ -105,7 +105,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut attribute = args.attribute.options();
     if let Some(path) = &args.replay {
         let rec = args.range.read(path).context("cannot replay")?;
-        if rec.truncated {
+        if rec.truncated && !rec.damage.end_damaged {
             eprintln!(
                 "energy-bpf: warning: {} was cut short (recorder killed or disk full); replaying the {:.1} s it holds",
                 path.display(),

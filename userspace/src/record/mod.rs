@@ -10,6 +10,7 @@
 //! [`frame::MAX_RECORD_LEN`] bytes, and timestamps that cannot be true are dropped
 //! (`validate`), so no later stage can size work from a damaged number.
 
+mod budget;
 pub mod columns;
 #[cfg(test)]
 mod damage_tests;
@@ -24,7 +25,7 @@ mod writer;
 pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
 pub use unwind_counts::{UnwindCounts, stop_name};
-pub use validate::{MAX_CPUS, MAX_QUIET_NS, PRE_START_NS};
+pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_SOURCES, PRE_START_NS};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
@@ -122,10 +123,17 @@ pub struct Damage {
     pub lost_ns: u64,
     /// Events and readings dropped because their timestamp cannot be true: before the
     /// capture started, after a silence longer than [`MAX_QUIET_NS`], or on a CPU the
-    /// header does not list.
+    /// header does not list; energy sources listed twice or past [`MAX_SOURCES`].
     pub events_dropped: u64,
     /// Whether the trailer's end time was impossible and was clamped to the data.
     pub end_clamped: bool,
+    /// Records skipped whole because decoding them would have taken reading past its
+    /// memory bound (200 MiB + 20 × the file's size for every command): a crafted file,
+    /// or records far denser than any recorder writes.
+    pub records_oversized: u64,
+    /// Whether the file ends in damage rather than in a trailer or a record cut short, so
+    /// nothing tells whether the recording finished.
+    pub end_damaged: bool,
 }
 
 impl Damage {
@@ -143,21 +151,34 @@ impl Damage {
         let plural =
             |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
         let mut parts = Vec::new();
-        if self.records_damaged > 0 || self.lost_ns > 0 {
-            parts.push(format!(
-                "{} damaged, {:.1} s of data lost",
-                plural(self.records_damaged, "record", "records"),
-                self.lost_ns as f64 / 1e9
+        let mut lost = Vec::new();
+        if self.records_damaged > 0 {
+            lost.push(format!(
+                "{} damaged",
+                plural(self.records_damaged, "record", "records")
             ));
+        }
+        if self.records_oversized > 0 {
+            lost.push(format!(
+                "{} skipped as too large to decode within the memory bound",
+                plural(self.records_oversized, "record", "records")
+            ));
+        }
+        if !lost.is_empty() || self.lost_ns > 0 {
+            lost.push(format!("{:.1} s of data lost", self.lost_ns as f64 / 1e9));
+            parts.push(lost.join(", "));
         }
         if self.events_dropped > 0 {
             parts.push(format!(
-                "{} with impossible timestamps dropped",
+                "{} with impossible timestamps, CPUs or sources dropped",
                 plural(self.events_dropped, "event", "events")
             ));
         }
         if self.end_clamped {
             parts.push("end time clamped to the data".into());
+        }
+        if self.end_damaged {
+            parts.push("its end is damaged (no trailer read)".into());
         }
         Some(parts.join("; "))
     }
@@ -171,6 +192,8 @@ impl Damage {
             "lost_s": self.lost_ns as f64 / 1e9,
             "events_dropped": self.events_dropped,
             "end_clamped": self.end_clamped,
+            "records_oversized": self.records_oversized,
+            "end_damaged": self.end_damaged,
         })
     }
 }

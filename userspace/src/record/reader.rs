@@ -12,7 +12,10 @@ use std::{
 use prost::Message as _;
 
 use super::{
-    FORMAT_VERSION, MAGIC, MAX_CPUS, OLDEST_FORMAT_VERSION, Recording, frame, validate::Window,
+    FORMAT_VERSION, MAGIC, MAX_CPUS, OLDEST_FORMAT_VERSION, Recording,
+    budget::{self, Budget},
+    frame,
+    validate::Window,
 };
 use crate::pb::v1::{Chunk, Header, Record, Trailer, record::Kind};
 
@@ -78,7 +81,26 @@ pub fn read_file(path: &Path) -> Result<Recording, ReadError> {
 }
 
 /// Reads a whole recording from any reader; `path` is only used in messages.
-pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadError> {
+pub fn read_from(input: impl Read, path: &Path) -> Result<Recording, ReadError> {
+    read_within(input, path, None)
+}
+
+/// [`read_file`], its decoded records drawing on `budget`, shared with other files.
+pub(super) fn read_file_within(path: &Path, budget: &mut Budget) -> Result<Recording, ReadError> {
+    let file = std::fs::File::open(path).map_err(|source| ReadError::Io {
+        path: path.into(),
+        source,
+    })?;
+    read_within(file, path, Some(budget))
+}
+
+/// Reads a whole recording; its decoded records draw on `shared`, or on the allowance of
+/// a file its size.
+fn read_within(
+    mut input: impl Read,
+    path: &Path,
+    shared: Option<&mut Budget>,
+) -> Result<Recording, ReadError> {
     let mut bytes = Vec::new();
     input
         .read_to_end(&mut bytes)
@@ -90,7 +112,9 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
         return Err(ReadError::NotARecording { path: path.into() });
     }
     let mut rest = &bytes[MAGIC.len()..];
-    let header = read_header(&mut rest, path)?;
+    let mut own = Budget::for_input(bytes.len());
+    let budget = shared.unwrap_or(&mut own);
+    let header = read_header(&mut rest, budget, path)?;
     let framed = header.format_version >= 3;
     let mut reading = Reading {
         window: Window::new(&header),
@@ -100,13 +124,15 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
             ..Default::default()
         },
         gap_from: None,
+        frames: frame::Resync::new(rest),
+        budget,
     };
     loop {
         let before = rest.len();
         let next = if framed {
-            next_frame(&mut rest, &mut reading)
+            reading.next_frame(&mut rest)
         } else {
-            next_record(&mut rest)
+            reading.next_record(&mut rest)
         };
         match next {
             Next::Record(Record {
@@ -121,6 +147,7 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
             // Kinds from a newer writer, or a second header: nothing to use.
             Next::Record(_) => {}
             Next::Damaged => {}
+            Next::OverBudget => reading.oversized(),
             Next::End => break,
             Next::Cut | Next::Corrupt => {
                 reading.rec.trailing_garbage_bytes = before as u64;
@@ -136,19 +163,24 @@ pub fn read_from(mut input: impl Read, path: &Path) -> Result<Recording, ReadErr
 }
 
 /// The header record, checked: a known version, its checksum (version 3), a sane CPU count.
-fn read_header(rest: &mut &[u8], path: &Path) -> Result<Header, ReadError> {
+fn read_header(rest: &mut &[u8], budget: &mut Budget, path: &Path) -> Result<Header, ReadError> {
     let bad_header = |what: &str| ReadError::BadHeader {
         path: path.into(),
         what: what.into(),
     };
     let start = *rest;
-    let header = match next_record(rest) {
+    let header = match next_record(rest, budget) {
         Next::Record(Record {
             kind: Some(Kind::Header(h)),
         }) => h,
         Next::Record(_) => return Err(bad_header("first record is not a header")),
         Next::End | Next::Cut => return Err(bad_header("file ends inside the header")),
-        Next::Corrupt | Next::Damaged => return Err(bad_header("header does not decode")),
+        Next::Corrupt => return Err(bad_header("header does not decode")),
+        Next::Damaged | Next::OverBudget => {
+            return Err(bad_header(
+                "header would take more memory to decode than a file this size may",
+            ));
+        }
     };
     if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&header.format_version) {
         return Err(ReadError::Version {
@@ -185,24 +217,85 @@ enum Next {
     Record(Record),
     /// A damaged record was skipped (and counted); reading goes on.
     Damaged,
+    /// A record that would decode to more than the memory bound allows; skipped.
+    OverBudget,
     End,
     Cut,
     Corrupt,
 }
 
 /// A recording being read: what was read so far and what is known about the damage.
-struct Reading {
+struct Reading<'a> {
     rec: Recording,
     window: Window,
     /// After damage, the latest timestamp before it: the data lost runs from there to the
     /// next timestamp read.
     gap_from: Option<u64>,
+    /// The records after the header, for finding whole frames after damage (version 3).
+    frames: frame::Resync<'a>,
+    /// What decoded records may still allocate.
+    budget: &'a mut Budget,
 }
 
-impl Reading {
+impl Reading<'_> {
+    /// The next version 3 frame. Damage is skipped up to the next whole frame and
+    /// counted; a frame cut by the end of the file (and nothing whole after it) is a
+    /// truncated tail, unless what is there shows damage rather than a cut.
+    fn next_frame(&mut self, rest: &mut &[u8]) -> Next {
+        if rest.is_empty() {
+            return Next::End;
+        }
+        match frame::parse(rest) {
+            frame::Frame::Whole { payload, len } => {
+                *rest = &rest[len..];
+                let next = self.decode(payload);
+                if let Next::Corrupt = next {
+                    // The checksum holds but the contents do not: written damaged or crafted.
+                    self.damaged(1, 0);
+                    return Next::Damaged;
+                }
+                next
+            }
+            found => {
+                let at = self.frames.input_len() - rest.len();
+                match self.frames.next_after(at) {
+                    (Some(next), frames) => {
+                        let skip = next - at;
+                        self.damaged(frames, skip);
+                        *rest = &rest[skip..];
+                        Next::Damaged
+                    }
+                    (None, _) if found == frame::Frame::Cut && frame::looks_cut(rest) => Next::Cut,
+                    (None, frames) => {
+                        // Damaged up to the end: nothing after it to go on with.
+                        self.damaged(frames, rest.len());
+                        self.rec.damage.end_damaged = true;
+                        *rest = &[];
+                        Next::End
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next version 1 or 2 record (see [`next_record`]); one over the memory bound
+    /// is skipped, as its length is known.
+    fn next_record(&mut self, rest: &mut &[u8]) -> Next {
+        next_record(rest, self.budget)
+    }
+
+    fn decode(&mut self, bytes: &[u8]) -> Next {
+        decode(bytes, self.budget)
+    }
+
     fn damaged(&mut self, records: u64, bytes: usize) {
         self.rec.damage.records_damaged += records;
         self.rec.damage.bytes_skipped += bytes as u64;
+        self.gap_from.get_or_insert(self.window.frontier());
+    }
+
+    fn oversized(&mut self) {
+        self.rec.damage.records_oversized += 1;
         self.gap_from.get_or_insert(self.window.frontier());
     }
 
@@ -234,43 +327,9 @@ impl Reading {
     }
 }
 
-/// The next version 3 frame. Damage is skipped up to the next whole frame and counted; a
-/// frame cut by the end of the file (and nothing whole after it) is a truncated tail.
-fn next_frame(rest: &mut &[u8], reading: &mut Reading) -> Next {
-    if rest.is_empty() {
-        return Next::End;
-    }
-    match frame::parse(rest) {
-        frame::Frame::Whole { payload, len } => {
-            *rest = &rest[len..];
-            match decode(payload) {
-                Some(record) => Next::Record(record),
-                // The checksum holds but the contents do not: written damaged or crafted.
-                None => {
-                    reading.damaged(1, 0);
-                    Next::Damaged
-                }
-            }
-        }
-        found => match frame::resync(rest) {
-            (Some(skip), frames) => {
-                reading.damaged(frames, skip);
-                *rest = &rest[skip..];
-                Next::Damaged
-            }
-            (None, _) if found == frame::Frame::Cut => Next::Cut,
-            (None, frames) => {
-                // Damaged up to the end: nothing after it to go on with.
-                reading.damaged(frames, rest.len());
-                *rest = &[];
-                Next::End
-            }
-        },
-    }
-}
-
-/// The next version 1 or 2 record: a varint length and the record.
-fn next_record(rest: &mut &[u8]) -> Next {
+/// The next version 1 or 2 record: a varint length and the record. One that would take
+/// reading over its memory bound is skipped: its length says where the next one starts.
+fn next_record(rest: &mut &[u8], budget: &mut Budget) -> Next {
     if rest.is_empty() {
         return Next::End;
     }
@@ -281,25 +340,40 @@ fn next_record(rest: &mut &[u8]) -> Next {
     if len > cursor.len() {
         return Next::Cut;
     }
-    let Some(record) = decode(&cursor[..len]) else {
-        return Next::Corrupt;
-    };
-    *rest = &cursor[len..];
-    Next::Record(record)
+    let next = decode(&cursor[..len], budget);
+    if !matches!(next, Next::Corrupt) {
+        *rest = &cursor[len..];
+    }
+    next
 }
 
-/// A record's bytes, with a chunk's switch columns turned back into events.
-fn decode(bytes: &[u8]) -> Option<Record> {
-    let mut record = Record::decode(bytes).ok()?;
+/// A record's bytes, with a chunk's switch columns turned back into events; decoded only
+/// when what it allocates fits in `budget` ([`Next::OverBudget`] when not).
+fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
+    let Ok(cost) = budget::cost(bytes) else {
+        return Next::Corrupt;
+    };
+    if !budget.take(cost) {
+        return Next::OverBudget;
+    }
+    let Ok(mut record) = Record::decode(bytes) else {
+        return Next::Corrupt;
+    };
     if let Some(Kind::Chunk(chunk)) = &mut record.kind
         && let Some(columns) = chunk.switch_columns.take()
     {
         // Version 2: switch events as columns, after any written as messages.
-        chunk
-            .switches
-            .extend(super::columns::from_columns(&columns).ok()?);
+        let Ok(events) = super::columns::from_columns(&columns) else {
+            return Next::Corrupt;
+        };
+        drop(columns);
+        if chunk.switches.is_empty() {
+            chunk.switches = events;
+        } else {
+            chunk.switches.extend(events);
+        }
     }
-    Some(record)
+    Next::Record(record)
 }
 
 fn merge_chunk(rec: &mut Recording, chunk: Chunk) {

@@ -9,7 +9,10 @@
 
 use std::path::Path;
 
-use super::{ReadError, Recording, merge_thread, read_file, rotate::series_files};
+use super::{
+    MAX_SOURCES, ReadError, Recording, budget::Budget, merge_thread, read_file,
+    reader::read_file_within, rotate::series_files,
+};
 
 /// A wall-clock range, Unix ns; `None` leaves that end open.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -95,8 +98,8 @@ fn read_dir(dir: &Path, range: &TimeRange) -> Result<Recording, ReadError> {
             what: "files (energy-bpf-*.ebpr)".into(),
         });
     }
-    let mut merged: Option<Recording> = None;
-    for (i, (path, _)) in files.iter().enumerate() {
+    let mut chosen = Vec::new();
+    for (i, (path, meta)) in files.iter().enumerate() {
         // File names sort by start time: skip files that start after the range, or end
         // before it (a file ends where the next one starts).
         let start_unix = |p: &Path| -> Option<u64> {
@@ -119,7 +122,15 @@ fn read_dir(dir: &Path, range: &TimeRange) -> Result<Recording, ReadError> {
         {
             continue;
         }
-        let rec = read_file(path)?;
+        chosen.push((path, meta.len()));
+    }
+    // One memory bound for the whole directory, from the size of all its files: many
+    // small files must not each bring the allowance of a file.
+    let total = chosen.iter().map(|(_, len)| *len).sum::<u64>();
+    let mut budget = Budget::for_input(usize::try_from(total).unwrap_or(usize::MAX));
+    let mut merged: Option<Recording> = None;
+    for (path, _) in chosen {
+        let rec = read_file_within(path, &mut budget)?;
         match &mut merged {
             None => merged = Some(rec),
             Some(m) => append(m, rec),
@@ -142,9 +153,14 @@ fn append(into: &mut Recording, next: Recording) {
     for (pid, maps) in next.mappings {
         into.mappings.entry(pid).or_default().extend(maps);
     }
+    // A source is listed once (the first listing wins), and there are at most
+    // MAX_SOURCES, as within one file.
+    let mut ids: std::collections::HashSet<u32> = into.sources.iter().map(|s| s.id).collect();
     for s in next.sources {
-        if !into.sources.iter().any(|k| k.id == s.id) {
+        if ids.len() < MAX_SOURCES && ids.insert(s.id) {
             into.sources.push(s);
+        } else if !ids.contains(&s.id) {
+            into.damage.events_dropped += 1;
         }
     }
     into.readings.extend(next.readings);
@@ -166,6 +182,8 @@ fn append(into: &mut Recording, next: Recording) {
     d.lost_ns += n.lost_ns;
     d.events_dropped += n.events_dropped;
     d.end_clamped |= n.end_clamped;
+    d.records_oversized += n.records_oversized;
+    d.end_damaged |= n.end_damaged;
 }
 
 /// Cuts a recording to a wall-clock range (see the module comment).

@@ -11,7 +11,8 @@
 //!   seconds at most, so each timestamp lies within that span of the data before it (the
 //!   chunk's earlier timestamps included);
 //! - no switch or sample on a CPU the header does not list;
-//! - the trailer's end time lies within [`MAX_QUIET_NS`] of the last data.
+//! - the trailer's end time lies within [`MAX_QUIET_NS`] of the last data;
+//! - an energy source is listed once, and there are at most [`MAX_SOURCES`].
 //!
 //! The capture window is thus at most [`MAX_QUIET_NS`] per timestamp in the file: bounded
 //! by the file's size.
@@ -28,8 +29,15 @@ pub const MAX_QUIET_NS: u64 = 60_000_000_000;
 /// time grows with the CPU count, so a damaged count must not be believed.
 pub const MAX_CPUS: usize = 8192;
 
+/// The most energy sources a recording may list. A machine has a few per package (RAPL
+/// domains), one per GPU and a few hwmon sensors; thousands are a damaged or crafted file,
+/// and each source costs every later stage work per reading.
+pub const MAX_SOURCES: usize = 4096;
+
 /// The window admitted so far.
 pub(super) struct Window {
+    /// Ids of the energy sources admitted: a source is listed once (the first listing wins).
+    source_ids: std::collections::HashSet<u32>,
     lower: u64,
     /// The latest timestamp admitted; `None` until the first one when the header has no
     /// start time (synthetic files).
@@ -45,6 +53,7 @@ impl Window {
         cpus.dedup();
         let start = header.start_ns;
         Self {
+            source_ids: std::collections::HashSet::new(),
             lower: start.saturating_sub(PRE_START_NS),
             frontier: (start != 0).then_some(start),
             cpus,
@@ -63,6 +72,16 @@ impl Window {
     /// Drops from `chunk` what cannot be true and moves the window on. Returns how many
     /// events and readings were dropped.
     pub(super) fn admit(&mut self, chunk: &mut Chunk) -> u64 {
+        let sources = chunk.sources.len();
+        let ids = &mut self.source_ids;
+        chunk
+            .sources
+            .retain(|s| ids.len() < MAX_SOURCES && ids.insert(s.id));
+        let sources_dropped = (sources - chunk.sources.len()) as u64;
+        self.admit_times(chunk) + sources_dropped
+    }
+
+    fn admit_times(&mut self, chunk: &mut Chunk) -> u64 {
         let mut times: Vec<u64> = chunk
             .switches
             .iter()

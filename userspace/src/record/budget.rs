@@ -1,0 +1,517 @@
+//! What decoding a record will allocate, found before decoding it.
+//!
+//! Protobuf lets a few bytes stand for a large value: an empty `EnergySource` is two bytes
+//! on disk and over a hundred in memory, a one-byte varint in a packed column becomes eight,
+//! and a switch column entry becomes a whole `SwitchEvent`. A crafted file of such records
+//! would decode to some 40 times its size. [`cost`] walks a record's wire format tag by
+//! tag, allocating nothing, and adds up what prost and the column decoder will allocate
+//! for it; the reader ([`Budget`]) refuses records that would take reading past
+//! [`BASE`] + [`PER_INPUT_BYTE`] × the file's size, counts them as damage and goes on.
+
+use std::mem::size_of;
+
+use crate::pb::v1::{
+    CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, Mapping, ProcessEvent,
+    Sample, SwitchEvent, ThreadInfo,
+};
+
+/// Decoded bytes any recording may use, whatever its size: room for the header and the
+/// first chunks of a small file.
+pub const BASE: u64 = 48 << 20;
+
+/// Decoded bytes allowed per byte of the file. Real chunks decode to at most about 12 times
+/// their size (switch events: a 56-byte `SwitchEvent` from 4 to 6 bytes of columns), and
+/// what reports build from the events (timelines, attribution) takes as much again; the
+/// file itself is in memory too. Keeps every command within 200 MiB + 20 × the file size.
+pub const PER_INPUT_BYTE: u64 = 4;
+
+/// How a field is stored once decoded.
+#[derive(Clone, Copy)]
+enum Field {
+    /// A number or bool: inline, nothing on the heap.
+    Scalar,
+    /// A string or bytes: its length on the heap.
+    Bytes,
+    /// Repeated numbers of this many bytes each, packed or not.
+    Numbers(u64),
+    /// Repeated strings.
+    Strings,
+    /// A message, inline; prost merges every occurrence into one.
+    One(&'static Msg),
+    /// Repeated messages.
+    Many(&'static Msg),
+}
+
+/// A message type: its size inline and its fields by number.
+struct Msg {
+    size: u64,
+    fields: &'static [(u32, Field)],
+}
+
+impl Msg {
+    fn field(&self, number: u32) -> Field {
+        self.fields
+            .iter()
+            .find(|(n, _)| *n == number)
+            .map_or(Field::Scalar, |(_, f)| *f)
+    }
+}
+
+const fn size<T>() -> u64 {
+    size_of::<T>() as u64
+}
+
+// The schema of `proto/energy_bpf.proto`, as far as the heap is concerned: fields not
+// listed are numbers (or unknown, which prost skips).
+static CPU: Msg = Msg {
+    size: size::<Cpu>(),
+    fields: &[],
+};
+static CALIBRATED: Msg = Msg {
+    size: size::<CalibratedStatic>(),
+    fields: &[(1, Field::Bytes), (3, Field::Bytes)],
+};
+static HEADER: Msg = Msg {
+    size: 0,
+    fields: &[
+        (2, Field::Bytes),
+        (3, Field::Bytes),
+        (4, Field::Many(&CPU)),
+        (6, Field::Bytes),
+        (9, Field::Bytes),
+        (10, Field::Strings),
+        (11, Field::Numbers(4)),
+        (12, Field::Many(&CALIBRATED)),
+        (13, Field::Bytes),
+    ],
+};
+static SWITCH: Msg = Msg {
+    size: size::<SwitchEvent>(),
+    fields: &[],
+};
+/// `SwitchColumns`; field 3 (`ts_delta_ns`) has one entry per event.
+static COLUMNS: Msg = Msg {
+    size: 0,
+    fields: &[
+        (1, Field::Numbers(4)),
+        (2, Field::Numbers(4)),
+        (3, Field::Numbers(8)),
+        (4, Field::Numbers(4)),
+        (5, Field::Numbers(4)),
+        (6, Field::Numbers(4)),
+        (7, Field::Numbers(4)),
+        (8, Field::Numbers(4)),
+        (9, Field::Numbers(4)),
+        (10, Field::Numbers(8)),
+        (11, Field::Numbers(8)),
+    ],
+};
+const COLUMNS_EVENTS: usize = 3;
+static SAMPLE: Msg = Msg {
+    size: size::<Sample>(),
+    fields: &[(6, Field::Numbers(8)), (7, Field::Numbers(8))],
+};
+static PROCESS_EVENT: Msg = Msg {
+    size: size::<ProcessEvent>(),
+    fields: &[(7, Field::Bytes)],
+};
+static THREAD: Msg = Msg {
+    size: size::<ThreadInfo>(),
+    fields: &[(3, Field::Bytes), (5, Field::Bytes), (8, Field::Bytes)],
+};
+static MAPPING: Msg = Msg {
+    size: size::<Mapping>(),
+    fields: &[(5, Field::Bytes), (6, Field::Bytes)],
+};
+static LOSSES: Msg = Msg {
+    size: 0,
+    fields: &[],
+};
+static GPU_USAGE: Msg = Msg {
+    size: size::<GpuProcessUsage>(),
+    fields: &[],
+};
+static READING: Msg = Msg {
+    size: size::<EnergyReading>(),
+    fields: &[(4, Field::Bytes), (5, Field::Many(&GPU_USAGE))],
+};
+static SOURCE: Msg = Msg {
+    size: size::<EnergySource>(),
+    fields: &[(2, Field::Bytes), (5, Field::Bytes), (11, Field::Bytes)],
+};
+static CHUNK: Msg = Msg {
+    size: 0,
+    fields: &[
+        (1, Field::Many(&SWITCH)),
+        (2, Field::Many(&SAMPLE)),
+        (3, Field::Many(&PROCESS_EVENT)),
+        (4, Field::Many(&THREAD)),
+        (5, Field::Many(&MAPPING)),
+        (6, Field::One(&LOSSES)),
+        (7, Field::Many(&READING)),
+        (8, Field::Many(&SOURCE)),
+        (9, Field::One(&COLUMNS)),
+    ],
+};
+static TRAILER: Msg = Msg {
+    size: 0,
+    fields: &[(2, Field::Bytes), (3, Field::One(&LOSSES))],
+};
+static RECORD: Msg = Msg {
+    size: 0,
+    fields: &[
+        (1, Field::One(&HEADER)),
+        (2, Field::One(&CHUNK)),
+        (3, Field::One(&TRAILER)),
+    ],
+};
+
+/// What decoding one record allocates, bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    /// What stays in the recording: the decoded record less its switch columns, plus the
+    /// events the columns turn into.
+    pub kept: u64,
+    /// The most held at once while decoding: `kept`, the switch columns, and the list of
+    /// timestamps that validation sorts.
+    pub peak: u64,
+}
+
+/// The wire format does not parse; prost would refuse it too.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Malformed;
+
+/// What reading one file may still allocate for decoded records.
+pub(super) struct Budget {
+    left: u64,
+}
+
+impl Budget {
+    /// The allowance for a file of `len` bytes.
+    pub(super) fn for_input(len: usize) -> Self {
+        Self {
+            left: BASE.saturating_add(PER_INPUT_BYTE.saturating_mul(len as u64)),
+        }
+    }
+
+    /// Takes what `cost` keeps, if its peak fits in what is left; `false` (nothing taken)
+    /// when it does not.
+    pub(super) fn take(&mut self, cost: Cost) -> bool {
+        if cost.peak > self.left {
+            return false;
+        }
+        self.left -= cost.kept.min(self.left);
+        true
+    }
+}
+
+/// What decoding `record` (a `Record`'s bytes) will allocate.
+pub fn cost(record: &[u8]) -> Result<Cost, Malformed> {
+    let mut tally = Tally::default();
+    scan(record, &RECORD, &mut tally, 0)?;
+    let chunk = tally.children[2].as_deref();
+    let columns = chunk.and_then(|c| c.children[9].as_deref());
+    let column_bytes = columns.map_or(0, |c| c.total(&COLUMNS));
+    let from_columns = columns.map_or(0, |c| c.counts[COLUMNS_EVENTS]);
+    let messages = chunk.map_or(0, |c| c.counts[1]);
+    // The column decoder allocates its events exactly; appended to switches written as
+    // messages, they are copied into a vector that holds both.
+    let mut events_bytes = from_columns * size::<SwitchEvent>();
+    if messages > 0 && from_columns > 0 {
+        events_bytes += capacity(messages + from_columns, 56) * size::<SwitchEvent>();
+    }
+    let kept = tally.total(&RECORD) - column_bytes + events_bytes;
+    // Validation collects a timestamp per switch, sample, process event and reading.
+    let timestamps =
+        from_columns + chunk.map_or(0, |c| c.counts[1] + c.counts[2] + c.counts[3] + c.counts[7]);
+    Ok(Cost {
+        kept,
+        peak: kept + column_bytes + capacity(timestamps, 8) * 8,
+    })
+}
+
+/// Counts for one message being decoded: entries per repeated field (by field number, all
+/// below 16), heap bytes of its strings and of its finished repeated elements, and the
+/// tallies of its inline messages (merged over their occurrences, as prost merges them).
+#[derive(Default)]
+struct Tally {
+    counts: [u64; 16],
+    heap: u64,
+    children: [Option<Box<Tally>>; 16],
+}
+
+impl Tally {
+    /// Heap bytes of this message once decoded: its vectors at the capacity one push at a
+    /// time leaves them, its strings, its inline messages.
+    fn total(&self, msg: &Msg) -> u64 {
+        let mut bytes = self.heap;
+        for (number, field) in msg.fields {
+            let n = self.counts[*number as usize];
+            bytes += match field {
+                Field::Numbers(size) => capacity(n, *size) * size,
+                Field::Strings => capacity(n, 24) * 24,
+                Field::Many(m) => capacity(n, m.size) * m.size,
+                Field::One(m) => self.children[*number as usize]
+                    .as_deref()
+                    .map_or(0, |c| c.total(m)),
+                Field::Scalar | Field::Bytes => 0,
+            };
+        }
+        bytes
+    }
+}
+
+/// The capacity a vector has after `n` single pushes (`RawVec`'s growth: doubling, from a
+/// minimum of 8 elements of one byte, 4 up to 1 KiB, else 1).
+fn capacity(n: u64, size: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    let min = match size {
+        1 => 8,
+        2..=1024 => 4,
+        _ => 1,
+    };
+    n.next_power_of_two().max(min)
+}
+
+/// Nesting prost accepts (its recursion limit); our schema nests four deep.
+const MAX_DEPTH: u32 = 100;
+
+fn scan(mut bytes: &[u8], msg: &Msg, tally: &mut Tally, depth: u32) -> Result<(), Malformed> {
+    if depth > MAX_DEPTH {
+        return Err(Malformed);
+    }
+    while !bytes.is_empty() {
+        let key = varint(&mut bytes)?;
+        let number = u32::try_from(key >> 3).map_err(|_| Malformed)?;
+        let wire = key & 7;
+        if number == 0 {
+            return Err(Malformed);
+        }
+        let field = msg.field(number);
+        match wire {
+            0 => {
+                varint(&mut bytes)?;
+                if let Field::Numbers(_) = field {
+                    tally.counts[number as usize] += 1;
+                }
+            }
+            1 => bytes = bytes.get(8..).ok_or(Malformed)?,
+            5 => bytes = bytes.get(4..).ok_or(Malformed)?,
+            2 => {
+                let len = usize::try_from(varint(&mut bytes)?).map_err(|_| Malformed)?;
+                let body = bytes.get(..len).ok_or(Malformed)?;
+                bytes = &bytes[len..];
+                let slot = number as usize;
+                match field {
+                    Field::Scalar => {}
+                    Field::Bytes => tally.heap += len as u64,
+                    Field::Strings => {
+                        tally.counts[slot] += 1;
+                        tally.heap += len as u64;
+                    }
+                    // Packed: one varint per byte below 0x80.
+                    Field::Numbers(_) => {
+                        tally.counts[slot] += body.iter().filter(|&&b| b < 0x80).count() as u64
+                    }
+                    Field::One(m) => {
+                        let child = tally.children[slot].get_or_insert_with(Box::default);
+                        scan(body, m, child, depth + 1)?;
+                    }
+                    Field::Many(m) => {
+                        tally.counts[slot] += 1;
+                        let mut element = Tally::default();
+                        scan(body, m, &mut element, depth + 1)?;
+                        tally.heap += element.total(m);
+                    }
+                }
+            }
+            3 => skip_group(&mut bytes, number, depth + 1)?,
+            _ => return Err(Malformed),
+        }
+    }
+    Ok(())
+}
+
+/// Skips a group (wire types 3 and 4, which no writer of ours uses but prost skips).
+fn skip_group(bytes: &mut &[u8], number: u32, depth: u32) -> Result<(), Malformed> {
+    if depth > MAX_DEPTH {
+        return Err(Malformed);
+    }
+    loop {
+        let key = varint(bytes)?;
+        let inner = u32::try_from(key >> 3).map_err(|_| Malformed)?;
+        match key & 7 {
+            0 => {
+                varint(bytes)?;
+            }
+            1 => *bytes = bytes.get(8..).ok_or(Malformed)?,
+            5 => *bytes = bytes.get(4..).ok_or(Malformed)?,
+            2 => {
+                let len = usize::try_from(varint(bytes)?).map_err(|_| Malformed)?;
+                *bytes = bytes.get(len..).ok_or(Malformed)?;
+            }
+            3 => skip_group(bytes, inner, depth + 1)?,
+            4 if inner == number => return Ok(()),
+            _ => return Err(Malformed),
+        }
+    }
+}
+
+pub(super) fn varint(bytes: &mut &[u8]) -> Result<u64, Malformed> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let (&b, rest) = bytes.split_first().ok_or(Malformed)?;
+        *bytes = rest;
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b < 0x80 {
+            return Ok(value);
+        }
+    }
+    Err(Malformed)
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+    use crate::pb::v1::{Chunk, Record, SwitchColumns, record::Kind};
+
+    fn chunk_record(chunk: Chunk) -> Vec<u8> {
+        Record {
+            kind: Some(Kind::Chunk(chunk)),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn empty_messages_cost_their_decoded_size() {
+        let n = 10_000;
+        let bytes = chunk_record(Chunk {
+            sources: vec![EnergySource::default(); n],
+            samples: vec![Sample::default(); n],
+            switches: vec![SwitchEvent::default(); n],
+            threads: vec![ThreadInfo::default(); n],
+            mappings: vec![Mapping::default(); n],
+            readings: vec![EnergyReading::default(); n],
+            process_events: vec![ProcessEvent::default(); n],
+            ..Default::default()
+        });
+        assert!(bytes.len() < 15 * n, "two bytes each: {}", bytes.len());
+        let cost = cost(&bytes).expect("scans");
+        let at_least = (n
+            * (size_of::<EnergySource>()
+                + size_of::<Sample>()
+                + size_of::<SwitchEvent>()
+                + size_of::<ThreadInfo>()
+                + size_of::<Mapping>()
+                + size_of::<EnergyReading>()
+                + size_of::<ProcessEvent>())) as u64;
+        assert!(cost.kept >= at_least, "{cost:?} < {at_least}");
+        // Vectors grown one push at a time: at most twice their length.
+        assert!(cost.kept <= 2 * at_least, "{cost:?}");
+        assert!(
+            cost.kept > 40 * bytes.len() as u64,
+            "the expansion it guards against"
+        );
+    }
+
+    #[test]
+    fn switch_columns_cost_their_events() {
+        let n = 5_000u32;
+        let bytes = chunk_record(Chunk {
+            switch_columns: Some(SwitchColumns {
+                cpu: vec![0],
+                cpu_run_length: vec![n],
+                ts_delta_ns: vec![1; n as usize],
+                flags: vec![12; n as usize],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let cost = cost(&bytes).expect("scans");
+        let events = u64::from(n) * size::<SwitchEvent>();
+        // The events stay; the columns (8 + 4 bytes an entry, at capacity) and the
+        // timestamps validation sorts do not.
+        let columns = capacity(u64::from(n), 8) * (8 + 4) + 2 * 4 * 4;
+        let timestamps = capacity(u64::from(n), 8) * 8;
+        assert_eq!(cost.kept, events);
+        assert_eq!(cost.peak, events + columns + timestamps);
+    }
+
+    /// Prost merges every occurrence of an inline message, so columns split over many
+    /// occurrences grow one set of vectors.
+    #[test]
+    fn repeated_inline_messages_are_merged_as_prost_merges_them() {
+        let part = chunk_record(Chunk {
+            switch_columns: Some(SwitchColumns {
+                flags: vec![1; 3],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let many: Vec<u8> = part
+            .iter()
+            .copied()
+            .cycle()
+            .take(part.len() * 100)
+            .collect();
+        let decoded = Record::decode(many.as_slice()).expect("prost merges");
+        let Some(Kind::Chunk(c)) = decoded.kind else {
+            panic!("a chunk")
+        };
+        let flags = c.switch_columns.expect("columns").flags;
+        assert_eq!(flags.len(), 300);
+        let cost = cost(&many).expect("scans");
+        assert_eq!(cost.peak - cost.kept, capacity(300, 4) * 4);
+    }
+
+    #[test]
+    fn real_records_scan_and_malformed_ones_do_not() {
+        let real = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fuzz/seeds/recording/real-v3.ebpr"
+        ))
+        .expect("seed recording");
+        let first = real
+            .windows(4)
+            .position(|w| w == super::super::frame::SYNC)
+            .expect("a frame");
+        let mut at = first;
+        let mut kept = 0;
+        while let super::super::frame::Frame::Whole { payload, len } =
+            super::super::frame::parse(&real[at..])
+        {
+            let c = cost(payload).expect("a real record scans");
+            assert!(c.kept <= c.peak);
+            kept += c.kept;
+            at += len;
+        }
+        assert_eq!(at, real.len());
+        assert!(kept < PER_INPUT_BYTE * real.len() as u64, "{kept}");
+        // Whatever prost decodes, the scan reads too (it is never the stricter one).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2_000 {
+            let mut bytes = real[first + 12..].to_vec();
+            for _ in 0..=x % 3 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let i = (x >> 16) as usize % bytes.len();
+                bytes[i] ^= (x >> 48) as u8 | 1;
+            }
+            if Record::decode(bytes.as_slice()).is_ok() {
+                assert!(cost(&bytes).is_ok(), "prost decodes what the scan refused");
+            }
+        }
+        assert_eq!(
+            cost(&[0x12, 0x05, 0x01]),
+            Err(Malformed),
+            "length past the end"
+        );
+        assert_eq!(cost(&[0x14]), Err(Malformed), "an end-group with no group");
+        assert_eq!(cost(&[0xff; 11]), Err(Malformed), "an endless varint");
+    }
+}
