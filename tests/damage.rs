@@ -436,3 +436,62 @@ fn dense_crafted_records_stay_within_the_memory_bound() {
         }
     }
 }
+
+/// A context-switch storm is the densest real recording (a switch in about 3 bytes of
+/// columns, 56 in memory): it must read whole, not be taken for a crafted file.
+#[test]
+fn a_context_switch_storm_reads_whole() {
+    if !require_root("a_context_switch_storm_reads_whole") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = dir.path().join("pingpong");
+    let status = std::process::Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&prog)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/pingpong.c"))
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed");
+    let file = dir.path().join("storm.ebpr");
+    let out = run(&[
+        "record",
+        "--energy-source",
+        "model",
+        "-o",
+        file.to_str().expect("path"),
+        "--",
+        // Both ends on one CPU: every round trip is two switches there, back to back.
+        "taskset",
+        "-c",
+        "0",
+        prog.to_str().expect("path"),
+        "5",
+    ]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    let size = std::fs::metadata(&file).expect("stat").len();
+    let report = crate::util::report_json(&file);
+    eprintln!(
+        "switch storm: {} KiB for {:.1} s, damage {}",
+        size >> 10,
+        report["duration_ns"].as_f64().unwrap_or(0.0) / 1e9,
+        report["damage"]
+    );
+    // Dense enough that an allowance of 48 MiB + 4 × the file's size would drop records.
+    assert!(size > 4 << 20, "only {size} bytes: not a storm");
+    assert_eq!(
+        report["damage"]["records_oversized"], 0,
+        "{}",
+        report["damage"]
+    );
+    assert_eq!(
+        report["damage"]["records_damaged"], 0,
+        "{}",
+        report["damage"]
+    );
+    assert!(
+        report["duration_ns"].as_u64() > Some(4_900_000_000),
+        "whole: {report:#}"
+    );
+}

@@ -19,11 +19,21 @@ use crate::pb::v1::{
 /// first chunks of a small file.
 pub const BASE: u64 = 48 << 20;
 
-/// Decoded bytes allowed per byte of the file. Real chunks decode to at most about 12 times
-/// their size (switch events: a 56-byte `SwitchEvent` from 4 to 6 bytes of columns), and
-/// what reports build from the events (timelines, attribution) takes as much again; the
-/// file itself is in memory too. Keeps every command within 200 MiB + 20 × the file size.
-pub const PER_INPUT_BYTE: u64 = 4;
+/// Decoded bytes allowed per byte of the file. Real chunks decode to about 4–10 times their
+/// size, and a context-switch storm to 18 (a 56-byte `SwitchEvent` from about 3 bytes of
+/// columns): those must all read, whole. What reports build from the events (timelines,
+/// attribution) takes about as much again, so a switch storm's commands reach about
+/// 200 MiB + 40 × the file size; other recordings stay within 200 MiB + 20 ×.
+pub const PER_INPUT_BYTE: u64 = 20;
+
+/// Most decoded bytes per byte of one record (past [`RECORD_SLACK`]). Real records stay
+/// under 20 (see [`PER_INPUT_BYTE`]); the crafted shapes that make protobuf balloon (empty
+/// messages, empty switch entries) reach 40 to 60. Such a record is refused whatever the
+/// allowance left, so a crafted file cannot spend the allowance at its densest.
+pub const MAX_RECORD_RATIO: u64 = 24;
+
+/// Decoded bytes any one record may take regardless of its size (a header, a small chunk).
+pub const RECORD_SLACK: u64 = 1 << 20;
 
 /// How a field is stored once decoded.
 #[derive(Clone, Copy)]
@@ -196,8 +206,10 @@ impl Budget {
 
     /// Takes what `cost` keeps, if its peak fits in what is left; `false` (nothing taken)
     /// when it does not.
-    pub(super) fn take(&mut self, cost: Cost) -> bool {
-        if cost.peak > self.left {
+    pub(super) fn take(&mut self, cost: Cost, record_len: usize) -> bool {
+        let dense_limit =
+            RECORD_SLACK.saturating_add(MAX_RECORD_RATIO.saturating_mul(record_len as u64));
+        if cost.peak > self.left || cost.kept > dense_limit {
             return false;
         }
         self.left -= cost.kept.min(self.left);

@@ -353,7 +353,7 @@ fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
     let Ok(cost) = budget::cost(bytes) else {
         return Next::Corrupt;
     };
-    if !budget.take(cost) {
+    if !budget.take(cost, bytes.len()) {
         return Next::OverBudget;
     }
     let Ok(mut record) = Record::decode(bytes) else {
