@@ -15,11 +15,7 @@ use std::{
     time::Duration,
 };
 
-use energy_bpf::{
-    clock::monotonic_ns,
-    energy::fake::{self, FakePowercap, ZoneSpec},
-    record::read_file,
-};
+use energy_bpf::{clock::monotonic_ns, energy::fake, record::read_file};
 
 use crate::util::{Recorder, Workload, process, require_root, run, text};
 
@@ -67,12 +63,7 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
     }
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sysfs = dir.path().join("sys");
-    let tree = FakePowercap::create(
-        &sysfs,
-        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
-    )
-    .expect("fake powercap");
+    let (sysfs, tree) = crate::util::one_package(dir.path());
     fake::topology(&sysfs, 1, 2).expect("fake topology");
     let energy_file = tree.zone_dir("intel-rapl:0").join("energy_uj");
 
@@ -238,12 +229,7 @@ fn pinned_process_absolute_joules_without_static_power_or_calibration() {
     const PER_CPU: f64 = 10.0;
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sysfs = dir.path().join("sys");
-    let tree = FakePowercap::create(
-        &sysfs,
-        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
-    )
-    .expect("fake powercap");
+    let (sysfs, tree) = crate::util::one_package(dir.path());
     fake::topology(&sysfs, 1, 2).expect("fake topology");
     let _emulator = crate::util::BusyEmulator::start(
         &tree.zone_dir("intel-rapl:0").join("energy_uj"),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use energy_bpf::energy::fake::{self, FakePowercap, ZoneSpec};
+use energy_bpf::energy::fake;
 
 use crate::util::{Recorder, Workload, require_root, run, text};
 
@@ -17,12 +17,7 @@ fn calibrate_measures_a_quiet_machine_and_refuses_a_busy_one() {
     }
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sysfs = dir.path().join("sys");
-    let tree = FakePowercap::create(
-        &sysfs,
-        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
-    )
-    .expect("fake powercap");
+    let (sysfs, tree) = crate::util::one_package(dir.path());
     fake::topology(&sysfs, 1, 2).expect("fake topology");
     let emulator = tree.spawn(&[("intel-rapl:0", STATIC_W)]).expect("emulator");
     let cal = dir.path().join("cal/calibration.json");
@@ -122,12 +117,7 @@ fn calibrate_load_measures_the_power_curve_core_first() {
     }
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sysfs = dir.path().join("sys");
-    let tree = FakePowercap::create(
-        &sysfs,
-        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
-    )
-    .expect("fake powercap");
+    let (sysfs, tree) = crate::util::one_package(dir.path());
     let cpu_dir = sysfs.join("devices/system/cpu");
     std::fs::create_dir_all(&cpu_dir).expect("cpu dir");
     std::fs::write(cpu_dir.join("online"), "0-1\n").expect("online");

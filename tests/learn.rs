@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use energy_bpf::energy::fake::{self, FakePowercap, ZoneSpec};
+use energy_bpf::energy::fake;
 
 use crate::agent::{Daemon, get, spawn_agent};
 use crate::util::{self, BusyEmulator, Workload};
@@ -120,12 +120,7 @@ fn agent_learns_static_power_and_keeps_it_across_restarts() {
     }
     let _guard = util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let sysfs = dir.path().join("sys");
-    let tree = FakePowercap::create(
-        &sysfs,
-        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
-    )
-    .expect("fake powercap");
+    let (sysfs, tree) = crate::util::one_package(dir.path());
     fake::topology(&sysfs, 1, 2).expect("fake topology");
     let _emulator = BusyEmulator::start(
         &tree.zone_dir("intel-rapl:0").join("energy_uj"),

@@ -157,6 +157,19 @@ impl Recorder {
     }
 }
 
+/// A fake powercap tree under `dir/sys` with one package zone, `intel-rapl:0`: the sysfs
+/// root to pass as `--sysfs-root`, and the tree.
+pub fn one_package(dir: &Path) -> (PathBuf, energy_bpf::energy::fake::FakePowercap) {
+    use energy_bpf::energy::fake::{FakePowercap, ZoneSpec};
+    let sysfs = dir.join("sys");
+    let tree = FakePowercap::create(
+        &sysfs,
+        &[ZoneSpec::new("intel-rapl:0", "package-0", 262_143_328_850)],
+    )
+    .expect("fake powercap");
+    (sysfs, tree)
+}
+
 /// An emulated RAPL package counter driven by the machine's real busy CPU time:
 /// `static_w` W plus `per_cpu_w` W per busy CPU, busy being elapsed time × CPUs minus the
 /// idle time of `/proc/stat` ([`machine_idle_ns`]), written into `energy_uj` every 10 ms (the file's
