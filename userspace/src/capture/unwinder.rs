@@ -31,7 +31,10 @@ use std::{
 
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, ProgramArray},
+    programs::PerfEvent,
+};
 use energy_bpf_abi::{
     UNWIND_MAPPINGS, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, unwind_flags,
     unwind_stop,
@@ -80,6 +83,39 @@ impl UnwindStats {
     pub fn row_bytes(&self) -> u64 {
         self.row_capacity * std::mem::size_of::<UnwindRow>() as u64
     }
+}
+
+/// Loads the table walker, links it for its tail calls, and starts the loader of its
+/// tables. The sampler is not attached yet, so no sample reaches a half-set-up walker.
+pub(super) fn start_walker(ebpf: &mut aya::Ebpf) -> Result<Unwinder, String> {
+    let cache_dir = crate::unwind::UnwindCache::default_dir()
+        .ok_or("no cache directory for unwind tables (set XDG_CACHE_HOME)")?;
+    let cache = crate::unwind::UnwindCache::open(cache_dir).map_err(|e| e.to_string())?;
+    let prog: &mut PerfEvent = ebpf
+        .program_mut("walk_user")
+        .ok_or("program walk_user missing")?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    prog.load()
+        .map_err(|e| format!("the verifier refused it: {e}"))?;
+    let fd = prog
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(Into::into))
+        .map_err(|e| e.to_string())?;
+    let mut progs = ebpf
+        .map_mut("WALK_PROGS")
+        .and_then(|m| ProgramArray::try_from(m).ok())
+        .ok_or("map WALK_PROGS missing")?;
+    progs.set(0, &fd, 0).map_err(|e| e.to_string())?;
+    let rows = match ebpf.take_map("UNWIND_ROWS") {
+        Some(aya::maps::Map::Array(data)) => data,
+        _ => return Err("map UNWIND_ROWS missing".into()),
+    };
+    let procs: BpfHashMap<MapData, u32, energy_bpf_abi::UnwindProcess> = ebpf
+        .take_map("UNWIND_PROCS")
+        .and_then(|m| BpfHashMap::try_from(m).ok())
+        .ok_or("map UNWIND_PROCS missing")?;
+    Ok(Unwinder::start(rows, procs, cache))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
