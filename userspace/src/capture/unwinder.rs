@@ -274,11 +274,12 @@ impl Unwinder {
 
 impl Drop for Unwinder {
     fn drop(&mut self) {
+        // Not joined: the loader may be in the middle of compiling a large file's table
+        // (seconds, cold), and quitting `top` or stopping `record` must not wait for it. It
+        // leaves queued work at once and ends with its current request.
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.tx = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        drop(self.thread.take());
     }
 }
 
