@@ -109,22 +109,8 @@ impl CalibrationFile {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp.{}", std::process::id()));
-        let tmp = PathBuf::from(tmp);
         let text = serde_json::to_string_pretty(self).map_err(|e| err(std::io::Error::other(e)))?;
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
-            f.write_all(text.as_bytes())?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        };
-        write().map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            err(e)
-        })
+        write_atomically(path, text.as_bytes(), 0o644).map_err(err)
     }
 
     /// Static power per source key for `host`, as attribution takes it.
@@ -230,6 +216,32 @@ pub fn rfc3339(unix_ns: u64) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// Writes `bytes` and a newline to `path` through a temporary file created with `mode`
+/// (never an existing or planted one), synced and renamed over it, so a reader sees the old
+/// file or the new one. The temporary file is removed on failure.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let write = || -> std::io::Result<()> {
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    io::Read as _,
+    os::unix::fs::DirBuilderExt as _,
     path::{Path, PathBuf},
 };
 
@@ -125,25 +125,6 @@ pub fn save(path: &Path, host: &str, keepers: &BTreeMap<String, Keeper>) -> Resu
             .create(dir)
             .map_err(err)?;
     }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".tmp.{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let write = || -> std::io::Result<()> {
-        let _ = std::fs::remove_file(&tmp);
-        // Created 0600 (no window in which others could open it), refused if planted.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-        f.write_all(&text)?;
-        f.write_all(b"\n")?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        err(e)
-    })
+    // Created 0600 (no window in which others could open it), refused if planted.
+    crate::calibration::write_atomically(path, &text, 0o600).map_err(err)
 }
