@@ -18,6 +18,9 @@ use super::split::Occupancy;
 
 use super::zero_load::{PowerRow, ZeroLoadFit, fit_zero_load, merge_rows};
 
+/// Counter updates a row spans at least for the static bound (see [`estimate`]).
+const BOUND_UPDATES: u64 = 20;
+
 /// A static power measured by `energy-bpf calibrate` on this machine for one source.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Calibrated {
@@ -186,8 +189,20 @@ pub fn estimate(
     let rows = merge_rows(intervals, occs, opts.regression_row_ns);
     let (watts, origin) = choose(opts, source, intervals, occs, n_cpus, &rows);
     let watts = watts.max(0.0);
+    // The bound is a minimum, so noise pulls it down: a row's power is off by up to one
+    // counter update over its length (NVML updates every ~100 ms, so a 0.5 s interval reads
+    // ±20% and an idle H100 at 75 W showed a 65 W interval). Rows of at least
+    // BOUND_UPDATES updates keep that under 5%.
+    let bound_row_ns = opts
+        .regression_row_ns
+        .max(BOUND_UPDATES.saturating_mul(source.update_period_ns));
+    let bound_rows = if bound_row_ns > opts.regression_row_ns {
+        merge_rows(intervals, occs, bound_row_ns)
+    } else {
+        rows
+    };
     // With no interval there is nothing observed to bound by (and no energy to split).
-    let Some(bound_w) = rows
+    let Some(bound_w) = bound_rows
         .iter()
         .map(|r| r.power_w.max(0.0))
         .min_by(f64::total_cmp)
@@ -325,5 +340,51 @@ fn span_text(secs: f64) -> String {
         format!("{:.1} h", secs / 3600.0)
     } else {
         format!("{:.1} d", secs / 86_400.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An idle GPU at 75 W read every 500 ms through a counter that updates every 100 ms:
+    /// each interval sees four or six updates, so reads 60 or 90 W. The bound comes from rows
+    /// of 20 updates, within a few per cent of 75 W, not from the lowest noisy interval.
+    #[test]
+    fn a_slow_counter_bounds_static_power_over_many_updates() {
+        const MS: u64 = 1_000_000;
+        let intervals: Vec<Interval> = (0..40u64)
+            .map(|i| Interval {
+                start_ns: i * 500 * MS,
+                end_ns: (i + 1) * 500 * MS,
+                // 75 W × 0.5 s = 37.5 J, in updates of 7.5 J: 4 or 6 of them.
+                energy_uj: if i % 2 == 0 { 30e6 } else { 45e6 },
+                gpu_util_ns: Vec::new(),
+                pieces: 1,
+            })
+            .collect();
+        let gpu = EnergySource {
+            id: 1,
+            domain: EnergyDomain::Gpu as i32,
+            update_period_ns: 100 * MS,
+            ..Default::default()
+        };
+        let opts = Options {
+            static_w: Some(75.0),
+            ..Options::default()
+        };
+        let s = estimate(&opts, &gpu, &intervals, &[], 0);
+        assert!(
+            (s.bound_w - 75.0).abs() < 0.05 * 75.0,
+            "bound {} W",
+            s.bound_w
+        );
+        // A counter updating every millisecond keeps the regression rows' bound.
+        let rapl = EnergySource {
+            update_period_ns: MS,
+            ..gpu
+        };
+        let s = estimate(&opts, &rapl, &intervals, &[], 0);
+        assert!((s.bound_w - 60.0).abs() < 1e-9, "bound {} W", s.bound_w);
     }
 }

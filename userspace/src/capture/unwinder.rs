@@ -42,7 +42,7 @@ use energy_bpf_abi::{
 
 use crate::unwind::{
     UnwindCache,
-    process::{MappingEntry, RowArena, process_entries},
+    process::{MappingEntry, ProcessError, RowArena, process_entries},
 };
 
 /// Most processes with tables at once (the `UNWIND_PROCS` map's size).
@@ -342,7 +342,10 @@ impl Loader {
         }
     }
 
-    /// Builds (or rebuilds) `tgid`'s entry; on a full arena, rebuilds the arena once.
+    /// Builds (or rebuilds) `tgid`'s entry; on a full arena, rebuilds the arena once (at
+    /// most every [`REBUILD_EVERY`]) with `tgid` first. Whatever does not fit falls back to
+    /// frame pointers: a process whose files alone exceed the arena (a PyTorch process's
+    /// CUDA libraries do) still walks the files that fit.
     fn load(&mut self, tgid: u32) {
         if !self.loaded.contains_key(&tgid) && self.loaded.len() >= MAX_PROCESSES {
             self.failed();
@@ -358,33 +361,25 @@ impl Loader {
                 return;
             }
         };
-        if self.arena.full != full {
-            if self
+        if self.arena.full != full
+            && self
                 .last_rebuild
-                .is_some_and(|t| t.elapsed() < REBUILD_EVERY)
-            {
-                // Walk what fitted; the rest falls back to frame pointers.
-                self.flush_rows();
-                if !entries.is_empty() && self.install(tgid, &entries) {
-                    self.loaded.insert(tgid, entries);
-                } else {
-                    self.failed();
-                }
-                return;
-            }
+                .is_none_or(|t| t.elapsed() >= REBUILD_EVERY)
+        {
             self.last_rebuild = Some(Instant::now());
-            self.rebuild(tgid);
-            let full = self.arena.full;
-            match process_entries(tgid, &self.cache, &mut self.arena) {
-                Ok(e) if self.arena.full == full => entries = e,
-                _ => {
-                    self.flush_rows();
+            match self.rebuild(tgid) {
+                Ok(e) => entries = e,
+                Err(err) => {
+                    tracing::debug!("unwind tables of {tgid}: {err}");
                     self.failed();
                     return;
                 }
             }
         }
-        if self.loaded.get(&tgid) == Some(&entries) {
+        if entries.is_empty() || self.loaded.get(&tgid) == Some(&entries) {
+            if entries.is_empty() {
+                self.failed();
+            }
             return;
         }
         self.flush_rows();
@@ -396,14 +391,15 @@ impl Loader {
         }
     }
 
-    /// Empties the arena and reloads every process still loaded except `except`; their
-    /// entries are removed first, so no walk reads rows being overwritten.
-    fn rebuild(&mut self, except: u32) {
+    /// Empties the arena and builds `first`'s entries into it, then reloads every other
+    /// process that was loaded, each with what still fits; their entries are removed first,
+    /// so no walk reads rows being overwritten. Returns `first`'s entries, not yet installed.
+    fn rebuild(&mut self, first: u32) -> Result<Vec<MappingEntry>, ProcessError> {
         let keep: Vec<u32> = self
             .loaded
             .keys()
             .copied()
-            .filter(|&t| t != except)
+            .filter(|&t| t != first)
             .collect();
         for tgid in self.loaded.keys() {
             let _ = self.procs.remove(tgid);
@@ -413,18 +409,19 @@ impl Loader {
         if let Ok(mut stats) = self.stats.lock() {
             stats.rebuilds += 1;
         }
+        let entries = process_entries(first, &self.cache, &mut self.arena);
         for tgid in keep {
-            let full = self.arena.full;
-            match process_entries(tgid, &self.cache, &mut self.arena) {
-                Ok(entries) if self.arena.full == full => {
-                    self.flush_rows();
-                    if self.install(tgid, &entries) {
-                        self.loaded.insert(tgid, entries);
-                    }
+            if let Ok(entries) = process_entries(tgid, &self.cache, &mut self.arena)
+                && !entries.is_empty()
+            {
+                self.flush_rows();
+                if self.install(tgid, &entries) {
+                    self.loaded.insert(tgid, entries);
                 }
-                _ => self.flush_rows(),
             }
         }
+        self.flush_rows();
+        entries
     }
 
     /// Writes the rows added since the last flush into the row array.

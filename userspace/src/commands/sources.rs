@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::capture::activity::ActivityCounters;
 use crate::energy::{
-    EnergyArgs, EnergySource,
+    EnergyArgs, EnergySource, SourceKind,
     counter::MAX_PLAUSIBLE_W,
     detect, domain_name, model,
     reader::{self, Measurement},
@@ -122,6 +122,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
     let mut plan = detect::plan(&args.energy, &cpus, true).context("choosing energy sources")?;
     let mut kinds = Vec::new();
     let mut in_use = Vec::new();
+    let mut package_counted = false;
     for (pi, probe) in plan.probes.iter_mut().enumerate() {
         let measured = reader::measure(&mut probe.counters);
         let counters = probe
@@ -134,6 +135,8 @@ fn report(args: &Args) -> anyhow::Result<Report> {
                 let report = counter_report(&args.energy, counter.as_ref(), m, used);
                 if used && report.error.is_none() {
                     in_use.push(format!("{} {}", probe.kind, report.name));
+                    package_counted |= probe.kind != SourceKind::Nvml
+                        && counter.describe().domain == crate::pb::v1::EnergyDomain::Package as i32;
                 }
                 report
             })
@@ -145,6 +148,10 @@ fn report(args: &Args) -> anyhow::Result<Report> {
             reason: probe.reason.clone(),
             counters,
         });
+    }
+    // As the reader does: a package counter that counts nothing leaves the model in charge.
+    if plan.model.is_empty() && !package_counted && args.energy.energy_source == SourceKind::Auto {
+        plan.model = model::sources(&args.energy, &cpus, 1)?;
     }
     let model = (!plan.model.is_empty()).then(|| ModelReport {
         estimated: true,
@@ -207,6 +214,7 @@ fn counter_report(
             Some(e.to_string()),
         ),
     };
+    let error = error.or_else(|| used.then(|| reader::silent(args, &m)).flatten());
     CounterReport {
         domain: domain_name(d.domain()).to_owned(),
         name: d.name,
@@ -488,13 +496,28 @@ mod tests {
         let a = args(tmp.path(), Format::Text);
         let mut plan = detect::plan(&a.energy, &[], false).expect("plan");
         let zone = plan.take_used().pop().expect("zone");
-        let idle = Measurement {
+        // A counter updating every 50 ms is read every 250 ms unless the wrap caps it.
+        let slow = Measurement {
             update_period_ns: reader::MEASURE_WINDOW_NS,
-            period_is_lower_bound: true,
+            period_is_lower_bound: false,
             read_cost_ns: 3_000,
         };
-        let c = counter_report(&a.energy, zone.as_ref(), Ok(idle), true);
+        let c = counter_report(&a.energy, zone.as_ref(), Ok(slow), true);
         assert_eq!(c.read_interval_ns, 50_000_000);
+        // One that never changed while watched counts nothing: not used, and it says so.
+        let still = Measurement {
+            period_is_lower_bound: true,
+            ..slow
+        };
+        let s = counter_report(&a.energy, zone.as_ref(), Ok(still), true);
+        assert!(!s.used);
+        assert!(
+            s.error
+                .as_deref()
+                .is_some_and(|e| e.contains("not counting")),
+            "{:?}",
+            s.error
+        );
         let report = Report {
             sysfs_root: "S".into(),
             dev_cpu_root: "D".into(),

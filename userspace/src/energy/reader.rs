@@ -122,6 +122,21 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
         .collect()
 }
 
+/// Why an automatically chosen counter that never changed while start-up watched it is not
+/// used: it counts nothing. A hypervisor can expose the power PMU (`energy-psys` on
+/// Firecracker) with counters that stay at one value; a real RAPL counter changes about every
+/// millisecond and NVML every 20–100 ms, so one that sat still for the whole window is not
+/// counting energy. `None` when the counter counts or was asked for by name.
+pub fn silent(args: &EnergyArgs, m: &Measurement) -> Option<String> {
+    (args.energy_source == SourceKind::Auto && m.period_is_lower_bound).then(|| {
+        format!(
+            "did not change once in {} ms of reads: not counting energy (a hypervisor can expose \
+             the PMU without counting); not used",
+            m.update_period_ns / 1_000_000
+        )
+    })
+}
+
 /// The read interval of a counter before the wrap cap ([`read_interval`]):
 /// `--energy-interval-ms` when given, else at least [`INTERVAL_PERIODS`] update periods and
 /// [`MIN_INTERVAL_NS`]. Reading over several updates keeps the ±1 update quantisation of each
@@ -310,8 +325,28 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
     let mut plan = detect::plan(args, cpus, false)?;
     let mut counters = plan.take_used();
     let measured = measure(&mut counters);
-    let mut sources = plan.model.clone();
     let mut shared = Shared::default();
+    let (counters, measured): (Vec<_>, Vec<_>) = counters
+        .into_iter()
+        .zip(measured)
+        .filter(|(counter, m)| {
+            let Some(why) = m.as_ref().ok().and_then(|m| silent(args, m)) else {
+                return true;
+            };
+            let d = counter.describe();
+            tracing::warn!("{} {}: {why}", d.kind, d.name);
+            shared.faults.push(format!("{} {}: {why}", d.kind, d.name));
+            false
+        })
+        .unzip();
+    let package_counted = counters.iter().any(|c| {
+        let d = c.describe();
+        d.domain == pb::EnergyDomain::Package as i32 && d.kind != SourceKind::Nvml.as_str()
+    });
+    if plan.model.is_empty() && !package_counted && args.energy_source == SourceKind::Auto {
+        plan.model = model::sources(args, cpus, 1)?;
+    }
+    let mut sources = plan.model.clone();
     let mut live = Vec::new();
     for (counter, m) in counters.into_iter().zip(measured) {
         let mut desc = counter.describe();

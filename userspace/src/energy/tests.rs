@@ -445,6 +445,46 @@ fn no_counter_gives_model_sources_and_no_readings() {
     );
 }
 
+/// A hypervisor can expose a power PMU whose counters never move: chosen automatically, such
+/// a counter is not used (it would report 0 J as measured), the model covers the packages,
+/// and the reader says why. Asked for by name, the counter is read as asked; once it moves,
+/// the automatic choice takes it.
+#[test]
+fn a_counter_that_never_changes_is_not_counting_and_the_model_covers_the_package() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cpus = two_package_cpus();
+    let tree = FakePowercap::two_packages(tmp.path(), 300_000_000).expect("fake tree");
+    let reader = start(&args(tmp.path(), SourceKind::Auto, 10), &cpus).expect("start");
+    assert!(reader.is_model(), "{:?}", reader.sources());
+    assert!(
+        reader.sources().iter().all(|s| s.kind != "powercap"),
+        "{:?}",
+        reader.sources()
+    );
+    let faults = reader.faults();
+    assert!(
+        faults
+            .iter()
+            .any(|f| f.contains("intel-rapl:0") && f.contains("not counting")),
+        "{faults:?}"
+    );
+    drop(reader.stop());
+
+    let forced = start(&args(tmp.path(), SourceKind::Powercap, 10), &cpus).expect("start");
+    assert!(!forced.is_model());
+    drop(forced.stop());
+
+    let emu = tree
+        .spawn(&[("intel-rapl:0", 50.0), ("intel-rapl:1", 40.0)])
+        .expect("emulator");
+    let counting = start(&args(tmp.path(), SourceKind::Auto, 10), &cpus).expect("start");
+    let kinds: Vec<String> = counting.sources().into_iter().map(|s| s.kind).collect();
+    drop(counting.stop());
+    drop(emu.stop());
+    assert!(kinds.iter().any(|k| k == "powercap"), "{kinds:?}");
+    assert!(!kinds.iter().any(|k| k == "model"), "{kinds:?}");
+}
+
 #[test]
 fn readings_for_models_only_model_sources() {
     let cpus = [pb::Cpu {
