@@ -114,12 +114,12 @@ mod tests {
             cpu: (i % 3) as u32,
             tid: (i % 5) as u32,
             tgid: (i % 5) as u32,
-            cgroup_id: if i % 11 == 0 { 42 } else { 0 },
-            preempted: i % 2 == 0,
-            next_known: i % 4 != 0,
+            cgroup_id: if i.is_multiple_of(11) { 42 } else { 0 },
+            preempted: i.is_multiple_of(2),
+            next_known: !i.is_multiple_of(4),
             next_tid: (i % 7) as u32,
             next_tgid: (i % 7) as u32,
-            activity: (i % 3 == 0).then_some(i * 1_000),
+            activity: i.is_multiple_of(3).then_some(i * 1_000),
         }
     }
 
