@@ -401,6 +401,7 @@ impl Pipeline {
             record::merge_thread(&mut self.threads, t.clone());
         }
         self.losses = rec.losses;
+        self.windower.reserve_switches(rec.switches.len());
         self.windower.push_switches(rec.switches.iter());
         self.windower.push_samples(rec.samples.iter().cloned());
         self.windower

@@ -92,6 +92,12 @@ impl Windower {
         }
     }
 
+    /// Makes room for `n` more switch events, so that a whole recording's take exactly
+    /// their size rather than up to twice it (as a growing vector would).
+    pub fn reserve_switches(&mut self, n: usize) {
+        self.switches.reserve_exact(n);
+    }
+
     /// Adds stack samples (older than the window start: dropped, their window is gone).
     pub fn push_samples(&mut self, samples: impl IntoIterator<Item = Sample>) {
         let start = self.start_ns;
