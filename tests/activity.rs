@@ -2,7 +2,7 @@
 //! has no hardware counters) chosen with `--activity-event`, counted per run, stored in the
 //! recording and used by attribution. Cycles take the same path where the PMU has them.
 
-use energy_bpf::{record, timeline::Timeline};
+use energy_bpf::record;
 
 use crate::util::{Workload, process, report_json, require_root, run, text};
 
@@ -31,8 +31,7 @@ fn software_activity_event_is_counted_per_run_and_weighs_the_split() {
     assert_eq!(rec.header.activity_event, "task-clock");
     // The busy loop's runs carry counts, and task-clock counts ns: a run's count is its
     // length (the probe reads at the switch, a few µs after the timestamp at most).
-    let cpus: Vec<u32> = rec.header.cpus.iter().map(|c| c.id).collect();
-    let timeline = Timeline::build(rec.start_ns(), rec.end_ns, &cpus, &rec.switches);
+    let timeline = rec.timeline();
     let (mut counted_ns, mut count, mut runs) = (0u64, 0u64, 0);
     for run in timeline.cpus.iter().flat_map(|c| &c.runs) {
         if run.tgid == busy.pid()

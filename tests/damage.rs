@@ -438,7 +438,8 @@ fn dense_crafted_records_stay_within_the_memory_bound() {
 }
 
 /// A context-switch storm is the densest real recording (a switch in about 3 bytes of
-/// columns, 56 in memory): it must read whole, not be taken for a crafted file.
+/// columns, 56 once decoded): it must read whole, not be taken for a crafted file, and
+/// every command that reads it must stay within 200 MiB + 20 × its size.
 #[test]
 fn a_context_switch_storm_reads_whole() {
     if !require_root("a_context_switch_storm_reads_whole") {
@@ -494,4 +495,26 @@ fn a_context_switch_storm_reads_whole() {
         report["duration_ns"].as_u64() > Some(4_900_000_000),
         "whole: {report:#}"
     );
+    let (p, svg) = (file.to_str().expect("path"), dir.path().join("storm.svg"));
+    for args in [
+        vec!["report", "--format", "json", p],
+        vec!["flamegraph", "-o", svg.to_str().expect("path"), p],
+        vec!["top", "--batch", "--replay", p],
+    ] {
+        let run = run_bounded(&args, size);
+        let msg = text(&run.out);
+        eprintln!(
+            "switch storm: {} peaked at {} MiB (bound {} MiB)",
+            args[0],
+            run.max_rss >> 20,
+            bound(size) >> 20
+        );
+        assert!(
+            run.max_rss <= bound(size),
+            "{args:?} peaked at {} MiB, over 200 MiB + 20 × {} MiB",
+            run.max_rss >> 20,
+            size >> 20
+        );
+        assert!(run.out.status.success(), "{args:?}: {msg}");
+    }
 }

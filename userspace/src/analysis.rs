@@ -187,7 +187,8 @@ pub(crate) mod fixture {
                 switch(0, 0, 10),
                 switch(600_000_000, 10, 20),
                 switch(900_000_000, 20, 30),
-            ],
+            ]
+            .into(),
             sources: vec![EnergySource {
                 id: 1,
                 kind: "model".into(),
@@ -236,7 +237,7 @@ pub(crate) mod fixture {
             ..Default::default()
         };
         w.chunk(Chunk {
-            switches: rec.switches.clone(),
+            switches: rec.switches.to_vec(),
             samples: rec.samples.clone(),
             threads: rec.threads.values().cloned().collect(),
             sources: rec.sources.clone(),

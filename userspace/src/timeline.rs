@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::pb::v1::SwitchEvent;
+use crate::{pb::v1::SwitchEvent, record::SwitchLog};
 
 /// Thread id of a CPU's idle task (swapper).
 pub const IDLE_TID: u32 = 0;
@@ -95,19 +95,53 @@ impl Timeline {
     /// order. The first run on each CPU (the task already running at capture start) is the
     /// `prev` of its first switch; the last is the `next` of its last switch, or unknown.
     pub fn build(start_ns: u64, end_ns: u64, cpus: &[u32], switches: &[SwitchEvent]) -> Self {
-        let mut by_cpu: BTreeMap<u32, Vec<&SwitchEvent>> =
-            cpus.iter().map(|&c| (c, Vec::new())).collect();
-        for s in switches {
-            by_cpu.entry(s.cpu).or_default().push(s);
-        }
-        let cpus = by_cpu
-            .into_iter()
-            .map(|(cpu, mut events)| {
-                events.sort_by_key(|e| e.ts_ns);
-                CpuTimeline {
-                    cpu,
-                    runs: cpu_runs(start_ns, end_ns, &events),
+        Self::build_from(start_ns, end_ns, cpus, Switches::Events(switches))
+    }
+
+    /// [`Self::build`] from events held either way. Each CPU's runs are built as its
+    /// events come, one batch decoded at a time; only a CPU whose events are out of time
+    /// order has them gathered and sorted first (stably, so ties keep their order).
+    pub fn build_from(start_ns: u64, end_ns: u64, cpus: &[u32], switches: Switches<'_>) -> Self {
+        // First pass: how many events each CPU has, and whether they come in time order.
+        let mut seen: BTreeMap<u32, (usize, Option<u64>, bool)> =
+            cpus.iter().map(|&c| (c, (0, None, true))).collect();
+        switches.for_each_batch(|batch| {
+            for s in batch {
+                let (count, last, ordered) = seen.entry(s.cpu).or_insert((0, None, true));
+                *count += 1;
+                *ordered &= last.is_none_or(|l| l <= s.ts_ns);
+                *last = Some(s.ts_ns);
+            }
+        });
+        let mut builders: BTreeMap<u32, CpuRuns> = seen
+            .iter()
+            .map(|(&cpu, &(count, _, _))| (cpu, CpuRuns::new(start_ns, end_ns, count)))
+            .collect();
+        let mut unordered: BTreeMap<u32, Vec<SwitchEvent>> = seen
+            .iter()
+            .filter(|(_, (_, _, ordered))| !ordered)
+            .map(|(&cpu, &(count, _, _))| (cpu, Vec::with_capacity(count)))
+            .collect();
+        switches.for_each_batch(|batch| {
+            for s in batch {
+                if let Some(gathered) = unordered.get_mut(&s.cpu) {
+                    gathered.push(*s);
+                } else if let Some(b) = builders.get_mut(&s.cpu) {
+                    b.push(s);
                 }
+            }
+        });
+        for (cpu, mut events) in unordered {
+            events.sort_by_key(|e| e.ts_ns);
+            if let Some(b) = builders.get_mut(&cpu) {
+                events.iter().for_each(|e| b.push(e));
+            }
+        }
+        let cpus = builders
+            .into_iter()
+            .map(|(cpu, b)| CpuTimeline {
+                cpu,
+                runs: b.finish(),
             })
             .collect();
         Self {
@@ -134,34 +168,58 @@ impl Timeline {
     }
 }
 
-fn cpu_runs(start_ns: u64, end_ns: u64, events: &[&SwitchEvent]) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::with_capacity(events.len() + 1);
-    let mut push = |run: Run| {
-        if run.start_ns >= run.end_ns {
-            return;
+/// The switch events a timeline is built from: a slice, or a recording's packed log.
+#[derive(Clone, Copy, Debug)]
+pub enum Switches<'a> {
+    /// Decoded events.
+    Events(&'a [SwitchEvent]),
+    /// A recording's events, decoded a block at a time.
+    Log(&'a SwitchLog),
+}
+
+impl Switches<'_> {
+    /// Calls `f` with the events in order, in batches.
+    fn for_each_batch(&self, mut f: impl FnMut(&[SwitchEvent])) {
+        match self {
+            Self::Events(events) => f(events),
+            Self::Log(log) => log.blocks().for_each(|b| f(&b)),
         }
-        // Merge with the previous run when it is the same thread (e.g. a gap filled by an
-        // unknown-next run that the next event shows was the same task).
-        if let Some(last) = runs.last_mut()
-            && last.end_ns == run.start_ns
-            && last.tid == run.tid
-        {
-            last.end_ns = run.end_ns;
-            last.activity = last.activity.zip(run.activity).map(|(a, b)| a + b);
-            return;
+    }
+}
+
+/// One CPU's runs, built from its switch events pushed in time order.
+struct CpuRuns {
+    start_ns: u64,
+    end_ns: u64,
+    runs: Vec<Run>,
+    /// Where the run the next switch ends began (the latest switch, or the window start).
+    cursor: u64,
+    /// The previous switch on this CPU, where the run a switch ends began.
+    previous: Option<u64>,
+    /// The task the last switch switched to, when the probe read it.
+    last_next: Option<(u32, u32)>,
+}
+
+impl CpuRuns {
+    /// A builder for a CPU with `events` switches (an upper bound on its runs, less one).
+    fn new(start_ns: u64, end_ns: u64, events: usize) -> Self {
+        Self {
+            start_ns,
+            end_ns,
+            runs: Vec::with_capacity(events + 1),
+            cursor: start_ns,
+            previous: None,
+            last_next: None,
         }
-        runs.push(run);
-    };
-    let mut cursor = start_ns;
-    // The previous switch on this CPU, where the run a switch ends began.
-    let mut previous: Option<u64> = None;
-    for event in events {
-        let (from, to) = (cursor.max(start_ns), event.ts_ns.min(end_ns));
-        let activity = match (event.activity, previous) {
+    }
+
+    fn push(&mut self, event: &SwitchEvent) {
+        let (from, to) = (self.cursor.max(self.start_ns), event.ts_ns.min(self.end_ns));
+        let activity = match (event.activity, self.previous) {
             (Some(count), Some(began)) => Some(clip(count, began, event.ts_ns, from, to)),
             _ => None,
         };
-        push(Run {
+        self.add(Run {
             start_ns: from,
             end_ns: to,
             tid: event.tid,
@@ -169,23 +227,44 @@ fn cpu_runs(start_ns: u64, end_ns: u64, events: &[&SwitchEvent]) -> Vec<Run> {
             cgroup_id: event.cgroup_id,
             activity,
         });
-        cursor = cursor.max(event.ts_ns);
-        previous = Some(event.ts_ns);
+        self.cursor = self.cursor.max(event.ts_ns);
+        self.previous = Some(event.ts_ns);
+        self.last_next = event
+            .next_known
+            .then_some((event.next_tid, event.next_tgid));
     }
-    let (tid, tgid) = match events.last() {
-        Some(last) if last.next_known => (last.next_tid, last.next_tgid),
-        _ => (UNKNOWN_TID, 0),
-    };
-    // The last run is still going: its count comes with the switch that ends it.
-    push(Run {
-        start_ns: cursor.max(start_ns),
-        end_ns,
-        tid,
-        tgid,
-        cgroup_id: 0,
-        activity: None,
-    });
-    runs
+
+    fn add(&mut self, run: Run) {
+        if run.start_ns >= run.end_ns {
+            return;
+        }
+        // Merge with the previous run when it is the same thread (e.g. a gap filled by an
+        // unknown-next run that the next event shows was the same task).
+        if let Some(last) = self.runs.last_mut()
+            && last.end_ns == run.start_ns
+            && last.tid == run.tid
+        {
+            last.end_ns = run.end_ns;
+            last.activity = last.activity.zip(run.activity).map(|(a, b)| a + b);
+            return;
+        }
+        self.runs.push(run);
+    }
+
+    /// The runs, with the last one still going at the window's end: the `next` of the last
+    /// switch, or unknown. Its count comes with the switch that ends it.
+    fn finish(mut self) -> Vec<Run> {
+        let (tid, tgid) = self.last_next.unwrap_or((UNKNOWN_TID, 0));
+        self.add(Run {
+            start_ns: self.cursor.max(self.start_ns),
+            end_ns: self.end_ns,
+            tid,
+            tgid,
+            cgroup_id: 0,
+            activity: None,
+        });
+        self.runs
+    }
 }
 
 /// The part of `count` (over the run `[began, ended)`) that falls in `[from, to)`, assuming
@@ -267,6 +346,12 @@ mod tests {
         assert_eq!(
             spans(&t, 1),
             vec![(0, 100, 0), (100, 300, 5), (300, 400, 0)]
+        );
+        // The same events packed as a recording holds them give the same timeline.
+        let log: SwitchLog = ev.iter().copied().collect();
+        assert_eq!(
+            Timeline::build_from(0, 400, &[0, 1], Switches::Log(&log)),
+            t
         );
         let per_thread = t.thread_ns(0, 400);
         assert_eq!(per_thread.get(&(4, 4)), Some(&350));

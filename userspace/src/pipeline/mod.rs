@@ -24,11 +24,10 @@ use crate::{
     },
     energy,
     pb::v1::{
-        Chunk, Cpu, EnergyReading, EnergySource, LossCounters, ProcessEvent, Sample, SwitchEvent,
-        ThreadInfo,
+        Chunk, Cpu, EnergyReading, EnergySource, LossCounters, ProcessEvent, Sample, ThreadInfo,
     },
     record::{self, Recording},
-    timeline::Timeline,
+    timeline::{Switches, Timeline},
 };
 
 pub use rollup::{GroupBy, group};
@@ -69,7 +68,7 @@ pub struct WindowInput<'a> {
     /// Window end (exclusive), ns.
     pub end_ns: u64,
     /// Switch events (those before `start_ns` only say who was running at the start).
-    pub switches: &'a [SwitchEvent],
+    pub switches: Switches<'a>,
     /// Stack samples; the attribution's per-sample energy is aligned with this slice.
     pub samples: &'a [Sample],
     /// Measured readings (modelled sources are recomputed from the timeline).
@@ -84,7 +83,7 @@ impl WindowEvents {
         WindowInput {
             start_ns: self.start_ns,
             end_ns: self.end_ns,
-            switches: &self.switches,
+            switches: Switches::Events(&self.switches),
             samples: &self.samples,
             readings: &self.readings,
             process_events: &self.process_events,
@@ -98,7 +97,7 @@ impl Recording {
         WindowInput {
             start_ns: self.start_ns(),
             end_ns: self.end_ns,
-            switches: &self.switches,
+            switches: Switches::Log(&self.switches),
             samples: &self.samples,
             readings: &self.readings,
             process_events: &self.process_events,
@@ -124,7 +123,7 @@ pub struct Analysis {
 /// timeline), and the attribution of every source's energy.
 pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) -> Analysis {
     let cpu_ids: Vec<u32> = cfg.cpus.iter().map(|c| c.id).collect();
-    let timeline = Timeline::build(input.start_ns, input.end_ns, &cpu_ids, input.switches);
+    let timeline = Timeline::build_from(input.start_ns, input.end_ns, &cpu_ids, input.switches);
     let readings = energy::readings_for(&cfg.sources, input.readings, &timeline, &cfg.cpus);
     let weights = ActivityWeights::from_timeline(&timeline);
     let attribution = attribute::attribute(
@@ -402,7 +401,8 @@ impl Pipeline {
             record::merge_thread(&mut self.threads, t.clone());
         }
         self.losses = rec.losses;
-        self.windower.push_switches(rec.switches.iter().copied());
+        self.windower.reserve_switches(rec.switches.len());
+        self.windower.push_switches(rec.switches.iter());
         self.windower.push_samples(rec.samples.iter().cloned());
         self.windower
             .push_process_events(rec.process_events.iter().cloned());

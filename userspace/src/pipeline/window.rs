@@ -92,6 +92,12 @@ impl Windower {
         }
     }
 
+    /// Makes room for `n` more switch events, so that a whole recording's take exactly
+    /// their size rather than up to twice it (as a growing vector would).
+    pub fn reserve_switches(&mut self, n: usize) {
+        self.switches.reserve_exact(n);
+    }
+
     /// Adds stack samples (older than the window start: dropped, their window is gone).
     pub fn push_samples(&mut self, samples: impl IntoIterator<Item = Sample>) {
         let start = self.start_ns;
@@ -158,10 +164,9 @@ impl Windower {
     pub fn close_at(&mut self, end_ns: u64) -> WindowEvents {
         let start = self.start_ns;
         let end = end_ns.max(start + 1);
-        let (mut now, later): (Vec<SwitchEvent>, Vec<SwitchEvent>) =
-            std::mem::take(&mut self.switches)
-                .into_iter()
-                .partition(|s| s.ts_ns < end);
+        // Taken out in place: the pending switches of a whole recording are not copied at
+        // every window.
+        let mut now: Vec<SwitchEvent> = self.switches.extract_if(.., |s| s.ts_ns < end).collect();
         let mut switches: Vec<SwitchEvent> = self.carry_switch.values().copied().collect();
         for s in &now {
             self.carry(*s);
@@ -172,13 +177,12 @@ impl Windower {
         // with it the window's last run is named exactly as one long timeline would name
         // it (the `next` of the window's last switch can disagree when events were lost).
         let mut first_after: BTreeMap<u32, SwitchEvent> = BTreeMap::new();
-        for s in &later {
+        for s in &self.switches {
             if first_after.get(&s.cpu).is_none_or(|f| s.ts_ns < f.ts_ns) {
                 first_after.insert(s.cpu, *s);
             }
         }
         switches.extend(first_after.into_values());
-        self.switches = later;
 
         let (samples, later) = std::mem::take(&mut self.samples)
             .into_iter()

@@ -18,12 +18,14 @@ pub mod frame;
 mod reader;
 pub mod rotate;
 pub mod series;
+mod switch_log;
 mod unwind_counts;
 mod validate;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
+pub use switch_log::SwitchLog;
 pub use unwind_counts::{UnwindCounts, stop_name};
 pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_SOURCES, PRE_START_NS};
 pub use writer::{WriteError, Writer};
@@ -31,8 +33,7 @@ pub use writer::{WriteError, Writer};
 use std::collections::HashMap;
 
 use crate::pb::v1::{
-    EnergyReading, EnergySource, Header, LossCounters, Mapping, ProcessEvent, Sample, SwitchEvent,
-    ThreadInfo,
+    EnergyReading, EnergySource, Header, LossCounters, Mapping, ProcessEvent, Sample, ThreadInfo,
 };
 
 /// First bytes of every recording.
@@ -82,8 +83,9 @@ pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
 pub struct Recording {
     /// The header (host, kernel, topology, sample rate, clock).
     pub header: Header,
-    /// All switch events, in file order (sort per CPU before use; `Timeline::build` does).
-    pub switches: Vec<SwitchEvent>,
+    /// All switch events, in file order, packed (sort per CPU before use; the timeline
+    /// does).
+    pub switches: SwitchLog,
     /// All stack samples, in file order.
     pub samples: Vec<Sample>,
     /// Lifecycle events.
@@ -216,11 +218,11 @@ impl Recording {
 
     /// The timeline of every CPU over the capture window.
     pub fn timeline(&self) -> crate::timeline::Timeline {
-        crate::timeline::Timeline::build(
+        crate::timeline::Timeline::build_from(
             self.start_ns(),
             self.end_ns,
             &self.cpu_ids(),
-            &self.switches,
+            crate::timeline::Switches::Log(&self.switches),
         )
     }
 }

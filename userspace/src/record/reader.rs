@@ -377,7 +377,7 @@ fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
 }
 
 fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
-    rec.switches.extend(chunk.switches);
+    rec.switches.push(&chunk.switches);
     rec.samples.extend(chunk.samples);
     rec.process_events.extend(chunk.process_events);
     for t in chunk.threads {
@@ -579,7 +579,7 @@ mod tests {
             w.finish(Trailer::default()).expect("finish");
             let rec = read_file(&path).expect("read");
             assert!(!rec.truncated);
-            assert_eq!(rec.switches, all, "seed {seed}");
+            assert_eq!(rec.switches.to_vec(), all, "seed {seed}");
             let bytes = std::fs::metadata(&path).expect("stat").len();
             assert!(
                 bytes < 16 * all.len() as u64,
@@ -613,7 +613,7 @@ mod tests {
         let rec = read_from(bytes.as_slice(), Path::new("v1.ebpr")).expect("read");
         assert!(!rec.truncated);
         assert_eq!(rec.header.format_version, 1);
-        assert_eq!(rec.switches, switches);
+        assert_eq!(rec.switches.to_vec(), switches);
     }
 
     /// `write_sample_file` in the framing of version 2.

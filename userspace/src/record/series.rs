@@ -144,7 +144,7 @@ fn read_dir(dir: &Path, range: &TimeRange) -> Result<Recording, ReadError> {
 
 /// Appends a later recording of the same boot to `into`.
 fn append(into: &mut Recording, next: Recording) {
-    into.switches.extend(next.switches);
+    into.switches.append(next.switches);
     into.samples.extend(next.samples);
     into.process_events.extend(next.process_events);
     for t in next.threads.into_values() {
@@ -202,11 +202,12 @@ fn cut(rec: &mut Recording, range: &TimeRange) {
         std::collections::BTreeMap::new();
     for s in rec.switches.iter().filter(|s| s.ts_ns < start) {
         if last_before.get(&s.cpu).is_none_or(|l| l.ts_ns <= s.ts_ns) {
-            last_before.insert(s.cpu, *s);
+            last_before.insert(s.cpu, s);
         }
     }
     rec.switches.retain(|s| s.ts_ns >= start && s.ts_ns <= end);
-    rec.switches.extend(last_before.into_values());
+    let carried: Vec<crate::pb::v1::SwitchEvent> = last_before.into_values().collect();
+    rec.switches.push(&carried);
     rec.samples.retain(|s| s.ts_ns >= start && s.ts_ns < end);
     rec.process_events
         .retain(|e| e.ts_ns >= start && e.ts_ns < end);
