@@ -245,7 +245,10 @@ impl CpuRuns {
             && last.tid == run.tid
         {
             last.end_ns = run.end_ns;
-            last.activity = last.activity.zip(run.activity).map(|(a, b)| a.saturating_add(b));
+            last.activity = last
+                .activity
+                .zip(run.activity)
+                .map(|(a, b)| a.saturating_add(b));
             return;
         }
         self.runs.push(run);
