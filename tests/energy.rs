@@ -25,9 +25,14 @@ fn record_on_fake_two_package_powercap_keeps_unwrapped_totals() {
     let tree = FakePowercap::two_packages(&sysfs, range_uj).expect("fake powercap");
     fake::topology(&sysfs, 2, 1).expect("fake topology");
     let file = dir.path().join("fake.ebpr");
+    // Powercap by name: the counters stand still until the emulator starts after the
+    // recorder's first reading (so its totals are the recording's), and chosen
+    // automatically a counter that does not move at start-up is not used.
     let rec = Recorder::start(&[
         "-o",
         file.to_str().expect("path"),
+        "--energy-source",
+        "powercap",
         "--sysfs-root",
         sysfs.to_str().expect("path"),
     ]);
