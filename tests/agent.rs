@@ -189,15 +189,7 @@ fn cpu_ticks(pid: u32) -> (u64, u64) {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     let proc_ticks = f[11] + f[12];
-    let all = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
-    let cpu: Vec<u64> = all
-        .lines()
-        .next()
-        .expect("cpu line")
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
+    let (cpu, _) = util::proc_stat_cpu();
     // user nice system idle iowait irq softirq: busy is everything but idle and iowait.
     let busy = cpu[0] + cpu[1] + cpu[2] + cpu[5] + cpu[6];
     (proc_ticks, busy)

@@ -182,14 +182,12 @@ pub struct BusyEmulator {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Idle CPU time of the machine so far (idle + iowait of every CPU), ns, and the number
-/// of CPUs. Unlike user and system time, which the tick samples, idle time is measured at
-/// each idle entry and exit on tickless kernels, so busy = elapsed × CPUs − idle is exact
-/// to the 10 ms the file prints.
-pub fn machine_idle_ns() -> (u64, u64) {
+/// The machine's `cpu` line of `/proc/stat` (user nice system idle iowait irq softirq ...,
+/// in clock ticks) and the number of CPUs it sums.
+pub fn proc_stat_cpu() -> (Vec<u64>, u64) {
     let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
     let mut lines = stat.lines();
-    let ticks: Vec<u64> = lines
+    let ticks = lines
         .next()
         .expect("cpu line")
         .split_whitespace()
@@ -197,6 +195,15 @@ pub fn machine_idle_ns() -> (u64, u64) {
         .map(|x| x.parse().unwrap_or(0))
         .collect();
     let cpus = lines.take_while(|l| l.starts_with("cpu")).count().max(1) as u64;
+    (ticks, cpus)
+}
+
+/// Idle CPU time of the machine so far (idle + iowait of every CPU), ns, and the number
+/// of CPUs. Unlike user and system time, which the tick samples, idle time is measured at
+/// each idle entry and exit on tickless kernels, so busy = elapsed × CPUs − idle is exact
+/// to the 10 ms the file prints.
+pub fn machine_idle_ns() -> (u64, u64) {
+    let (ticks, cpus) = proc_stat_cpu();
     // SAFETY: sysconf has no preconditions.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
         .unwrap_or(100)

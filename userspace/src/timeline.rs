@@ -8,7 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::{pb::v1::SwitchEvent, record::SwitchLog};
+use crate::{
+    pb::v1::SwitchEvent,
+    record::{CpuOrders, SwitchLog},
+};
 
 /// Thread id of a CPU's idle task (swapper).
 pub const IDLE_TID: u32 = 0;
@@ -102,25 +105,29 @@ impl Timeline {
     /// events come, one batch decoded at a time; only a CPU whose events are out of time
     /// order has them gathered and sorted first (stably, so ties keep their order).
     pub fn build_from(start_ns: u64, end_ns: u64, cpus: &[u32], switches: Switches<'_>) -> Self {
-        // First pass: how many events each CPU has, and whether they come in time order.
-        let mut seen: BTreeMap<u32, (usize, Option<u64>, bool)> =
-            cpus.iter().map(|&c| (c, (0, None, true))).collect();
-        switches.for_each_batch(|batch| {
-            for s in batch {
-                let (count, last, ordered) = seen.entry(s.cpu).or_insert((0, None, true));
-                *count += 1;
-                *ordered &= last.is_none_or(|l| l <= s.ts_ns);
-                *last = Some(s.ts_ns);
+        // How many events each CPU has, and whether they come in time order: a log counted
+        // them as they were added; a slice is cheap to count here.
+        let counted;
+        let orders = match switches {
+            Switches::Events(events) => {
+                let mut o = CpuOrders::default();
+                o.add(events);
+                counted = o;
+                &counted
             }
-        });
+            Switches::Log(log) => log.cpu_orders(),
+        };
+        // (events, in time order) per CPU, the window's CPUs included when they had none.
+        let mut seen: BTreeMap<u32, (usize, bool)> = cpus.iter().map(|&c| (c, (0, true))).collect();
+        seen.extend(orders.iter().map(|(cpu, o)| (cpu, (o.events, o.ordered))));
         let mut builders: BTreeMap<u32, CpuRuns> = seen
             .iter()
-            .map(|(&cpu, &(count, _, _))| (cpu, CpuRuns::new(start_ns, end_ns, count)))
+            .map(|(&cpu, &(count, _))| (cpu, CpuRuns::new(start_ns, end_ns, count)))
             .collect();
         let mut unordered: BTreeMap<u32, Vec<SwitchEvent>> = seen
             .iter()
-            .filter(|(_, (_, _, ordered))| !ordered)
-            .map(|(&cpu, &(count, _, _))| (cpu, Vec::with_capacity(count)))
+            .filter(|(_, (_, ordered))| !ordered)
+            .map(|(&cpu, &(count, _))| (cpu, Vec::with_capacity(count)))
             .collect();
         switches.for_each_batch(|batch| {
             for s in batch {

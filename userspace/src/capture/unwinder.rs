@@ -376,10 +376,11 @@ impl Loader {
                 }
             }
         }
-        if entries.is_empty() || self.loaded.get(&tgid) == Some(&entries) {
-            if entries.is_empty() {
-                self.failed();
-            }
+        if entries.is_empty() {
+            self.failed();
+            return;
+        }
+        if self.loaded.get(&tgid) == Some(&entries) {
             return;
         }
         self.flush_rows();

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::capture::activity::ActivityCounters;
 use crate::energy::{
-    EnergyArgs, EnergySource, SourceKind,
+    EnergyArgs, EnergySource,
     counter::MAX_PLAUSIBLE_W,
     detect, domain_name, model,
     reader::{self, Measurement},
@@ -135,8 +135,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
                 let report = counter_report(&args.energy, counter.as_ref(), m, used);
                 if used && report.error.is_none() {
                     in_use.push(format!("{} {}", probe.kind, report.name));
-                    package_counted |= probe.kind != SourceKind::Nvml
-                        && counter.describe().domain == crate::pb::v1::EnergyDomain::Package as i32;
+                    package_counted |= detect::is_cpu_package(&counter.describe());
                 }
                 report
             })
@@ -150,9 +149,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
         });
     }
     // As the reader does: a package counter that counts nothing leaves the model in charge.
-    if plan.model.is_empty() && !package_counted && args.energy.energy_source == SourceKind::Auto {
-        plan.model = model::sources(&args.energy, &cpus, 1)?;
-    }
+    plan.cover_packages(&args.energy, &cpus, package_counted)?;
     let model = (!plan.model.is_empty()).then(|| ModelReport {
         estimated: true,
         packages: plan

@@ -201,6 +201,22 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Puts the estimated model in charge of the CPU packages when no counter counts them
+    /// and the choice is automatic (or the model): [`plan`] decides so first, and start-up
+    /// again once a chosen package counter proves not to count ([`super::reader::silent`]).
+    pub fn cover_packages(
+        &mut self,
+        args: &EnergyArgs,
+        cpus: &[pb::Cpu],
+        package_counted: bool,
+    ) -> Result<(), EnergyError> {
+        let automatic = matches!(args.energy_source, SourceKind::Auto | SourceKind::Model);
+        if self.model.is_empty() && automatic && !package_counted {
+            self.model = model::sources(args, cpus, 1)?;
+        }
+        Ok(())
+    }
+
     /// Moves the used counters out (in `used` order), leaving the probes for reporting.
     pub fn take_used(&mut self) -> Vec<Box<dyn EnergySource>> {
         let mut slots: Vec<Vec<Option<Box<dyn EnergySource>>>> = self
@@ -302,20 +318,21 @@ pub fn plan(args: &EnergyArgs, cpus: &[pb::Cpu], all_kinds: bool) -> Result<Plan
             used.extend((0..p.counters.len()).map(|ci| (pi, ci)));
         }
     }
-    let has_package = used.iter().any(|&(p, c)| {
-        let d = probes[p].counters[c].describe();
-        d.domain == pb::EnergyDomain::Package as i32 && d.kind != SourceKind::Nvml.as_str()
-    });
-    let model = if matches!(forced, SourceKind::Auto | SourceKind::Model) && !has_package {
-        model::sources(args, cpus, 1)?
-    } else {
-        Vec::new()
-    };
-    Ok(Plan {
+    let has_package = used
+        .iter()
+        .any(|&(p, c)| is_cpu_package(&probes[p].counters[c].describe()));
+    let mut plan = Plan {
         probes,
         used,
-        model,
-    })
+        model: Vec::new(),
+    };
+    plan.cover_packages(args, cpus, has_package)?;
+    Ok(plan)
+}
+
+/// Whether `d` is a CPU package's counter (NVML's GPUs have packages of their own).
+pub fn is_cpu_package(d: &pb::EnergySource) -> bool {
+    d.domain == pb::EnergyDomain::Package as i32 && d.kind != SourceKind::Nvml.as_str()
 }
 
 #[cfg(test)]

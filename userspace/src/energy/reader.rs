@@ -339,13 +339,10 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             false
         })
         .unzip();
-    let package_counted = counters.iter().any(|c| {
-        let d = c.describe();
-        d.domain == pb::EnergyDomain::Package as i32 && d.kind != SourceKind::Nvml.as_str()
-    });
-    if plan.model.is_empty() && !package_counted && args.energy_source == SourceKind::Auto {
-        plan.model = model::sources(args, cpus, 1)?;
-    }
+    let package_counted = counters
+        .iter()
+        .any(|c| detect::is_cpu_package(&c.describe()));
+    plan.cover_packages(args, cpus, package_counted)?;
     let mut sources = plan.model.clone();
     let mut live = Vec::new();
     for (counter, m) in counters.into_iter().zip(measured) {

@@ -21,9 +21,9 @@ pub const BASE: u64 = 48 << 20;
 
 /// Decoded bytes allowed per byte of the file. Real chunks decode to about 4–10 times their
 /// size, and a context-switch storm to 18 (a 56-byte `SwitchEvent` from about 3 bytes of
-/// columns): those must all read, whole. What reports build from the events (timelines,
-/// attribution) takes about as much again, so a switch storm's commands reach about
-/// 200 MiB + 40 × the file size; other recordings stay within 200 MiB + 20 ×.
+/// columns): those must all read, whole. The reader keeps switch events packed once a
+/// chunk is checked ([`super::SwitchLog`]), so that peak lasts one chunk, and every command
+/// stays within 200 MiB + 20 × the file size, storms included (README, "Reading is bounded").
 pub const PER_INPUT_BYTE: u64 = 20;
 
 /// Most decoded bytes per byte of one record (past [`RECORD_SLACK`]). Real records stay

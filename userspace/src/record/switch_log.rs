@@ -6,6 +6,8 @@
 //! the events out one batch at a time, so readers need only one batch decoded at once
 //! (the memory bound in `README.md`, "Reading is bounded").
 
+use std::collections::BTreeMap;
+
 use prost::Message as _;
 
 use crate::pb::v1::{SwitchColumns, SwitchEvent};
@@ -14,12 +16,69 @@ use crate::pb::v1::{SwitchColumns, SwitchEvent};
 /// block is a few MiB, large enough that the columns' per-block overhead is nothing.
 const BLOCK: usize = 1 << 16;
 
+/// One CPU's switch events as they come: how many, and whether in time order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuOrder {
+    /// Events on the CPU.
+    pub events: usize,
+    /// Whether their timestamps never go back.
+    pub ordered: bool,
+    first_ns: u64,
+    last_ns: u64,
+}
+
+/// [`CpuOrder`] per CPU, taken as events are added: a timeline sizes each CPU's runs and
+/// knows which CPUs need sorting without a pass over the events of its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuOrders(BTreeMap<u32, CpuOrder>);
+
+impl CpuOrders {
+    /// Counts `events`, which come after those already counted.
+    pub fn add(&mut self, events: &[SwitchEvent]) {
+        for e in events {
+            self.0
+                .entry(e.cpu)
+                .and_modify(|o| {
+                    o.events += 1;
+                    o.ordered &= o.last_ns <= e.ts_ns;
+                    o.last_ns = e.ts_ns;
+                })
+                .or_insert(CpuOrder {
+                    events: 1,
+                    ordered: true,
+                    first_ns: e.ts_ns,
+                    last_ns: e.ts_ns,
+                });
+        }
+    }
+
+    /// Counts the events of `later`, which come after those already counted.
+    fn append(&mut self, later: Self) {
+        for (cpu, l) in later.0 {
+            self.0
+                .entry(cpu)
+                .and_modify(|o| {
+                    o.events += l.events;
+                    o.ordered &= l.ordered && o.last_ns <= l.first_ns;
+                    o.last_ns = l.last_ns;
+                })
+                .or_insert(l);
+        }
+    }
+
+    /// Every CPU with events, in CPU order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, CpuOrder)> + '_ {
+        self.0.iter().map(|(&cpu, &o)| (cpu, o))
+    }
+}
+
 /// Switch events in their recorded order, packed in blocks of encoded columns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SwitchLog {
     /// `SwitchColumns` messages, each encoded by [`Self::push`].
     blocks: Vec<Vec<u8>>,
     len: usize,
+    orders: CpuOrders,
 }
 
 impl SwitchLog {
@@ -30,12 +89,19 @@ impl SwitchLog {
                 .push(super::columns::to_columns(block).encode_to_vec());
             self.len += block.len();
         }
+        self.orders.add(events);
     }
 
     /// Appends a later log.
     pub fn append(&mut self, other: Self) {
         self.blocks.extend(other.blocks);
         self.len += other.len;
+        self.orders.append(other.orders);
+    }
+
+    /// Per CPU, how many events and whether they are in time order.
+    pub fn cpu_orders(&self) -> &CpuOrders {
+        &self.orders
     }
 
     /// Keeps only the events `keep` says to, in order.
@@ -138,6 +204,22 @@ mod tests {
             log.packed_bytes() < all.len() * 16,
             "{}",
             log.packed_bytes()
+        );
+        // The per-CPU summary follows the events, appends included.
+        let mut whole = CpuOrders::default();
+        whole.add(&all);
+        assert_eq!(log.cpu_orders(), &whole);
+        assert!(whole.iter().all(|(_, o)| o.ordered && o.events > 0));
+        let mut back = log.clone();
+        back.push(&[SwitchEvent {
+            ts_ns: 0,
+            cpu: 2,
+            ..all[0]
+        }]);
+        assert!(
+            back.cpu_orders()
+                .iter()
+                .all(|(cpu, o)| o.ordered == (cpu != 2))
         );
         log.retain(|e| e.cpu != 1);
         let kept: Vec<SwitchEvent> = all.into_iter().filter(|e| e.cpu != 1).collect();
