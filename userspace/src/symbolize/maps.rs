@@ -58,12 +58,12 @@ pub(crate) fn parse_maps_line(line: &str) -> Option<MapsLine<'_>> {
 /// path later. A file without a build-id gets an empty `build_id`.
 pub fn process_mappings(tgid: u32, ts_ns: u64) -> io::Result<Vec<Mapping>> {
     let text = std::fs::read_to_string(format!("/proc/{tgid}/maps"))?;
-    Ok(mappings_from_maps(
-        tgid,
-        ts_ns,
-        &text,
-        &mut |key: &FileKey| cached_build_id(key),
-    ))
+    Ok(mappings_of(tgid, ts_ns, &text))
+}
+
+/// [`process_mappings`] from a maps file already read, for callers that need more of it.
+pub fn mappings_of(tgid: u32, ts_ns: u64, maps: &str) -> Vec<Mapping> {
+    mappings_from_maps(tgid, ts_ns, maps, &mut |key: &FileKey| cached_build_id(key))
 }
 
 /// Builds mappings from the text of a maps file; `build_id` supplies each file's build-id.

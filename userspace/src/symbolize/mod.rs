@@ -12,7 +12,7 @@ mod frame;
 mod maps;
 
 pub use frame::Frame;
-pub use maps::{process_mappings, read_build_id};
+pub use maps::{mappings_of, process_mappings, read_build_id};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -206,8 +206,10 @@ pub fn process_entries(
     cache: &UnwindCache,
     arena: &mut RowArena,
 ) -> Result<Vec<MappingEntry>, ProcessError> {
-    let maps = crate::symbolize::process_mappings(tgid, 0)
+    // Read once: the file mappings and the vDSO's both come from it.
+    let text = std::fs::read_to_string(format!("/proc/{tgid}/maps"))
         .map_err(|source| ProcessError::Maps { tgid, source })?;
+    let maps = crate::symbolize::mappings_of(tgid, 0, &text);
     let mut out = Vec::new();
     for m in &maps {
         if out.len() == MAX_MAPPINGS {
@@ -249,7 +251,7 @@ pub fn process_entries(
         });
     }
     if out.len() < MAX_MAPPINGS
-        && let Some(entry) = vdso_entry(tgid, arena)
+        && let Some(entry) = vdso_entry(&text, arena)
     {
         out.push(entry);
     }
@@ -259,9 +261,8 @@ pub fn process_entries(
 
 /// The entry of the process's vDSO (`clock_gettime` and friends, hot in many programs): the
 /// kernel maps the same image into every process, so its table is compiled once from ours.
-fn vdso_entry(tgid: u32, arena: &mut RowArena) -> Option<MappingEntry> {
-    let maps = std::fs::read_to_string(format!("/proc/{tgid}/maps")).ok()?;
-    let (start, end) = vdso_range(&maps)?;
+fn vdso_entry(maps: &str, arena: &mut RowArena) -> Option<MappingEntry> {
+    let (start, end) = vdso_range(maps)?;
     let vdso = own_vdso()?;
     let (row_start, row_count) = arena.insert(b"[vdso]", &vdso.0.rows)?;
     Some(MappingEntry {
