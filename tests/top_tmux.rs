@@ -251,6 +251,11 @@ impl Tmux {
         };
         let (w, h) = (width.to_string(), height.to_string());
         tmux.run(&["new-session", "-d", "-s", "top", "-x", &w, "-y", &h, "sh"]);
+        // Keys typed before the shell's first prompt are echoed by the tty first and the
+        // prompt lands after them, so top's exit line would follow a stray `# `.
+        tmux.wait_for(Duration::from_secs(10), "the shell's first prompt", |s| {
+            !s.trim().is_empty()
+        });
         tmux
     }
 
