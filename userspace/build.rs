@@ -27,10 +27,8 @@ fn quietly(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
     let saved = unsafe { libc::dup(1) };
     anyhow::ensure!(saved >= 0, "dup(1) failed");
     // SAFETY: as above; `log` outlives the redirection.
-    anyhow::ensure!(
-        unsafe { libc::dup2(log.as_raw_fd(), 1) } >= 0,
-        "dup2 failed"
-    );
+    let redirected = unsafe { libc::dup2(log.as_raw_fd(), 1) };
+    anyhow::ensure!(redirected >= 0, "dup2 failed");
     let result = f();
     let flushed = std::io::stdout().flush();
     // SAFETY: restores the saved descriptor and closes the copy.

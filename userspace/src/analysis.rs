@@ -1,6 +1,6 @@
 //! One recording in, everything the outputs need out: the recording as one window of the
 //! [`pipeline`] (timeline, readings, attribution), so `report`, `flamegraph`, `top --replay`
-//! and the exporters can never disagree; [`sample_values`] and [`profile`] turn an
+//! and the exporters can never disagree; [`sample_values`] and [`profile()`] turn an
 //! analysis into the per-sample weights and the symbolized [`Profile`] that `flamegraph`
 //! and `report --by function` share.
 

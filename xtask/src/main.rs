@@ -47,6 +47,24 @@ fn test(extra: &[String]) -> util::Result {
     clippy.extend(host);
     clippy.extend(["--", "-D", "warnings"]);
     util::cargo(&clippy)?;
+    // The library's docs: every public item documented, every intra-doc link resolving.
+    util::status(
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "doc",
+                "--locked",
+                "--no-deps",
+                "-p",
+                "energy-bpf",
+                "-p",
+                "energy-bpf-abi",
+            ])
+            .env(
+                "RUSTDOCFLAGS",
+                "-D warnings -D missing_docs -D rustdoc::broken_intra_doc_links",
+            )
+            .current_dir(util::root()),
+    )?;
     let mut args = vec!["test", "--locked", "--no-fail-fast"];
     args.extend(host);
     args.extend(extra.iter().map(String::as_str));

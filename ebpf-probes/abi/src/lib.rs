@@ -215,11 +215,15 @@ pub const UNWIND_PROCESSES: u32 = 4096;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindMapping {
+    /// First runtime address of the mapping.
     pub start: u64,
+    /// One past its last address.
     pub end: u64,
     /// Runtime address minus ELF virtual address (wrapping).
     pub bias: u64,
+    /// Index of the file's first row in the shared row array.
     pub row_start: u32,
+    /// Rows of the file.
     pub row_count: u32,
 }
 
@@ -231,6 +235,7 @@ pub struct UnwindProcess {
     pub count: u32,
     /// Explicit padding so the layout has no holes.
     pub _pad: u32,
+    /// The mappings, sorted by start; entries past `count` are zero.
     pub maps: [UnwindMapping; UNWIND_MAPPINGS],
 }
 

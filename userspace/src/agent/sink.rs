@@ -57,6 +57,7 @@ pub trait Sink: Send {
         None
     }
 
+    /// Windows queued and not yet sent, for an exporter with a queue.
     fn queue_depth(&self) -> usize {
         0
     }

@@ -1,5 +1,5 @@
 //! Static power measured on a quiet machine (`energy-bpf calibrate`; seed 002's constant
-//! power π0, DESIGN.md §6a). PURE: a function of a short timeline and its readings.
+//! power π0, docs/ARCHITECTURE.md, "Attribution": static power). PURE: a function of a short timeline and its readings.
 //!
 //! The machine must be quiet (a bounded share of CPU time busy), but never is entirely:
 //! daemons and the agent itself run. What ran is subtracted at the measured power per busy

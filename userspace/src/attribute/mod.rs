@@ -2,14 +2,14 @@
 //! thread, process, cgroup, command and stack sample (docs/ARCHITECTURE.md, "Attribution").
 //!
 //! PURE: no aya, sysfs, clocks or files; a function of its inputs, tested with tables and
-//! property tests and checked against the simulator ([`sim`]) for accuracy.
+//! property tests and checked against the simulator (`sim`, behind `test-support`) for accuracy.
 //!
 //! Pipeline per energy source: cut time into reading intervals ([`interval`]); per interval,
 //! set the static share aside and split the rest across the threads that ran on the
 //! source's CPUs by activity-weighted busy time ([`split`], seed 000), optionally weighted by
 //! per-class watts fitted by regression ([`regression`], seed 003); push each thread's
 //! energy onto its stack samples ([`samples`], seed 001); aggregate with confidence
-//! intervals ([`aggregate`], [`ci`]). Conservation is the hard invariant: for every interval
+//! intervals ([`attribution`], [`ci`]). Conservation is the hard invariant: for every interval
 //! and domain, attributed + idle + unknown = measured.
 
 pub mod activity;

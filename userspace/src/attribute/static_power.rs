@@ -1,4 +1,4 @@
-//! Static (all-idle) power of one energy source, and how sure we are of it (DESIGN.md §6a).
+//! Static (all-idle) power of one energy source, and how sure we are of it (docs/ARCHITECTURE.md, "Attribution": static power).
 //!
 //! Per-process joules hinge on this number: on a busy machine every watt of static power
 //! mistaken for dynamic power (or the reverse) moves straight into the process rows. The
@@ -177,7 +177,7 @@ pub struct StaticPower {
     pub clamped_from_w: Option<f64>,
 }
 
-/// Static power of one source (DESIGN.md §4 "Static/idle power", §6a). `occs` is empty for
+/// Static power of one source (docs/ARCHITECTURE.md, "Attribution": static power). `occs` is empty for
 /// GPU sources.
 pub fn estimate(
     opts: &Options,

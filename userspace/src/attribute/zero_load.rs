@@ -1,4 +1,4 @@
-//! The zero-load extrapolation behind online static power (DESIGN.md §6a): interval power
+//! The zero-load extrapolation behind online static power (docs/ARCHITECTURE.md, "Attribution": static power): interval power
 //! regressed on busy CPUs, `P ≈ static + slope·busy_cpus`, robustly (Huber weights, outliers
 //! rejected), with the measures that say whether the intercept is identified at all —
 //! utilisation spread and levels, residual scale, and a bootstrap interval.
@@ -56,6 +56,7 @@ pub struct PowerRow {
     pub busy_cpus: f64,
 }
 
+/// Intervals merged into power rows of at least `row_ns` each, with their occupancy.
 pub fn merge_rows(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> Vec<PowerRow> {
     merge_spans(intervals, occs, row_ns)
         .iter()
@@ -124,6 +125,7 @@ pub fn merge_spans(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> V
     rows
 }
 
+/// Why the fit failed, with the fit where one was made but not trusted.
 pub type FitError = (Unidentified, Option<ZeroLoadFit>);
 
 /// Huber-weighted least squares of power on busy CPUs, outliers (beyond 3.5 robust sigmas)

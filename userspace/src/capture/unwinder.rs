@@ -69,6 +69,7 @@ pub struct UnwindStats {
     pub files: u64,
     /// Rows in the arena, and its capacity.
     pub rows: u64,
+    /// Rows the arena can hold.
     pub row_capacity: u64,
     /// Times the arena was full and rebuilt.
     pub rebuilds: u64,

@@ -6,14 +6,14 @@
 //! - [`EnergySource`]: one seam, one instance per hardware counter (a RAPL zone, an MSR, a
 //!   hwmon input, a GPU). One counter per instance so that one that vanishes mid-run (GPU
 //!   reset, hot-unplug, permission change) is dropped alone while the others go on.
-//! - The backends: [`perf`] (power PMU), [`powercap`], [`msr`], [`hwmon`], [`nvml`]; every
+//! - The backends: `perf` (power PMU), `powercap`, `msr`, `hwmon`, `nvml`; every
 //!   root is configurable ([`EnergyArgs`]) so tests drive the same code on fake trees.
 //! - [`detect`]: which kinds exist here, why not, and the best per domain
 //!   (perf PMU > powercap > MSR > hwmon; NVML for GPUs), or the [`model`].
 //! - [`counter`]: wrap handling, merging of unchanged reads, flags for implausible ones.
 //! - [`reader`]: the reader thread ([`start`], [`EnergyReader`]).
 //! - [`model`]: P = P_idle + (P_max − P_idle)·u from the timeline's exact busy time.
-//! - [`fake`]: fake sysfs/MSR trees and a counter emulator for tests.
+//! - `fake` (behind `test-support`): fake sysfs/MSR trees and a counter emulator for tests.
 
 pub mod args;
 pub mod counter;

@@ -7,7 +7,7 @@
 //! - the agent closes one every interval, forever.
 //!
 //! Built from pure parts: the [`window`] cutter, attribution ([`crate::attribute`]) and the
-//! [`rollup`] into the [`rows`] every renderer reads. [`Pipeline`] holds the little state
+//! [`rollup`] into the [`mod@rows`] every renderer reads. [`Pipeline`] holds the little state
 //! that crosses windows: thread names, energy since start, loss counters.
 
 pub mod rollup;

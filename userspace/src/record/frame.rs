@@ -152,10 +152,10 @@ const STRIDE: usize = 64;
 /// Checking a candidate frame by checksumming its payload costs its length, and a crafted
 /// file can hold a sync marker every few bytes, each claiming a length that runs to the end:
 /// checked one by one, that is quadratic. Instead the CRC32C of every prefix of the input
-/// is known from one pass (saved every [`STRIDE`] bytes, the rest recomputed from the one
+/// is known from one pass (saved every `STRIDE` bytes, the rest recomputed from the one
 /// before), and the checksum of any range follows from two prefixes (CRC32C is linear:
 /// `crc(a ++ b) = crc(a) · x^(8|b|) ⊕ crc(b)`), so each candidate costs at most
-/// 2 × [`STRIDE`] bytes and a few multiplications.
+/// 2 × `STRIDE` bytes and a few multiplications.
 pub struct Resync<'a> {
     bytes: &'a [u8],
     /// CRC32C of `bytes[..i * STRIDE]`; built on first use.

@@ -27,7 +27,7 @@ pub struct CpuOrder {
     last_ns: u64,
 }
 
-/// [`CpuOrder`] per CPU, taken as events are added: a timeline sizes each CPU's runs and
+/// `CpuOrder` per CPU, taken as events are added: a timeline sizes each CPU's runs and
 /// knows which CPUs need sorting without a pass over the events of its own.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CpuOrders(BTreeMap<u32, CpuOrder>);

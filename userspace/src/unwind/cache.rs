@@ -28,20 +28,35 @@ pub const MAX_FILE_BYTES: usize = HEADER + MAX_ROWS * ROW_BYTES + 4;
 /// Why the cache could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
+    /// The cache directory could not be created or read.
     #[error("cannot create or read the unwind cache directory {path}")]
     Dir {
+        /// The directory.
         path: PathBuf,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
     #[error("unwind cache directory {path} is not private (mode {mode:o}, owner {uid})")]
-    InsecureDir { path: PathBuf, mode: u32, uid: u32 },
+    /// Others could write to the cache directory: it is not used.
+    InsecureDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+        /// Its owner.
+        uid: u32,
+    },
+    /// A cache file could not be written.
     #[error("cannot write {path}")]
     Write {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// The table could not be compiled.
     #[error(transparent)]
     Compile(#[from] UnwindError),
 }
@@ -50,11 +65,20 @@ pub enum CacheError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     #[error("{len} bytes: not a cache file of this version")]
-    Header { len: usize },
+    /// Too short, or the magic or version does not match.
+    Header {
+        /// Length of the bytes.
+        len: usize,
+    },
+    /// The CRC32C does not match the rows.
     #[error("checksum mismatch")]
     Checksum,
     #[error("row {index} is out of order or of unknown kind")]
-    Row { index: usize },
+    /// A row breaks the table's order or has an unknown kind.
+    Row {
+        /// Its index.
+        index: usize,
+    },
 }
 
 /// Where a table came from.

@@ -344,8 +344,11 @@ fn compile_row<T: ReaderOffset>(row: &UnwindTableRow<T>, in_plt: bool, signal: b
 /// A loadable segment: where file bytes land in the file's virtual address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
+    /// Offset of the segment's bytes in the file.
     pub file_offset: u64,
+    /// Bytes of the file it maps.
     pub file_size: u64,
+    /// ELF virtual address it is mapped at.
     pub vaddr: u64,
     /// `PF_X`: a mapping of this segment holds code.
     pub executable: bool,

@@ -49,24 +49,40 @@ pub const ROW_BYTES: usize = std::mem::size_of::<UnwindRow>();
 /// Why a table could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum UnwindError {
+    /// The file could not be opened or read.
     #[error("cannot open {path}")]
     Open {
+        /// The file.
         path: PathBuf,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// The bytes are not an ELF file `object` can parse.
     #[error("not a readable ELF file: {0}")]
     Elf(#[from] object::Error),
     #[error("unwind tables are built for x86_64 only, this file is {arch}")]
-    Arch { arch: String },
+    /// The file is for another architecture.
+    Arch {
+        /// Its architecture, as `object` names it.
+        arch: String,
+    },
     #[error("section {name} is {size} bytes, more than the {cap}-byte cap")]
+    /// A CFI section is larger than the bound on input.
     SectionTooLarge {
+        /// `.eh_frame` or `.debug_frame`.
         name: &'static str,
+        /// Its size in bytes.
         size: u64,
+        /// The bound in bytes.
         cap: u64,
     },
     #[error("more than {cap} unwind rows")]
-    TooManyRows { cap: usize },
+    /// The table would exceed the bound on rows.
+    TooManyRows {
+        /// The bound.
+        cap: usize,
+    },
 }
 
 /// What a compiled table holds and costs.
@@ -97,7 +113,9 @@ impl TableStats {
 /// for their `pc`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UnwindTable {
+    /// The rows, sorted by `pc`.
     pub rows: Vec<UnwindRow>,
+    /// What the table holds and costs.
     pub stats: TableStats,
 }
 

@@ -16,9 +16,12 @@ pub const MAX_MAPPINGS: usize = energy_bpf_abi::UNWIND_MAPPINGS;
 /// Why a process's table could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
+    /// `/proc/PID/maps` could not be read (the process may have exited).
     #[error("cannot read the mappings of process {tgid}")]
     Maps {
+        /// The process.
         tgid: u32,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
@@ -28,11 +31,15 @@ pub enum ProcessError {
 /// `arena[row_start..row_start + row_count]`, looked up at `pc - bias`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MappingEntry {
+    /// First runtime address of the mapping.
     pub start: u64,
+    /// One past its last address.
     pub end: u64,
     /// Runtime address minus ELF virtual address (wrapping).
     pub bias: u64,
+    /// Index of the file's first row in the arena.
     pub row_start: u32,
+    /// Rows of the file.
     pub row_count: u32,
 }
 
@@ -55,6 +62,7 @@ pub struct RowArena {
 }
 
 impl RowArena {
+    /// An empty arena of at most `capacity` rows.
     pub fn new(capacity: usize) -> Self {
         Self {
             base: 0,

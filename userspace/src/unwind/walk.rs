@@ -12,14 +12,18 @@ use super::{unwind_kind, unwind_reg};
 
 /// Reads the walked process's memory; `None` is a fault.
 pub trait Memory {
+    /// The 8 bytes at `addr`, or `None` where the read faults.
     fn read_u64(&self, addr: u64) -> Option<u64>;
 }
 
 /// The registers the walk starts from (the sampled `pt_regs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Regs {
+    /// Instruction pointer (rip).
     pub pc: u64,
+    /// Stack pointer (rsp).
     pub sp: u64,
+    /// Frame pointer (rbp).
     pub bp: u64,
 }
 
@@ -43,10 +47,13 @@ pub enum Stop {
 /// A walked stack, innermost first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Walk {
+    /// Program counters, innermost first.
     pub pcs: Vec<u64>,
-    /// Frames unwound with a table row, and with the frame pointer.
+    /// Frames unwound with a table row.
     pub dwarf_steps: u32,
+    /// Frames unwound with the frame pointer.
     pub fp_steps: u32,
+    /// Why the walk stopped.
     pub stop: Stop,
 }
 
