@@ -11,7 +11,6 @@
 pub mod collect;
 mod http;
 pub mod learn;
-pub mod learn_store;
 pub mod ledger;
 pub mod metrics;
 pub mod otlp_sink;

@@ -92,7 +92,7 @@ pub struct Args {
     pub calibration: crate::calibration::CalibrationArgs,
     /// Directory of state kept across restarts: the quietest intervals static power is
     /// learned from (`static-learned.json`, mode 0600).
-    #[arg(long, value_name = "DIR", default_value = crate::agent::learn_store::DEFAULT_STATE_DIR)]
+    #[arg(long, value_name = "DIR", default_value = crate::agent::learn::store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
 }
 

@@ -2,8 +2,8 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
+use super::store;
 use super::*;
-use crate::agent::learn_store;
 use crate::attribute::Unidentified;
 
 /// An interval at `t` s of a machine drawing 6 W + 10 W per busy CPU (± `noise` W).
@@ -187,9 +187,9 @@ fn assert_same(a: &BTreeMap<String, Keeper>, b: &BTreeMap<String, Keeper>) {
 fn state_file_round_trips_with_mode_0600() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
-    let path = learn_store::path_in(&state);
+    let path = store::path_in(&state);
     let keepers = BTreeMap::from([("powercap:package-0".to_string(), spread_keeper())]);
-    learn_store::save(&path, "box", &keepers).expect("save");
+    store::save(&path, "box", &keepers).expect("save");
     let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     let dmode = std::fs::metadata(&state)
@@ -197,9 +197,9 @@ fn state_file_round_trips_with_mode_0600() {
         .permissions()
         .mode();
     assert_eq!(dmode & 0o777, 0o700);
-    let back = learn_store::load(&path, "box");
+    let back = store::load(&path, "box");
     assert_same(&back, &keepers);
-    assert!(learn_store::load(&path, "other-host").is_empty());
+    assert!(store::load(&path, "other-host").is_empty());
     // The estimate survives the trip.
     let k = back["powercap:package-0"].clone().sanitised(2);
     let (a, b) = (
@@ -216,9 +216,9 @@ fn state_file_round_trips_with_mode_0600() {
 #[test]
 fn garbage_truncated_or_huge_state_files_read_as_empty() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = learn_store::path_in(dir.path());
+    let path = store::path_in(dir.path());
     let keepers = BTreeMap::from([("powercap:package-0".to_string(), spread_keeper())]);
-    learn_store::save(&path, "box", &keepers).expect("save");
+    store::save(&path, "box", &keepers).expect("save");
     let good = std::fs::read(&path).expect("read");
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("truncated", good[..good.len() / 2].to_vec()),
@@ -234,17 +234,14 @@ fn garbage_truncated_or_huge_state_files_read_as_empty() {
     ];
     for (what, bytes) in cases {
         std::fs::write(&path, &bytes).expect("write");
-        assert!(
-            learn_store::load(&path, "box").is_empty(),
-            "{what} file was used"
-        );
+        assert!(store::load(&path, "box").is_empty(), "{what} file was used");
     }
     // A missing file is simply empty, and a later save replaces garbage.
     std::fs::remove_file(&path).expect("rm");
-    assert!(learn_store::load(&path, "box").is_empty());
+    assert!(store::load(&path, "box").is_empty());
     std::fs::write(&path, b"garbage").expect("write");
-    learn_store::save(&path, "box", &keepers).expect("save over garbage");
-    assert_same(&learn_store::load(&path, "box"), &keepers);
+    store::save(&path, "box", &keepers).expect("save over garbage");
+    assert_same(&store::load(&path, "box"), &keepers);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::learn::{CAPACITY, Keeper};
+use super::keeper::{CAPACITY, Keeper};
 
 /// Where the agent keeps state unless `--state-dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/energy-bpf";
