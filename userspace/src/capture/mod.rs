@@ -11,6 +11,7 @@ mod bpf_sys;
 pub mod btf;
 pub mod host;
 mod probes;
+pub mod python;
 pub mod session;
 pub mod unwinder;
 

@@ -129,7 +129,7 @@ impl Session {
                     self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
                     chunk.switches.push(s);
                 }
-                Event::Sample(s, comm, unwind) => {
+                Event::Sample(mut s, comm, unwind, py) => {
                     let seen = Sighting {
                         cgroup_id: s.cgroup_id,
                         comm: Some(comm),
@@ -141,6 +141,9 @@ impl Session {
                         if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
                             self.remap(&mut chunk, s.tgid, s.ts_ns);
                         }
+                        if let Some(p) = self.probes.python_mut() {
+                            p.on_sample(&py, &mut s, &mut chunk.python_frames);
+                        }
                         chunk.samples.push(s);
                     }
                 }
@@ -149,6 +152,9 @@ impl Session {
                     chunk.process_events.push(p);
                 }
             }
+        }
+        if let Some(p) = self.probes.python_mut() {
+            chunk.python_processes = p.take_found();
         }
         let mut losses = self.probes.losses();
         losses.vanished_processes = self.vanished;
@@ -161,6 +167,9 @@ impl Session {
             Kind::Exec => {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
+                if let Some(py) = self.probes.python_mut() {
+                    py.forget(p.tgid);
+                }
                 if self.targets.is_explicit() && self.targets.contains(p.tgid) {
                     self.probes.exec_unwind(p.tgid);
                 } else {
@@ -193,6 +202,9 @@ impl Session {
             Kind::Exit => {
                 if p.tid == p.tgid {
                     self.probes.forget_unwind(p.tgid);
+                    if let Some(py) = self.probes.python_mut() {
+                        py.forget(p.tgid);
+                    }
                 }
                 self.exited[1].push((p.tid, p.tgid));
             }

@@ -12,7 +12,7 @@ use std::mem::size_of;
 
 use crate::pb::v1::{
     CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, Mapping, ProcessEvent,
-    Sample, SwitchEvent, ThreadInfo,
+    PythonFrame, PythonProcess, Sample, SwitchEvent, ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the
@@ -119,7 +119,20 @@ static COLUMNS: Msg = Msg {
 const COLUMNS_EVENTS: usize = 3;
 static SAMPLE: Msg = Msg {
     size: size::<Sample>(),
-    fields: &[(6, Field::Numbers(8)), (7, Field::Numbers(8))],
+    fields: &[
+        (6, Field::Numbers(8)),
+        (7, Field::Numbers(8)),
+        (10, Field::Numbers(8)),
+        (11, Field::Numbers(4)),
+    ],
+};
+static PYTHON_FRAME: Msg = Msg {
+    size: size::<PythonFrame>(),
+    fields: &[(2, Field::Bytes), (3, Field::Bytes)],
+};
+static PYTHON_PROCESS: Msg = Msg {
+    size: size::<PythonProcess>(),
+    fields: &[(2, Field::Bytes), (3, Field::Bytes)],
 };
 static PROCESS_EVENT: Msg = Msg {
     size: size::<ProcessEvent>(),
@@ -161,6 +174,8 @@ static CHUNK: Msg = Msg {
         (7, Field::Many(&READING)),
         (8, Field::Many(&SOURCE)),
         (9, Field::One(&COLUMNS)),
+        (10, Field::Many(&PYTHON_FRAME)),
+        (11, Field::Many(&PYTHON_PROCESS)),
     ],
 };
 static TRAILER: Msg = Msg {

@@ -78,6 +78,9 @@ pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
     }
 }
 
+/// The names of a recording's Python frames, by id.
+pub type PythonFrames = HashMap<u64, crate::pb::v1::PythonFrame>;
+
 /// A whole recording, merged from all its chunks.
 #[derive(Clone, Debug, Default)]
 pub struct Recording {
@@ -94,6 +97,10 @@ pub struct Recording {
     pub threads: HashMap<u32, ThreadInfo>,
     /// Executable mappings per process id, in the order they were recorded.
     pub mappings: HashMap<u32, Vec<Mapping>>,
+    /// What names each Python frame id of `samples` (see `Sample::python_stack`).
+    pub python_frames: PythonFrames,
+    /// CPython processes the recorder found or ruled out, in file order.
+    pub python_processes: Vec<crate::pb::v1::PythonProcess>,
     /// Energy sources in use.
     pub sources: Vec<EnergySource>,
     /// Energy readings of every source, in file order.

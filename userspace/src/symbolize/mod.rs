@@ -9,7 +9,7 @@
 //! address or an error.
 
 mod frame;
-mod maps;
+pub(crate) mod maps;
 
 pub use frame::Frame;
 pub use maps::{mappings_of, process_mappings, read_build_id};
