@@ -10,6 +10,8 @@
 //! stores, per frame, the code object, a checksum of its stable fields and the instruction
 //! offset; userspace names them. Offsets per CPython version come in [`PyProcess`].
 
+const _: () = assert!(PY_MAX_FRAMES.is_power_of_two());
+
 use energy_bpf_abi::{
     PY_MAX_FRAMES, PY_OWNED_BY_CSTACK, PyFrame, py_checksum, py_frame, py_layout,
 };
@@ -136,12 +138,10 @@ fn step(p: &PyProcess, event: *mut SampleEvent, frame: u64, depth: u32) -> Resul
             entry = owner != 0;
         } else if owner == PY_OWNED_BY_CSTACK {
             // The shim `_PyEval_EvalFrameDefault` pushes below its first frame.
-            if depth > 0 {
-                let at = (depth - 1) as usize;
-                if at < PY_MAX_FRAMES {
-                    // SAFETY: this CPU's slot; the index is bounds-checked.
-                    unsafe { (*event).py_frames[at].offset |= py_frame::ENTRY };
-                }
+            if depth > 0 && (depth as usize) <= PY_MAX_FRAMES {
+                let at = slot(depth - 1);
+                // SAFETY: this CPU's slot; the index is below PY_MAX_FRAMES.
+                unsafe { (*event).py_frames[at].offset |= py_frame::ENTRY };
             }
             return Ok((previous, 0));
         }
@@ -163,9 +163,9 @@ fn step(p: &PyProcess, event: *mut SampleEvent, frame: u64, depth: u32) -> Resul
     let filename = read_u64(name_at - 8)?;
     let name = read_u64(name_at)?;
     let firstlineno = read_u32(code + u64::from(p.code_firstlineno))?;
-    let at = depth as usize;
-    if at < PY_MAX_FRAMES {
-        // SAFETY: this CPU's slot; the index is bounds-checked.
+    if (depth as usize) < PY_MAX_FRAMES {
+        let at = slot(depth);
+        // SAFETY: this CPU's slot; the index is below PY_MAX_FRAMES.
         unsafe {
             (*event).py_frames[at] = PyFrame {
                 code,
@@ -237,6 +237,17 @@ fn send(event: *mut SampleEvent, depth: u32, stop: u32) -> u32 {
         }
     }
     0
+}
+
+/// `i` as an index of `py_frames` the verifier can bound: the mask is applied to a value
+/// read back through a volatile load, so the compiler cannot fold it into an earlier
+/// comparison (which the verifier does not connect to the index). Callers check
+/// `i < PY_MAX_FRAMES` first; the mask then changes nothing.
+#[inline(always)]
+fn slot(i: u32) -> usize {
+    // SAFETY: a read of a local.
+    let v = unsafe { core::ptr::read_volatile(&i) };
+    v as usize & (PY_MAX_FRAMES - 1)
 }
 
 #[inline(always)]
