@@ -13,6 +13,8 @@ mod activity;
 mod errors;
 // User stacks by unwind tables: C, Rust and python3 built without frame pointers.
 mod unwind;
+// CPython frames walked in eBPF: Debian python3 and pyenv 3.9-3.13, energy per function.
+mod python;
 // Damaged recordings: damage reported, memory bounded.
 mod damage;
 // Output files: modes, planted symlinks, a full disk.

@@ -336,6 +336,11 @@ impl Probes {
         }
     }
 
+    /// Whether the CPython frame walker is loaded.
+    pub fn python_on(&self) -> bool {
+        self.python.is_some()
+    }
+
     /// The CPython frame walker, when loaded.
     pub fn python_mut(&mut self) -> Option<&mut super::python::PythonWalker> {
         self.python.as_mut()

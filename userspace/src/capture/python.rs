@@ -20,9 +20,10 @@ use crate::python::discover::{self, Found};
 use crate::python::{Namer, RawFrames};
 
 /// Looks at a process that was not (yet) a CPython at most this many times...
-const RETRIES: u32 = 5;
-/// ...this far apart.
-const RETRY_EVERY: Duration = Duration::from_millis(200);
+const RETRIES: u32 = 20;
+/// ...this far apart (a second in all: a shared build maps libpython within milliseconds
+/// of exec).
+const RETRY_EVERY: Duration = Duration::from_millis(50);
 
 /// Processes remembered at once (walked or not); past this, new ones are not looked at.
 const MAX_TRACKED: usize = 4 * energy_bpf_abi::PY_PROCESSES as usize;
@@ -93,7 +94,9 @@ impl PythonWalker {
         self.namer.name(raw, sample, rows);
     }
 
-    fn look(&mut self, tgid: u32, ts_ns: u64) {
+    /// Looks at process `tgid` for a CPython, when due (first sight, or a retry), and loads
+    /// it into the walker's map.
+    pub fn look(&mut self, tgid: u32, ts_ns: u64) {
         let now = Instant::now();
         let tries = match self.state.get(&tgid) {
             None if self.state.len() >= MAX_TRACKED => return,

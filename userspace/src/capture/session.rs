@@ -94,6 +94,14 @@ impl Session {
         self.probes.exec_unwind(tgid);
     }
 
+    /// Looks for a CPython interpreter in a process that just exec'd now, rather than at
+    /// its first sample (for the command `record` started).
+    pub fn load_python(&mut self, tgid: u32) {
+        if let Some(p) = self.probes.python_mut() {
+            p.look(tgid, crate::clock::monotonic_ns());
+        }
+    }
+
     /// Mutable access to the sample filter (e.g. to add a spawned command).
     pub fn targets_mut(&mut self) -> &mut Targets {
         &mut self.targets

@@ -26,7 +26,7 @@ mod writer;
 pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
 pub use switch_log::{CpuOrders, SwitchLog};
-pub use unwind_counts::{UnwindCounts, stop_name};
+pub use unwind_counts::{UnwindCounts, python_stop_name, stop_name};
 pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_SOURCES, PRE_START_NS};
 pub use writer::{WriteError, Writer};
 
