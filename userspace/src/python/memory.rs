@@ -61,7 +61,7 @@ impl Memory {
         if ascii {
             let mut b = vec![0u8; n];
             self.read(obj + u64::from(ascii_size), &mut b)?;
-            return Ok(String::from_utf8_lossy(&b).into_owned());
+            return plausible(String::from_utf8_lossy(&b).into_owned());
         }
         let width = match kind {
             1 | 2 | 4 => kind as usize,
@@ -69,13 +69,15 @@ impl Memory {
         };
         let mut b = vec![0u8; n * width];
         self.read(obj + u64::from(compact_size), &mut b)?;
-        Ok(b.chunks_exact(width)
-            .map(|c| {
-                let mut v = [0u8; 4];
-                v[..width].copy_from_slice(c);
-                char::from_u32(u32::from_le_bytes(v)).unwrap_or(char::REPLACEMENT_CHARACTER)
-            })
-            .collect())
+        plausible(
+            b.chunks_exact(width)
+                .map(|c| {
+                    let mut v = [0u8; 4];
+                    v[..width].copy_from_slice(c);
+                    char::from_u32(u32::from_le_bytes(v)).unwrap_or(char::REPLACEMENT_CHARACTER)
+                })
+                .collect(),
+        )
     }
 
     /// A `bytes` object's contents, at most [`MAX_TABLE`] bytes.
@@ -89,4 +91,13 @@ impl Memory {
         self.read(obj + 32, &mut b)?;
         Ok(b)
     }
+}
+
+/// A name or path read from another process: empty, or holding control characters (memory
+/// that is not, or no longer, the string the header promised), is refused.
+fn plausible(s: String) -> Result<String, PythonError> {
+    if s.is_empty() || s.chars().any(char::is_control) {
+        return Err(PythonError::Object("a str that does not read as text"));
+    }
+    Ok(s)
 }
