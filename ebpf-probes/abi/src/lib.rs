@@ -434,4 +434,4 @@ const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
 const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * UNWIND_MAPPINGS);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
 const _: () = assert!(core::mem::size_of::<PyProcess>() == 8 + 4 * 14);
-const _: () = assert!(core::mem::size_of::<SampleEvent>() % 8 == 0);
+const _: () = assert!(core::mem::size_of::<SampleEvent>().is_multiple_of(8));

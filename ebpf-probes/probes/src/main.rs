@@ -17,7 +17,8 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
-            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_perf_event_read_value, bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack,
+            bpf_perf_event_read_value, bpf_task_pt_regs,
         },
     },
     macros::{btf_tracepoint, map, perf_event},
@@ -25,10 +26,11 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext},
 };
 use energy_bpf_abi::{
-    COMM_LEN, MAX_STACK_DEPTH, PY_PROCESSES, ProcEvent, PyProcess, SWITCH_BATCH, SWITCH_BATCH_HEADER,
-    SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent, UNWIND_MAPPINGS,
-    UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, counter, proc_kind,
-    py_stop, switch_flags, unwind_flags, unwind_kind, unwind_method, unwind_reg, unwind_stop,
+    COMM_LEN, MAX_STACK_DEPTH, PY_PROCESSES, ProcEvent, PyProcess, SWITCH_BATCH,
+    SWITCH_BATCH_HEADER, SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent,
+    UNWIND_MAPPINGS, UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow,
+    counter, proc_kind, py_stop, switch_flags, unwind_flags, unwind_kind, unwind_method,
+    unwind_reg, unwind_stop,
 };
 
 mod python;

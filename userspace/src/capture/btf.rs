@@ -166,7 +166,10 @@ mod tests {
         let fsbase = task_fsbase_offset(path).expect("thread.fsbase offset");
         let (pid, _) = task_pid_offsets(path).expect("task_struct offsets");
         // `thread` is the last member of task_struct, after pid.
-        assert!(fsbase > pid && fsbase < 65536, "fsbase offset {fsbase} implausible");
+        assert!(
+            fsbase > pid && fsbase < 65536,
+            "fsbase offset {fsbase} implausible"
+        );
     }
 
     #[test]

@@ -42,7 +42,10 @@ pub fn wanted() -> bool {
 enum State {
     Walked,
     /// Not a CPython so far: looked at `tries` times, the last at `at`.
-    Pending { tries: u32, at: Instant },
+    Pending {
+        tries: u32,
+        at: Instant,
+    },
     /// Settled: not walked.
     Done,
 }
@@ -89,7 +92,12 @@ pub(super) fn start(ebpf: &mut aya::Ebpf) -> Result<PythonWalker, String> {
 impl PythonWalker {
     /// One sample of a target process: looks at the process when due, and names the
     /// sample's Python frames into `sample` and `rows`.
-    pub fn on_sample(&mut self, raw: &RawFrames, sample: &mut pb::Sample, rows: &mut Vec<pb::PythonFrame>) {
+    pub fn on_sample(
+        &mut self,
+        raw: &RawFrames,
+        sample: &mut pb::Sample,
+        rows: &mut Vec<pb::PythonFrame>,
+    ) {
         self.look(sample.tgid, sample.ts_ns);
         self.namer.name(raw, sample, rows);
     }
@@ -121,8 +129,10 @@ impl PythonWalker {
                     }
                     Err(err) => {
                         self.state.insert(tgid, State::Done);
-                        self.found
-                            .push(status(version, format!("not walked: the process map is full ({err})")));
+                        self.found.push(status(
+                            version,
+                            format!("not walked: the process map is full ({err})"),
+                        ));
                     }
                 }
             }
@@ -134,7 +144,13 @@ impl PythonWalker {
                 ));
             }
             Ok(Found::NotPython) if tries + 1 < RETRIES => {
-                self.state.insert(tgid, State::Pending { tries: tries + 1, at: now });
+                self.state.insert(
+                    tgid,
+                    State::Pending {
+                        tries: tries + 1,
+                        at: now,
+                    },
+                );
             }
             Ok(Found::NotPython) => {
                 self.state.insert(tgid, State::Done);

@@ -35,7 +35,12 @@ impl CodeInfo {
 
 /// Reads the code object at `code` and checks it is the one the sampler saw
 /// ([`PythonError::Stale`] when the checksum differs: the address was reused).
-pub fn read_code(mem: &Memory, table: &Table, code: u64, checksum: u32) -> Result<CodeInfo, PythonError> {
+pub fn read_code(
+    mem: &Memory,
+    table: &Table,
+    code: u64,
+    checksum: u32,
+) -> Result<CodeInfo, PythonError> {
     let name_ptr = mem.u64(code + u64::from(table.walk.code_name))?;
     let file_ptr = mem.u64(code + u64::from(table.walk.code_name) - 8)?;
     let firstlineno = mem.u32(code + u64::from(table.walk.code_firstlineno))?;

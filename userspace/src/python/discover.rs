@@ -53,7 +53,13 @@ pub fn find(tgid: u32) -> Result<Found, PythonError> {
         if !m.path.starts_with('/') || candidates.iter().any(|c| c.2 == m.path) {
             continue;
         }
-        candidates.push((name.starts_with("lib"), version, m.path.to_string(), m.start, m.offset));
+        candidates.push((
+            name.starts_with("lib"),
+            version,
+            m.path.to_string(),
+            m.start,
+            m.offset,
+        ));
     }
     candidates.sort_by_key(|c| !c.0);
     let Some(first) = candidates.first() else {

@@ -175,7 +175,11 @@ mod tests {
         assert_eq!(line_at(LineFormat::Linetable, &t, 5, 2), Some(5));
         assert_eq!(line_at(LineFormat::Linetable, &t, 5, 4), None);
         assert_eq!(line_at(LineFormat::Linetable, &t, 5, 11), Some(7));
-        assert_eq!(line_at(LineFormat::Linetable, &t, 5, 12), None, "past the end");
+        assert_eq!(
+            line_at(LineFormat::Linetable, &t, 5, 12),
+            None,
+            "past the end"
+        );
     }
 
     #[test]
@@ -216,14 +220,29 @@ mod tests {
     fn garbage_never_panics() {
         for len in 0..64usize {
             let bytes: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
-            for f in [LineFormat::Lnotab, LineFormat::Linetable, LineFormat::Locations] {
+            for f in [
+                LineFormat::Lnotab,
+                LineFormat::Linetable,
+                LineFormat::Locations,
+            ] {
                 for o in [0, 1, 7, u64::MAX] {
                     let _ = line_at(f, &bytes, u32::MAX, o);
                 }
             }
         }
         // A varint that never ends.
-        let t = [0x80 | (13 << 3), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
+        let t = [
+            0x80 | (13 << 3),
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+            0xff,
+        ];
         assert_eq!(line_at(LineFormat::Locations, &t, 1, 0), None);
     }
 }

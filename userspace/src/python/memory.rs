@@ -47,7 +47,12 @@ impl Memory {
     /// A `str` object's text: compact strings only (what code objects hold), at most
     /// [`MAX_STRING`] characters. `ascii_size` and `compact_size` are the version's
     /// `sizeof(PyASCIIObject)` and `sizeof(PyCompactUnicodeObject)`.
-    pub fn string(&self, obj: u64, ascii_size: u32, compact_size: u32) -> Result<String, PythonError> {
+    pub fn string(
+        &self,
+        obj: u64,
+        ascii_size: u32,
+        compact_size: u32,
+    ) -> Result<String, PythonError> {
         // ob_refcnt, ob_type, length, hash, then the state bit field.
         let length = self.u64(obj + 16)?;
         let state = self.u32(obj + 32)?;
@@ -57,7 +62,9 @@ impl Memory {
         if !compact {
             return Err(PythonError::Object("a non-compact str"));
         }
-        let n = usize::try_from(length).unwrap_or(usize::MAX).min(MAX_STRING);
+        let n = usize::try_from(length)
+            .unwrap_or(usize::MAX)
+            .min(MAX_STRING);
         if ascii {
             let mut b = vec![0u8; n];
             self.read(obj + u64::from(ascii_size), &mut b)?;

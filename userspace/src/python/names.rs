@@ -101,7 +101,12 @@ impl Namer {
 
     /// Fills `sample`'s Python stack from `raw`, appending the rows of frames named for the
     /// first time to `rows`.
-    pub fn name(&mut self, raw: &RawFrames, sample: &mut pb::Sample, rows: &mut Vec<pb::PythonFrame>) {
+    pub fn name(
+        &mut self,
+        raw: &RawFrames,
+        sample: &mut pb::Sample,
+        rows: &mut Vec<pb::PythonFrame>,
+    ) {
         sample.python_stop = stop_of(raw.stop) as i32;
         if raw.frames.is_empty() {
             return;
@@ -112,11 +117,7 @@ impl Namer {
             self.by_name.clear();
         }
         sample.python_groups = groups(&raw.frames);
-        sample.python_stack = raw
-            .frames
-            .iter()
-            .map(|f| self.id(tgid, f, rows))
-            .collect();
+        sample.python_stack = raw.frames.iter().map(|f| self.id(tgid, f, rows)).collect();
     }
 
     fn id(&mut self, tgid: u32, f: &PyFrame, rows: &mut Vec<pb::PythonFrame>) -> u64 {
@@ -211,7 +212,10 @@ mod tests {
         let mut rows = Vec::new();
         n.name(&raw, &mut s, &mut rows);
         assert_eq!(s.python_stack.len(), 2);
-        assert_eq!(s.python_stack[0], s.python_stack[1], "same code, same offset");
+        assert_eq!(
+            s.python_stack[0], s.python_stack[1],
+            "same code, same offset"
+        );
         assert_eq!(s.python_groups, vec![2]);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].function, UNKNOWN);

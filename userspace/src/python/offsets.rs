@@ -27,7 +27,10 @@ impl Version {
     /// The version in a file name such as `python3.11`, `libpython3.9.so.1.0` or
     /// `python3.13d`.
     pub fn from_file_name(name: &str) -> Option<Self> {
-        let rest = name.strip_prefix("lib").unwrap_or(name).strip_prefix("python")?;
+        let rest = name
+            .strip_prefix("lib")
+            .unwrap_or(name)
+            .strip_prefix("python")?;
         let (major, rest) = rest.split_once('.')?;
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
         Some(Self {
@@ -100,7 +103,16 @@ impl Table {
         // frame: [code, previous, instr, owner]; code: [co_name, co_firstlineno, adaptive].
         let (walk, qualname, lines_at, lines, ascii, compact) = match version.minor {
             9 => (
-                walk(py_layout::FRAME_OBJECT, 32, 8, 176, 24, 0, [32, 24, 104, 0], [112, 40, 0]),
+                walk(
+                    py_layout::FRAME_OBJECT,
+                    32,
+                    8,
+                    176,
+                    24,
+                    0,
+                    [32, 24, 104, 0],
+                    [112, 40, 0],
+                ),
                 None,
                 120,
                 LineFormat::Lnotab,
@@ -108,7 +120,16 @@ impl Table {
                 72,
             ),
             10 => (
-                walk(py_layout::FRAME_OBJECT, 32, 8, 176, 24, 0, [32, 24, 96, 0], [112, 40, 0]),
+                walk(
+                    py_layout::FRAME_OBJECT,
+                    32,
+                    8,
+                    176,
+                    24,
+                    0,
+                    [32, 24, 96, 0],
+                    [112, 40, 0],
+                ),
                 None,
                 120,
                 LineFormat::Linetable,
@@ -116,7 +137,16 @@ impl Table {
                 72,
             ),
             11 => (
-                walk(py_layout::CFRAME_IS_ENTRY, 40, 16, 152, 56, 8, [32, 48, 56, 68], [120, 72, 184]),
+                walk(
+                    py_layout::CFRAME_IS_ENTRY,
+                    40,
+                    16,
+                    152,
+                    56,
+                    8,
+                    [32, 48, 56, 68],
+                    [120, 72, 184],
+                ),
                 Some(128),
                 136,
                 LineFormat::Locations,
@@ -124,7 +154,16 @@ impl Table {
                 72,
             ),
             12 => (
-                walk(py_layout::CFRAME_OWNER, 40, 72, 136, 56, 0, [0, 8, 56, 70], [120, 68, 192]),
+                walk(
+                    py_layout::CFRAME_OWNER,
+                    40,
+                    72,
+                    136,
+                    56,
+                    0,
+                    [0, 8, 56, 70],
+                    [120, 68, 192],
+                ),
                 Some(128),
                 136,
                 LineFormat::Locations,
@@ -132,7 +171,16 @@ impl Table {
                 56,
             ),
             13 => (
-                walk(py_layout::CURRENT_FRAME, 632, 7344, 152, 72, 0, [0, 8, 56, 70], [120, 68, 200]),
+                walk(
+                    py_layout::CURRENT_FRAME,
+                    632,
+                    7344,
+                    152,
+                    72,
+                    0,
+                    [0, 8, 56, 70],
+                    [120, 68, 200],
+                ),
                 Some(128),
                 136,
                 LineFormat::Locations,
@@ -169,7 +217,13 @@ impl Table {
             major: ((hex >> 24) & 0xff) as u8,
             minor: ((hex >> 16) & 0xff) as u8,
         };
-        if version != (Version { major: 3, minor: 13 }) || word(2)? != 0 {
+        if version
+            != (Version {
+                major: 3,
+                minor: 13,
+            })
+            || word(2)? != 0
+        {
             return None;
         }
         let mut t = Self::of(version)?;
@@ -204,9 +258,24 @@ mod tests {
     #[test]
     fn versions_from_file_names() {
         let v = |s| Version::from_file_name(s);
-        assert_eq!(v("python3.11"), Some(Version { major: 3, minor: 11 }));
-        assert_eq!(v("libpython3.9.so.1.0"), Some(Version { major: 3, minor: 9 }));
-        assert_eq!(v("python3.13d"), Some(Version { major: 3, minor: 13 }));
+        assert_eq!(
+            v("python3.11"),
+            Some(Version {
+                major: 3,
+                minor: 11
+            })
+        );
+        assert_eq!(
+            v("libpython3.9.so.1.0"),
+            Some(Version { major: 3, minor: 9 })
+        );
+        assert_eq!(
+            v("python3.13d"),
+            Some(Version {
+                major: 3,
+                minor: 13
+            })
+        );
         assert_eq!(v("python3"), None);
         assert_eq!(v("ls"), None);
     }
@@ -219,7 +288,13 @@ mod tests {
             assert_eq!(t.walk.code_name, filename + 8, "3.{minor}");
         }
         assert!(Table::of(Version { major: 3, minor: 8 }).is_none());
-        assert!(Table::of(Version { major: 3, minor: 14 }).is_none());
+        assert!(
+            Table::of(Version {
+                major: 3,
+                minor: 14
+            })
+            .is_none()
+        );
     }
 
     #[test]

@@ -47,7 +47,9 @@ impl UnwindCounts {
         for (i, &n) in python.iter().enumerate() {
             let stop = PythonStop::try_from(i as i32).unwrap_or(PythonStop::PythonOff);
             if n > 0 && stop != PythonStop::PythonOff {
-                counts.python_stops.push((python_stop_name(stop).to_owned(), n));
+                counts
+                    .python_stops
+                    .push((python_stop_name(stop).to_owned(), n));
             }
         }
         for list in [&mut counts.stops, &mut counts.python_stops] {
