@@ -89,6 +89,8 @@ struct RecordingFacts {
     losses: Losses,
     /// How user stacks were walked: samples per method and per stop reason.
     unwind: crate::record::UnwindCounts,
+    /// CPython processes found (or ruled out): `{pid, version, status}`.
+    python: Vec<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -115,8 +117,28 @@ impl RecordingFacts {
                 vanished_processes: l.vanished_processes,
             },
             unwind: crate::record::UnwindCounts::of(&rec.samples),
+            python: rec
+                .python_processes
+                .iter()
+                .map(|p| serde_json::json!({"pid": p.tgid, "version": p.version, "status": p.status}))
+                .collect(),
         }
     }
+}
+
+/// One line per CPython process found: `python: pid 123 (3.11) walked`.
+fn python_notes(rec: &Recording) -> Vec<String> {
+    rec.python_processes
+        .iter()
+        .take(20)
+        .map(|p| {
+            if p.version.is_empty() {
+                format!("python: pid {} {}", p.tgid, p.status)
+            } else {
+                format!("python: pid {} ({}) {}", p.tgid, p.version, p.status)
+            }
+        })
+        .collect()
 }
 
 /// One window as JSON prints it: its bounds, its machine-wide figures and its process rows
@@ -326,6 +348,7 @@ fn report(
         crate::record::UnwindCounts::of(&rec.samples).label(),
     ];
     let mut notes = notes;
+    notes.extend(python_notes(rec));
     notes.extend(crate::attribute::static_power::describe(&attr.sources));
     // Whole threads and processes carry no sampling error (attribute::ci), so a process's
     // interval is its headline interval (`ci_j`) scaled to each domain.

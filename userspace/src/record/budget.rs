@@ -174,8 +174,8 @@ static CHUNK: Msg = Msg {
         (7, Field::Many(&READING)),
         (8, Field::Many(&SOURCE)),
         (9, Field::One(&COLUMNS)),
-        (10, Field::Many(&PYTHON_FRAME)),
-        (11, Field::Many(&PYTHON_PROCESS)),
+        (11, Field::Many(&PYTHON_FRAME)),
+        (12, Field::Many(&PYTHON_PROCESS)),
     ],
 };
 static TRAILER: Msg = Msg {
