@@ -72,7 +72,7 @@ pub fn value_index(profile: &Profile, name: &str) -> Result<usize, OutputError> 
 /// frames and `_[i]` inlined ones (it colours them apart); `;` would split the frame.
 pub fn flame_name(frame: &Frame) -> String {
     let mut name = frame.function.replace([';', '\n'], ":");
-    if frame.kernel {
+    if frame.is_kernel() {
         name.push_str("_[k]");
     } else if frame.inlined {
         name.push_str("_[i]");
