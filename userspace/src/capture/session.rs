@@ -65,6 +65,8 @@ pub struct Session {
     read_mappings: MappingReader,
     /// Per process: when its mappings were last re-read, and the starts already recorded.
     remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
+    /// Perf maps of sampled processes (JIT code names).
+    jit: super::jit::JitMaps,
 }
 
 impl Session {
@@ -80,6 +82,7 @@ impl Session {
             vanished: 0,
             read_mappings,
             remapped: HashMap::new(),
+            jit: super::jit::JitMaps::default(),
         }
     }
 
@@ -141,6 +144,8 @@ impl Session {
                         if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
                             self.remap(&mut chunk, s.tgid, s.ts_ns);
                         }
+                        self.jit
+                            .observe(s.tgid, &s.user_stack, s.ts_ns, &mut chunk.jit_symbols);
                         chunk.samples.push(s);
                     }
                 }
@@ -149,6 +154,10 @@ impl Session {
                     chunk.process_events.push(p);
                 }
             }
+        }
+        if last {
+            self.jit
+                .finish(crate::clock::monotonic_ns(), &mut chunk.jit_symbols);
         }
         let mut losses = self.probes.losses();
         losses.vanished_processes = self.vanished;
@@ -193,6 +202,7 @@ impl Session {
             Kind::Exit => {
                 if p.tid == p.tgid {
                     self.probes.forget_unwind(p.tgid);
+                    self.jit.exited(p.tgid, p.ts_ns, &mut chunk.jit_symbols);
                 }
                 self.exited[1].push((p.tid, p.tgid));
             }

@@ -111,15 +111,17 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
     let nd = domains.len();
     // One slot per function name; frames map to slots once, so the per-sample loop only
     // touches integers.
-    let mut slot_of_name: HashMap<&str, usize> = HashMap::new();
-    let mut accs: Vec<(&str, Acc)> = Vec::new();
+    // Python and JIT functions are named with their source file and line.
+    let mut slot_of_name: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
+    let mut accs: Vec<(std::borrow::Cow<'_, str>, Acc)> = Vec::new();
     let frame_slot: Vec<usize> = profile
         .frames
         .iter()
         .map(|f| {
-            *slot_of_name.entry(f.function.as_str()).or_insert_with(|| {
+            let name = f.display_name();
+            *slot_of_name.entry(name.clone()).or_insert_with(|| {
                 accs.push((
-                    f.function.as_str(),
+                    name,
                     Acc {
                         module: f.module.rsplit('/').next().unwrap_or(&f.module).to_string(),
                         cpu_ns: 0.0,

@@ -9,7 +9,8 @@ use super::{
 };
 use crate::pb::v1::Mapping;
 use crate::record::Recording;
-use crate::symbolize::{Symbolizer, mapping_of};
+use crate::symbolize::perf_map::{JitTable, jit_frame};
+use crate::symbolize::{JitRuntime, Symbolizer, mapping_of};
 
 /// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
 type FastMap<K, V> = foldhash::HashMap<K, V>;
@@ -63,6 +64,8 @@ struct Interner<'a> {
     kernel: FastMap<u64, LocationId>,
     /// Addresses in no mapping, which processes share.
     unmapped: FastMap<u64, LocationId>,
+    /// Per process: its recorded perf-map entries and the runtime that wrote them.
+    jit: FastMap<u32, (JitTable, JitRuntime)>,
 }
 
 impl Interner<'_> {
@@ -109,6 +112,9 @@ impl Interner<'_> {
                 let frames = self.symbolizer.user(addr, mappings);
                 self.location(Some(mapping), addr, frames)
             }
+            None if let Some(frame) = self.jit_frame(tgid, addr) => {
+                self.location(None, addr, vec![frame])
+            }
             None => match self.unmapped.get(&addr) {
                 Some(&id) => id,
                 None => {
@@ -121,6 +127,13 @@ impl Interner<'_> {
         };
         out.push(id, &self.locations);
         self.user.insert((tgid, addr), id);
+    }
+
+    /// The frame of `addr` from the process's recorded perf map, if an entry holds it.
+    fn jit_frame(&self, tgid: u32, addr: u64) -> Option<Frame> {
+        let (table, runtime) = self.jit.get(&tgid)?;
+        let (_, _, name) = table.lookup(addr)?;
+        Some(jit_frame(name, *runtime))
     }
 
     fn kernel(&mut self, addr: u64, out: &mut Stack) {
@@ -202,6 +215,11 @@ pub fn build(
         user: FastMap::default(),
         kernel: FastMap::default(),
         unmapped: FastMap::default(),
+        jit: rec
+            .jit_symbols
+            .iter()
+            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(rec, tgid))))
+            .collect(),
     };
     let no_mappings: Vec<Mapping> = Vec::new();
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
@@ -324,6 +342,21 @@ pub fn build(
     };
     profile.recompute_totals();
     profile
+}
+
+/// The runtime of a process, from its name or the program its command line starts.
+fn runtime_of(rec: &Recording, tgid: u32) -> JitRuntime {
+    let Some(t) = rec.threads.get(&tgid) else {
+        return JitRuntime::Other;
+    };
+    match JitRuntime::of_process(&t.comm) {
+        JitRuntime::Other => t
+            .cmdline
+            .split([' ', '\0'])
+            .next()
+            .map_or(JitRuntime::Other, JitRuntime::of_process),
+        known => known,
+    }
 }
 
 /// Page size the kernel mapping is rounded to.

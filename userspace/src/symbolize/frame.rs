@@ -151,6 +151,21 @@ impl Frame {
         self
     }
 
+    /// How reports name the frame: a Python or JIT function with its source as
+    /// `name (file:line)` (many scripts share function names); any other frame by its name.
+    pub fn display_name(&self) -> std::borrow::Cow<'_, str> {
+        match (&self.file, self.kind.is_managed()) {
+            (Some(file), true) => {
+                let file = file.rsplit('/').next().unwrap_or(file);
+                match self.line {
+                    Some(line) => format!("{} ({file}:{line})", self.function).into(),
+                    None => format!("{} ({file})", self.function).into(),
+                }
+            }
+            _ => self.function.as_str().into(),
+        }
+    }
+
     /// True for kernel frames.
     pub fn is_kernel(&self) -> bool {
         self.kind == FrameKind::Kernel
@@ -192,6 +207,21 @@ mod tests {
         assert_eq!(Frame::jit("f", JitRuntime::Other).kind.otel_name(), "jit");
         assert_eq!(FrameKind::Kernel.otel_name(), "kernel");
         assert_eq!(Frame::synthetic("x").kind.otel_name(), "native");
+    }
+
+    #[test]
+    fn managed_frames_show_their_source() {
+        let py = Frame::python("Worker.run", Some("/srv/app/worker.py"), Some(42));
+        assert_eq!(py.display_name(), "Worker.run (worker.py:42)");
+        let js = Frame::jit("heavy", JitRuntime::V8).with_source(Some("/t/a.js".into()), None);
+        assert_eq!(js.display_name(), "heavy (a.js)");
+        let mut native = Frame::synthetic("main");
+        native.file = Some("/src/main.c".into());
+        assert_eq!(
+            native.display_name(),
+            "main",
+            "native rows keep their names"
+        );
     }
 
     #[test]

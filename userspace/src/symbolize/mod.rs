@@ -10,6 +10,7 @@
 
 mod frame;
 mod maps;
+pub mod perf_map;
 
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
 pub use maps::{mappings_of, process_mappings, read_build_id};
