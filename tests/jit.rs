@@ -225,7 +225,7 @@ fn node_functions_are_named_from_its_perf_map_after_it_is_gone() {
         return;
     }
     let _guard = crate::util::exclusive();
-    let Ok(node) = which("node") else {
+    let Some(node) = which("node") else {
         panic!("node missing: install nodejs (cargo xtask setup)");
     };
     let dir = tempfile::tempdir().expect("tempdir");
@@ -244,7 +244,14 @@ fn node_functions_are_named_from_its_perf_map_after_it_is_gone() {
     );
     let pid = pid_of(&file, "node");
     assert!(delete_map(pid), "node wrote no /tmp/perf-{pid}.map");
-    check(&file, pid, "hotHeavy", "hotLight", "main", "node");
+    check(
+        &file,
+        pid,
+        "hotHeavy",
+        "hotLight",
+        "__libc_start_call_main",
+        "node",
+    );
     // The names keep the script's file and line.
     let out = run(&["report", "--by", "function", file.to_str().expect("path")]);
     let table = text(&out);
@@ -261,7 +268,7 @@ fn java_methods_are_named_from_the_map_written_at_exit() {
         return;
     }
     let _guard = crate::util::exclusive();
-    let (Ok(java), Ok(javac)) = (which("java"), which("javac")) else {
+    let (Some(java), Some(javac)) = (which("java"), which("javac")) else {
         panic!(
             "java/javac missing: apt-get install -y openjdk-17-jdk-headless (cargo xtask setup)"
         );
@@ -307,15 +314,12 @@ fn java_methods_are_named_from_the_map_written_at_exit() {
     );
 }
 
-fn which(tool: &str) -> Result<String, ()> {
+/// The path of `tool` on PATH.
+fn which(tool: &str) -> Option<String> {
     let out = Command::new("sh")
         .args(["-c", &format!("command -v {tool}")])
         .output()
-        .map_err(|_| ())?;
+        .ok()?;
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if out.status.success() && !path.is_empty() {
-        Ok(path)
-    } else {
-        Err(())
-    }
+    (out.status.success() && !path.is_empty()).then_some(path)
 }

@@ -9,17 +9,22 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::pb::v1::JitSymbol;
-use crate::symbolize::perf_map::{JitTable, PerfMapFile, live_path};
+use std::path::PathBuf;
+
+use crate::symbolize::perf_map::{JitTable, PerfMapError, PerfMapFile, live_path};
 
 /// How often a missing map is looked for again, and a grown one re-read, per process.
 const RETRY: Duration = Duration::from_millis(250);
 /// Most addresses kept per process for a later look-up.
 const MAX_PENDING: usize = 1 << 16;
+/// Most addresses kept for a later look-up over all processes (native code's addresses
+/// miss too, and every sampled process is followed).
+const MAX_PENDING_TOTAL: usize = 1 << 20;
 /// Most processes followed at once.
 const MAX_PROCESSES: usize = 4096;
 /// Most entries a process's table holds (entries of code nobody sampled are cheap, but a
 /// map file can list millions).
-const MAX_ENTRIES: usize = 2_000_000;
+const MAX_ENTRIES: usize = 1_000_000;
 
 /// Who the process is, for finding and trusting its map.
 #[derive(Clone, Copy)]
@@ -28,9 +33,11 @@ struct Owner {
     ns_pid: u32,
 }
 
-#[derive(Default)]
 struct Process {
     owner: Option<Owner>,
+    /// When the process was first sampled: a map file in our `/tmp` older than this is
+    /// an earlier process's.
+    first_seen: std::time::SystemTime,
     file: Option<PerfMapFile>,
     last_try: Option<Instant>,
     table: JitTable,
@@ -40,10 +47,26 @@ struct Process {
     pending: HashSet<u64>,
 }
 
+impl Default for Process {
+    fn default() -> Self {
+        Self {
+            owner: None,
+            first_seen: std::time::SystemTime::now(),
+            file: None,
+            last_try: None,
+            table: JitTable::default(),
+            recorded: HashSet::new(),
+            pending: HashSet::new(),
+        }
+    }
+}
+
 /// Follows the perf maps of sampled processes.
 #[derive(Default)]
 pub struct JitMaps {
     procs: HashMap<u32, Process>,
+    /// Addresses pending over all processes.
+    pending: usize,
 }
 
 impl JitMaps {
@@ -56,27 +79,30 @@ impl JitMaps {
             return;
         }
         let p = self.procs.entry(tgid).or_default();
+        let before = p.pending.len();
+        let mut room = MAX_PENDING_TOTAL.saturating_sub(self.pending);
         let mut missed = false;
         for &addr in user_stack {
-            if !p.lookup(tgid, addr, ts_ns, out) {
+            if !p.lookup(tgid, addr, ts_ns, out, &mut room) {
                 missed = true;
             }
         }
         if missed && p.due() {
             p.refresh(tgid);
-            let pending: Vec<u64> = user_stack.to_vec();
-            for addr in pending {
-                if p.lookup(tgid, addr, ts_ns, out) {
+            for &addr in user_stack {
+                if p.lookup(tgid, addr, ts_ns, out, &mut 0) {
                     p.pending.remove(&addr);
                 }
             }
         }
+        self.pending = (self.pending + p.pending.len()).saturating_sub(before);
     }
 
     /// A process exited: reads its map one last time for the addresses still unnamed, and
     /// forgets it.
     pub fn exited(&mut self, tgid: u32, ts_ns: u64, out: &mut Vec<JitSymbol>) {
         if let Some(mut p) = self.procs.remove(&tgid) {
+            self.pending = self.pending.saturating_sub(p.pending.len());
             p.settle(tgid, ts_ns, out);
         }
     }
@@ -87,6 +113,7 @@ impl JitMaps {
         for (tgid, mut p) in std::mem::take(&mut self.procs) {
             p.settle(tgid, ts_ns, out);
         }
+        self.pending = 0;
     }
 }
 
@@ -96,8 +123,15 @@ impl Process {
     }
 
     /// Looks `addr` up; records its entry the first time. False when no entry holds it
-    /// (then it is kept for later).
-    fn lookup(&mut self, tgid: u32, addr: u64, ts_ns: u64, out: &mut Vec<JitSymbol>) -> bool {
+    /// (then it is kept for later, while `room` lasts).
+    fn lookup(
+        &mut self,
+        tgid: u32,
+        addr: u64,
+        ts_ns: u64,
+        out: &mut Vec<JitSymbol>,
+        room: &mut usize,
+    ) -> bool {
         match self.table.lookup(addr) {
             Some((start, end, name)) => {
                 if self.recorded.insert(start) {
@@ -112,8 +146,8 @@ impl Process {
                 true
             }
             None => {
-                if self.pending.len() < MAX_PENDING {
-                    self.pending.insert(addr);
+                if *room > 0 && self.pending.len() < MAX_PENDING && self.pending.insert(addr) {
+                    *room -= 1;
                 }
                 false
             }
@@ -127,23 +161,8 @@ impl Process {
             self.owner = owner_of(tgid);
         }
         if self.file.is_none() {
-            let path = match self.owner {
-                Some(o) if std::path::Path::new(&format!("/proc/{tgid}")).exists() => {
-                    live_path(tgid, o.ns_pid)
-                }
-                // Gone: its map, if it wrote one in our namespace, is in our /tmp.
-                Some(o) if o.ns_pid == tgid => format!("/tmp/perf-{tgid}.map").into(),
-                _ => return,
-            };
             let Some(o) = self.owner else { return };
-            match PerfMapFile::open(&path, o.uid) {
-                Ok(f) => self.file = Some(f),
-                Err(crate::symbolize::perf_map::PerfMapError::Missing { .. }) => return,
-                Err(e) => {
-                    tracing::debug!("{e}");
-                    return;
-                }
-            }
+            self.file = self.open(tgid, o);
         }
         let Some(file) = self.file.as_mut() else {
             return;
@@ -160,6 +179,36 @@ impl Process {
         }
     }
 
+    /// The process's map: under its root while it lives; else (a zombie's root is gone,
+    /// and Java's `DumpPerfMapAtExit` writes at exit) in our `/tmp` when it shared our pid
+    /// namespace and the file was written after we first saw the process.
+    fn open(&self, tgid: u32, o: Owner) -> Option<PerfMapFile> {
+        match PerfMapFile::open(&live_path(tgid, o.ns_pid), o.uid) {
+            Ok(f) => return Some(f),
+            Err(PerfMapError::Missing { .. }) => {}
+            Err(e) => {
+                tracing::debug!("{e}");
+                return None;
+            }
+        }
+        if o.ns_pid != tgid {
+            return None;
+        }
+        let path = PathBuf::from(format!("/tmp/perf-{tgid}.map"));
+        match PerfMapFile::open(&path, o.uid) {
+            Ok(f) if f.modified().is_some_and(|m| m >= self.first_seen) => Some(f),
+            Ok(_) => {
+                tracing::debug!("{} predates process {tgid}: not its map", path.display());
+                None
+            }
+            Err(PerfMapError::Missing { .. }) => None,
+            Err(e) => {
+                tracing::debug!("{e}");
+                None
+            }
+        }
+    }
+
     /// One last read and look-up of every pending address.
     fn settle(&mut self, tgid: u32, ts_ns: u64, out: &mut Vec<JitSymbol>) {
         if self.pending.is_empty() {
@@ -168,7 +217,7 @@ impl Process {
         self.refresh(tgid);
         let pending: Vec<u64> = self.pending.drain().collect();
         for addr in pending {
-            self.lookup(tgid, addr, ts_ns, out);
+            self.lookup(tgid, addr, ts_ns, out, &mut 0);
         }
         self.pending.clear();
     }

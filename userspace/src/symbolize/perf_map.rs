@@ -140,6 +140,11 @@ impl PerfMapFile {
         })
     }
 
+    /// When the file was last written.
+    pub fn modified(&self) -> Option<std::time::SystemTime> {
+        self.file.metadata().and_then(|m| m.modified()).ok()
+    }
+
     /// Calls `each` for every whole line appended since the last call (at most
     /// [`MAX_READ_BYTES`] now, [`MAX_FILE_BYTES`] in all); returns the bytes consumed.
     pub fn read_new(&mut self, mut each: impl FnMut(PerfMapLine<'_>)) -> Result<u64, PerfMapError> {
