@@ -83,7 +83,7 @@ fn workload(name: &str) -> PathBuf {
 }
 
 /// Checks the two hot JIT functions of `pid` in `file`: names from the recording alone,
-/// >= 85% of the energy under them, 3:1 within 0.4; the walk crosses from the JIT frames
+/// at least 85% of the energy under them, 3:1 within 0.4; the walk crosses from the JIT frames
 /// back into table-walked native code (`native_caller`); then the outputs.
 fn check(file: &Path, pid: u32, heavy: &str, light: &str, native_caller: &str, what: &str) {
     let stacks = collapsed(file, pid, "package");

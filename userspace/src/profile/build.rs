@@ -425,6 +425,49 @@ mod tests {
     }
 
     #[test]
+    fn addresses_in_recorded_perf_map_entries_are_jit_frames_of_their_process() {
+        use crate::pb::v1::JitSymbol;
+        use crate::symbolize::FrameKind;
+        let mut rec = rec();
+        rec.threads.get_mut(&20).expect("pid 20").comm = "node".into();
+        rec.jit_symbols.insert(
+            20,
+            vec![JitSymbol {
+                tgid: 20,
+                start: 0x4f00,
+                size: 0x200,
+                name: "JS:*hot /srv/app.js:7:3".into(),
+                ts_ns: 0,
+            }],
+        );
+        // Process 10 has no entries: the same address stays unresolved there.
+        rec.samples.push(Sample {
+            tid: 10,
+            tgid: 10,
+            user_stack: vec![0x5000],
+            ..Default::default()
+        });
+        let mut sym = Symbolizer::with_kallsyms(None);
+        let p = build(
+            &rec,
+            &SampleValues::cpu_time(&rec),
+            &mut sym,
+            &Filter::default(),
+        );
+        let leaf = |i: usize| &p.frames[p.samples[i].frames[0] as usize];
+        let jit = leaf(2);
+        assert_eq!(jit.function, "hot");
+        assert_eq!(
+            (jit.file.as_deref(), jit.line),
+            (Some("/srv/app.js"), Some(7))
+        );
+        assert_eq!(jit.kind, FrameKind::Jit(JitRuntime::V8));
+        assert_eq!(jit.kind.otel_name(), "v8js");
+        assert_eq!(leaf(3).function, "[unknown]+0x5000");
+        assert_eq!(leaf(3).kind, FrameKind::Native);
+    }
+
+    #[test]
     fn builds_interned_leaf_first_stacks_with_cpu_time() {
         let rec = rec();
         let mut sym = Symbolizer::with_kallsyms(None);
