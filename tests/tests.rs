@@ -31,6 +31,8 @@ mod calibrate;
 mod outputs;
 // OTLP profiles, decoded by a receiver built from the official definitions.
 mod otlp;
+// JIT code (Node, Java) named from perf maps after the process and its map are gone.
+mod jit;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.
 mod top_tmux;
 // The agent scraped by a real Prometheus: shares, per-zone sums, monotonic counters.

@@ -15,6 +15,7 @@ pub const TARGETS: &[&str] = &[
     "socket",
     "unwind",
     "python_lines",
+    "perf_map",
 ];
 
 /// Seconds per target when `cargo xtask test` runs them: enough to replay the seeds and

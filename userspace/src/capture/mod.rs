@@ -10,6 +10,7 @@ pub mod activity;
 mod bpf_sys;
 pub mod btf;
 pub mod host;
+pub mod jit;
 mod probes;
 pub mod python;
 pub mod session;

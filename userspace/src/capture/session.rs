@@ -65,6 +65,8 @@ pub struct Session {
     read_mappings: MappingReader,
     /// Per process: when its mappings were last re-read, and the starts already recorded.
     remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
+    /// Perf maps of sampled processes (JIT code names).
+    jit: super::jit::JitMaps,
 }
 
 impl Session {
@@ -80,6 +82,7 @@ impl Session {
             vanished: 0,
             read_mappings,
             remapped: HashMap::new(),
+            jit: super::jit::JitMaps::default(),
         }
     }
 
@@ -152,6 +155,8 @@ impl Session {
                         if let Some(p) = self.probes.python_mut() {
                             p.on_sample(&py, &mut s, &mut chunk.python_frames);
                         }
+                        self.jit
+                            .observe(s.tgid, &s.user_stack, s.ts_ns, &mut chunk.jit_symbols);
                         chunk.samples.push(s);
                     }
                 }
@@ -163,6 +168,10 @@ impl Session {
         }
         if let Some(p) = self.probes.python_mut() {
             chunk.python_processes = p.take_found();
+        }
+        if last {
+            self.jit
+                .finish(crate::clock::monotonic_ns(), &mut chunk.jit_symbols);
         }
         let mut losses = self.probes.losses();
         losses.vanished_processes = self.vanished;
@@ -213,6 +222,7 @@ impl Session {
                     if let Some(py) = self.probes.python_mut() {
                         py.forget(p.tgid);
                     }
+                    self.jit.exited(p.tgid, p.ts_ns, &mut chunk.jit_symbols);
                 }
                 self.exited[1].push((p.tid, p.tgid));
             }

@@ -431,27 +431,40 @@ fn report(
                 cpus,
             )
         }
-        By::Thread => (
-            rows.iter()
-                .flat_map(|p| {
-                    p.threads.iter().map(|t| ReportRow {
-                        key: RowKey::Thread {
-                            pid: p.pid,
-                            tid: t.tid,
-                            comm: t.comm.clone(),
-                        },
-                        cpu_ns: t.cpu_ns as f64,
-                        samples: t.samples,
-                        energy: cells(&t.energy_j, None),
-                        total_energy: None,
-                        power_w: t.power_w,
-                        share: t.share,
-                        cpu_share: Vec::new(),
+        By::Thread => {
+            // Threads running JIT-compiled (or Python) code show their busiest such
+            // function: the thread's name alone says `node` or `java`.
+            let top = if rec.jit_symbols.is_empty() {
+                std::collections::HashMap::new()
+            } else {
+                functions::top_managed_by_thread(&analysis::profile(rec, a, &Filter::default()))
+            };
+            (
+                rows.iter()
+                    .flat_map(|p| {
+                        let top = &top;
+                        p.threads.iter().map(move |t| ReportRow {
+                            key: RowKey::Thread {
+                                pid: p.pid,
+                                tid: t.tid,
+                                comm: match top.get(&t.tid) {
+                                    Some(f) => format!("{} [{f}]", t.comm),
+                                    None => t.comm.clone(),
+                                },
+                            },
+                            cpu_ns: t.cpu_ns as f64,
+                            samples: t.samples,
+                            energy: cells(&t.energy_j, None),
+                            total_energy: None,
+                            power_w: t.power_w,
+                            share: t.share,
+                            cpu_share: Vec::new(),
+                        })
                     })
-                })
-                .collect(),
-            Vec::new(),
-        ),
+                    .collect(),
+                Vec::new(),
+            )
+        }
         By::Function => {
             let profile = analysis::profile(rec, a, &Filter::default());
             let mut r = functions::by_function(&profile, &names);

@@ -9,7 +9,8 @@ use super::{
 };
 use crate::pb::v1::Mapping;
 use crate::record::Recording;
-use crate::symbolize::{Symbolizer, mapping_of};
+use crate::symbolize::perf_map::{JitTable, jit_frame};
+use crate::symbolize::{JitRuntime, Symbolizer, mapping_of};
 
 /// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
 type FastMap<K, V> = foldhash::HashMap<K, V>;
@@ -66,6 +67,8 @@ struct Interner<'a> {
     unmapped: FastMap<u64, LocationId>,
     /// Location of each Python frame id.
     python: FastMap<u64, LocationId>,
+    /// Per process: its recorded perf-map entries and the runtime that wrote them.
+    jit: FastMap<u32, (JitTable, JitRuntime)>,
 }
 
 impl Interner<'_> {
@@ -138,6 +141,9 @@ impl Interner<'_> {
                 let frames = self.symbolizer.user(addr, mappings);
                 self.location(Some(mapping), addr, frames)
             }
+            None if let Some(frame) = self.jit_frame(tgid, addr) => {
+                self.location(None, addr, vec![frame])
+            }
             None => match self.unmapped.get(&addr) {
                 Some(&id) => id,
                 None => {
@@ -150,6 +156,13 @@ impl Interner<'_> {
         };
         self.user.insert((tgid, addr), id);
         id
+    }
+
+    /// The frame of `addr` from the process's recorded perf map, if an entry holds it.
+    fn jit_frame(&self, tgid: u32, addr: u64) -> Option<Frame> {
+        let (table, runtime) = self.jit.get(&tgid)?;
+        let (_, _, name) = table.lookup(addr)?;
+        Some(jit_frame(name, *runtime))
     }
 
     fn kernel(&mut self, addr: u64, out: &mut Stack) {
@@ -232,6 +245,11 @@ pub fn build(
         kernel: FastMap::default(),
         unmapped: FastMap::default(),
         python: FastMap::default(),
+        jit: rec
+            .jit_symbols
+            .iter()
+            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(rec, tgid))))
+            .collect(),
     };
     let no_mappings: Vec<Mapping> = Vec::new();
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
@@ -399,6 +417,21 @@ impl<'s> PythonGroups<'s> {
     }
 }
 
+/// The runtime of a process, from its name or the program its command line starts.
+fn runtime_of(rec: &Recording, tgid: u32) -> JitRuntime {
+    let Some(t) = rec.threads.get(&tgid) else {
+        return JitRuntime::Other;
+    };
+    match JitRuntime::of_process(&t.comm) {
+        JitRuntime::Other => t
+            .cmdline
+            .split([' ', '\0'])
+            .next()
+            .map_or(JitRuntime::Other, JitRuntime::of_process),
+        known => known,
+    }
+}
+
 /// Page size the kernel mapping is rounded to.
 const PAGE: u64 = 0x1000;
 
@@ -462,6 +495,49 @@ mod tests {
             sample(20, 20, vec![0x5000], vec![]),
         ];
         rec
+    }
+
+    #[test]
+    fn addresses_in_recorded_perf_map_entries_are_jit_frames_of_their_process() {
+        use crate::pb::v1::JitSymbol;
+        use crate::symbolize::FrameKind;
+        let mut rec = rec();
+        rec.threads.get_mut(&20).expect("pid 20").comm = "node".into();
+        rec.jit_symbols.insert(
+            20,
+            vec![JitSymbol {
+                tgid: 20,
+                start: 0x4f00,
+                size: 0x200,
+                name: "JS:*hot /srv/app.js:7:3".into(),
+                ts_ns: 0,
+            }],
+        );
+        // Process 10 has no entries: the same address stays unresolved there.
+        rec.samples.push(Sample {
+            tid: 10,
+            tgid: 10,
+            user_stack: vec![0x5000],
+            ..Default::default()
+        });
+        let mut sym = Symbolizer::with_kallsyms(None);
+        let p = build(
+            &rec,
+            &SampleValues::cpu_time(&rec),
+            &mut sym,
+            &Filter::default(),
+        );
+        let leaf = |i: usize| &p.frames[p.samples[i].frames[0] as usize];
+        let jit = leaf(2);
+        assert_eq!(jit.function, "hot");
+        assert_eq!(
+            (jit.file.as_deref(), jit.line),
+            (Some("/srv/app.js"), Some(7))
+        );
+        assert_eq!(jit.kind, FrameKind::Jit(JitRuntime::V8));
+        assert_eq!(jit.kind.otel_name(), "v8js");
+        assert_eq!(leaf(3).function, "[unknown]+0x5000");
+        assert_eq!(leaf(3).kind, FrameKind::Native);
     }
 
     #[test]

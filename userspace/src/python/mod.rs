@@ -17,8 +17,7 @@ pub use offsets::{Table, Version};
 
 use crate::symbolize::Frame;
 
-/// Module name of Python frames.
-pub const PYTHON_MODULE: &str = "[python]";
+pub use crate::symbolize::PYTHON_MODULE;
 
 /// Native function whose frames run Python code: each is one evaluation-loop call.
 pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
@@ -43,14 +42,11 @@ pub enum PythonError {
     Object(&'static str),
 }
 
-/// The profile frame of a Python function.
+/// The profile frame of a Python function (an empty file and line 0 are unknown).
 pub fn frame(function: &str, file: &str, line: u32) -> Frame {
-    Frame {
-        function: function.to_string(),
-        file: (!file.is_empty()).then(|| file.to_string()),
-        line: (line != 0).then_some(line),
-        module: PYTHON_MODULE.to_string(),
-        inlined: false,
-        kernel: false,
-    }
+    Frame::python(
+        function,
+        (!file.is_empty()).then_some(file),
+        (line != 0).then_some(line),
+    )
 }

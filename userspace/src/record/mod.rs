@@ -33,7 +33,8 @@ pub use writer::{WriteError, Writer};
 use std::collections::HashMap;
 
 use crate::pb::v1::{
-    EnergyReading, EnergySource, Header, LossCounters, Mapping, ProcessEvent, Sample, ThreadInfo,
+    EnergyReading, EnergySource, Header, JitSymbol, LossCounters, Mapping, ProcessEvent, Sample,
+    ThreadInfo,
 };
 
 /// First bytes of every recording.
@@ -101,6 +102,9 @@ pub struct Recording {
     pub python_frames: PythonFrames,
     /// CPython processes the recorder found or ruled out, in file order.
     pub python_processes: Vec<crate::pb::v1::PythonProcess>,
+    /// Perf-map entries (JIT-compiled code) per process id, in the order they were
+    /// recorded.
+    pub jit_symbols: HashMap<u32, Vec<JitSymbol>>,
     /// Energy sources in use.
     pub sources: Vec<EnergySource>,
     /// Energy readings of every source, in file order.

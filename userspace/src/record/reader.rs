@@ -390,6 +390,9 @@ fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
         rec.python_frames.insert(f.id, f);
     }
     rec.python_processes.extend(chunk.python_processes);
+    for j in chunk.jit_symbols {
+        rec.jit_symbols.entry(j.tgid).or_default().push(j);
+    }
     rec.sources.extend(chunk.sources);
     rec.readings.extend(chunk.readings);
     if let Some(losses) = chunk.losses {
