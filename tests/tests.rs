@@ -13,6 +13,8 @@ mod activity;
 mod errors;
 // User stacks by unwind tables: C, Rust and python3 built without frame pointers.
 mod unwind;
+// CPython frames walked in eBPF: Debian python3 and pyenv 3.9-3.13, energy per function.
+mod python;
 // Damaged recordings: damage reported, memory bounded.
 mod damage;
 // Output files: modes, planted symlinks, a full disk.
@@ -29,6 +31,8 @@ mod calibrate;
 mod outputs;
 // OTLP profiles, decoded by a receiver built from the official definitions.
 mod otlp;
+// JIT code (Node, Java) named from perf maps after the process and its map are gone.
+mod jit;
 // `top` in tmux: a pinned busy process on top within three refreshes, sort keys, clean exit.
 mod top_tmux;
 // The agent scraped by a real Prometheus: shares, per-zone sums, monotonic counters.

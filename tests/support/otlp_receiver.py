@@ -57,11 +57,19 @@ def summary(req):
         resource = {kv.key: any_value(kv.value) for kv in rp.resource.attributes}
         for sp in rp.scope_profiles:
             for p in sp.profiles:
-                functions, attrs, pids = set(), set(), {}
+                functions, attrs, pids, frame_types = set(), set(), {}, {}
                 for smp in p.samples:
                     for li in d.stack_table[smp.stack_index].location_indices:
-                        for line in d.location_table[li].lines:
+                        loc = d.location_table[li]
+                        for line in loc.lines:
                             functions.add(s(d.function_table[line.function_index].name_strindex))
+                        # profile.frame.type of the location, per function it names
+                        for ai in loc.attribute_indices:
+                            kv = d.attribute_table[ai]
+                            if s(kv.key_strindex) == "profile.frame.type":
+                                for line in loc.lines:
+                                    fn = s(d.function_table[line.function_index].name_strindex)
+                                    frame_types[fn] = any_value(kv.value)
                     a = {}
                     for ai in smp.attribute_indices:
                         kv = d.attribute_table[ai]
@@ -88,6 +96,7 @@ def summary(req):
                         "total": sum(sum(x.values) for x in p.samples),
                         "by_pid": pids,
                         "functions": sorted(functions),
+                        "frame_types": frame_types,
                         "sample_attributes": sorted(attrs),
                         "build_ids": len(build_ids),
                         "time_unix_nano": p.time_unix_nano,

@@ -41,6 +41,7 @@ pub mod feed;
 pub mod output;
 pub mod pipeline;
 pub mod profile;
+pub mod python;
 pub mod record;
 pub mod remote;
 pub mod symbolize;

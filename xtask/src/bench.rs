@@ -3,6 +3,8 @@
 //!   `energy-bpf record` (frame pointers at 99 Hz, unwind tables at 99 and 999 Hz) and under
 //!   `perf record -a` (`-g`, `--call-graph dwarf`, `--switch-events`), alternating runs;
 //!   medians, ratios, and the recorder's own CPU time and peak memory.
+//! - `python [ROUNDS]`: a CPU-bound pure-Python loop (Debian's python3) alone and under
+//!   `energy-bpf record --unwind fp -F 99` with the CPython frame walker off and on.
 //! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
 //! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
 //!   `report` and `flamegraph` (every format) on that real recording (best of 3).
@@ -24,6 +26,7 @@ use crate::util::{self, Result};
 pub fn run(args: &[String]) -> Result {
     match args.first().map(String::as_str) {
         Some("overhead") => overhead(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5)),
+        Some("python") => python(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(5)),
         Some("accuracy") => util::cargo(&[
             "bench",
             "--locked",
@@ -36,7 +39,7 @@ pub fn run(args: &[String]) -> Result {
         Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
         Some("top") => top(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30)),
         Some("agent") => agent::run(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(600)),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS] | agent [SECS]".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS] | agent [SECS]".into()),
     }
 }
 
@@ -198,6 +201,97 @@ fn overhead(rounds: usize) -> Result {
         );
     }
     unwind_tables()
+}
+
+/// The CPython frame walker's cost: a CPU-bound pure-Python loop alone, under `record
+/// --unwind fp -F 99` with the walker off (`ENERGY_BPF_PYTHON=0`), and with it on; rounds
+/// rotate the order, slowdowns are against the same round's run alone.
+fn python(rounds: usize) -> Result {
+    util::cargo(&[
+        "build",
+        "--locked",
+        "--release",
+        "-p",
+        "energy-bpf",
+        "--bin",
+        "energy-bpf",
+    ])?;
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        return Err("bench python needs /usr/bin/python3".into());
+    }
+    let root = util::root();
+    let recorder = root.join("target/release/energy-bpf");
+    let out = root.join("bench-out");
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    // About 1.5 s alone; nested calls so every sample has a few Python frames.
+    let script = "def leaf(n):\n    t = 0\n    for i in range(n):\n        t += i * i % 7\n    return t\n\
+                  def mid(n):\n    return leaf(n)\n\
+                  def top(r):\n    for _ in range(r):\n        mid(100000)\n\
+                  top(150)\n";
+    let modes = ["alone", "fp, python walker off", "fp, python walker on"];
+    let mut times: [Vec<f64>; 3] = Default::default();
+    let mut cpu: [Vec<f64>; 3] = Default::default();
+    for round in 0..rounds {
+        for k in 0..modes.len() {
+            let i = (k + round) % modes.len();
+            let mut rec = match i {
+                0 => None,
+                _ => Some(start_recorder(
+                    Command::new(&recorder)
+                        .args(["record", "--unwind", "fp", "-F", "99", "-o"])
+                        .arg(out.join(format!("py{round}-{i}.ebpr")))
+                        .env("ENERGY_BPF_PYTHON", if i == 1 { "0" } else { "1" }),
+                    Some("recording"),
+                )?),
+            };
+            let started = Instant::now();
+            let status = Command::new(python)
+                .args(["-c", script])
+                .status()
+                .map_err(|e| format!("python3: {e}"))?;
+            times[i].push(started.elapsed().as_secs_f64());
+            if !status.success() {
+                return Err(format!("python3 failed: {status}"));
+            }
+            if let Some(child) = rec.as_mut() {
+                cpu[i].push(stop_recorder(child)?.cpu_s);
+            }
+        }
+    }
+    let slowdowns: Vec<Vec<f64>> = times
+        .iter()
+        .map(|t| t.iter().zip(&times[0]).map(|(t, a)| t / a - 1.0).collect())
+        .collect();
+    println!(
+        "# bench python: {rounds} rounds, CPU-bound pure Python under record -F 99 --unwind fp;\n\
+         # slowdown = median over rounds of (time / the same round's time alone) - 1, [quartiles]"
+    );
+    println!(
+        "{:<28} {:>9} {:>9} {:>17} {:>14}",
+        "mode", "median s", "slowdown", "quartiles", "recorder CPU s"
+    );
+    for (i, name) in modes.iter().enumerate() {
+        let (q1, q2, q3) = quartiles(&slowdowns[i]);
+        let rec_cpu = if cpu[i].is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.3}", median(&cpu[i]))
+        };
+        println!(
+            "{:<28} {:>9.3} {:>8.2}% {:>17} {:>14}",
+            name,
+            median(&times[i]),
+            100.0 * q2,
+            format!("[{:+.1}%, {:+.1}%]", 100.0 * q1, 100.0 * q3),
+            rec_cpu
+        );
+    }
+    println!(
+        "python walker on - off slowdown at 99 Hz: {:+.2} percentage points",
+        100.0 * (median(&slowdowns[2]) - median(&slowdowns[1]))
+    );
+    Ok(())
 }
 
 /// Table memory per 100 MiB of text, and build time cold and cached, for the largest

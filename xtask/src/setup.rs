@@ -32,6 +32,16 @@ const APT: &[(&str, &str, &str)] = &[
         "/usr/bin/prometheus",
         "the agent test scrapes the agent with a real Prometheus",
     ),
+    (
+        "nodejs",
+        "/usr/bin/node",
+        "the JIT test names Node functions from its perf map",
+    ),
+    (
+        "openjdk-17-jdk-headless",
+        "/usr/bin/javac",
+        "the JIT test names Java methods from the JVM's perf map",
+    ),
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -108,6 +108,125 @@ pub struct SampleEvent {
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     /// User return addresses, innermost first.
     pub user_stack: [u64; MAX_STACK_DEPTH],
+    /// Valid entries of `py_frames` (0 when the process is not a walked CPython).
+    pub py_depth: u32,
+    /// Why the Python walk ended ([`py_stop`]; [`py_stop::OFF`] when there was none).
+    pub py_stop: u32,
+    /// CPython frames of the sampled thread, innermost first (see [`PyFrame`]).
+    pub py_frames: [PyFrame; PY_MAX_FRAMES],
+}
+
+/// Deepest Python stack a sample carries.
+pub const PY_MAX_FRAMES: usize = 64;
+
+/// CPython processes walked at once (the `PY_PROCS` map's size).
+pub const PY_PROCESSES: u32 = 1024;
+
+/// One CPython frame as the sampler saw it: which code object ran, where in it, and a
+/// checksum of the code object's stable fields so userspace never names a code object that
+/// was freed and replaced at the same address (see [`py_checksum`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyFrame {
+    /// Address of the `PyCodeObject`.
+    pub code: u64,
+    /// [`py_checksum`] of the code object's name and file pointers and first line.
+    pub checksum: u32,
+    /// Instruction offset in code units (2 bytes) in the low 31 bits, and
+    /// [`py_frame::ENTRY`].
+    pub offset: u32,
+}
+
+/// Bits of [`PyFrame::offset`].
+pub mod py_frame {
+    /// The outermost frame of one `_PyEval_EvalFrameDefault` call: the frames up to and
+    /// including it belong to the innermost evaluation-loop native frame not yet used.
+    pub const ENTRY: u32 = 1 << 31;
+    /// The offset bits.
+    pub const OFFSET_MASK: u32 = ENTRY - 1;
+}
+
+/// The checksum of a code object the sampler stores with its address: the addresses of
+/// its `co_name` and `co_filename` strings and its `co_firstlineno`, folded to 32 bits.
+/// Userspace recomputes it from the object it reads back; a mismatch means the address now
+/// holds another object.
+#[inline(always)]
+pub fn py_checksum(name: u64, filename: u64, firstlineno: u32) -> u32 {
+    let x = name ^ filename.rotate_left(29);
+    (x as u32) ^ ((x >> 32) as u32) ^ firstlineno.wrapping_mul(0x9e37_79b9)
+}
+
+/// Why a sample's Python walk ended ([`SampleEvent::py_stop`]).
+pub mod py_stop {
+    /// Not walked: the process is not a CPython the walker knows (yet).
+    pub const OFF: u32 = 0;
+    /// The frame chain ended: the whole Python stack was taken.
+    pub const END: u32 = 1;
+    /// [`super::PY_MAX_FRAMES`] frames were taken.
+    pub const DEPTH: u32 = 2;
+    /// Reading the interpreter's memory faulted (a page not present, or a torn update).
+    pub const READ_FAULT: u32 = 3;
+    /// No Python thread state belongs to the sampled thread (a thread CPython does not
+    /// know, or an interpreter not yet initialised).
+    pub const NO_THREAD: u32 = 4;
+    /// The chain of walker programs could not continue (the kernel's tail-call limit).
+    pub const TAIL_CALL: u32 = 5;
+}
+
+/// How a CPython version lays out its frames ([`PyProcess::layout`]).
+pub mod py_layout {
+    /// 3.9 and 3.10: `PyThreadState.frame` is a `PyFrameObject`; `f_lasti` is an `int`
+    /// (bytes in 3.9, code units in 3.10); every frame is its own evaluation-loop call.
+    pub const FRAME_OBJECT: u32 = 0;
+    /// 3.11: `tstate->cframe->current_frame`, `_PyInterpreterFrame.prev_instr`, `is_entry`.
+    pub const CFRAME_IS_ENTRY: u32 = 1;
+    /// 3.12: `tstate->cframe->current_frame`, `prev_instr`, `owner` (entry frames are
+    /// owned by the C stack).
+    pub const CFRAME_OWNER: u32 = 2;
+    /// 3.13: `tstate->current_frame`, `instr_ptr`, `owner`.
+    pub const CURRENT_FRAME: u32 = 3;
+}
+
+/// `_PyInterpreterFrame.owner` of the shim frame `_PyEval_EvalFrameDefault` pushes
+/// (`FRAME_OWNED_BY_CSTACK`, 3.12 and 3.13).
+pub const PY_OWNED_BY_CSTACK: u8 = 3;
+
+/// A CPython process the sampler walks (map `PY_PROCS`, keyed by tgid): where its runtime
+/// state is and the byte offsets of the fields the walk reads, for its version.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyProcess {
+    /// Runtime address of `_PyRuntime`.
+    pub runtime: u64,
+    /// One of [`py_layout`].
+    pub layout: u32,
+    /// `_PyRuntimeState.interpreters.head`.
+    pub interpreters_head: u32,
+    /// `PyInterpreterState.threads.head` (`tstate_head` before 3.11).
+    pub threads_head: u32,
+    /// `PyThreadState.next`.
+    pub tstate_next: u32,
+    /// `PyThreadState.thread_id` (the thread's `pthread_self()`).
+    pub tstate_thread_id: u32,
+    /// `PyThreadState.frame`, `.cframe` or `.current_frame` per [`py_layout`].
+    pub tstate_frame: u32,
+    /// `_PyCFrame.current_frame` (3.11, 3.12).
+    pub cframe_current_frame: u32,
+    /// The frame's code object (`f_code`, `f_executable`).
+    pub frame_code: u32,
+    /// The calling frame (`f_back`, `previous`).
+    pub frame_previous: u32,
+    /// `f_lasti` (an `int`), `prev_instr` or `instr_ptr` (pointers).
+    pub frame_instr: u32,
+    /// `is_entry` (3.11) or `owner` (3.12+), one byte; unused before 3.11.
+    pub frame_owner: u32,
+    /// `PyCodeObject.co_name`; `co_filename` is the pointer just before it in every
+    /// version walked.
+    pub code_name: u32,
+    /// `PyCodeObject.co_firstlineno`.
+    pub code_firstlineno: u32,
+    /// `PyCodeObject.co_code_adaptive`, the first instruction (3.11+).
+    pub code_adaptive: u32,
 }
 
 /// Kinds of [`ProcEvent`].
@@ -302,6 +421,8 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindMapping {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UnwindProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PyProcess {}
 }
 
 /// Turns a NUL-padded `comm` into a string slice (lossy on invalid UTF-8 is the caller's job).
@@ -316,3 +437,6 @@ const _: () = assert!(core::mem::offset_of!(SwitchBatch, events) == SWITCH_BATCH
 const _: () = assert!(core::mem::size_of::<UnwindRow>() == 16);
 const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
 const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * UNWIND_MAPPINGS);
+const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
+const _: () = assert!(core::mem::size_of::<PyProcess>() == 8 + 4 * 14);
+const _: () = assert!(core::mem::size_of::<SampleEvent>().is_multiple_of(8));

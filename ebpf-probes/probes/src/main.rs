@@ -17,7 +17,8 @@ use aya_ebpf::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
-            bpf_get_current_task_btf, bpf_get_stack, bpf_perf_event_read_value, bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack,
+            bpf_perf_event_read_value, bpf_task_pt_regs,
         },
     },
     macros::{btf_tracepoint, map, perf_event},
@@ -25,12 +26,14 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext},
 };
 use energy_bpf_abi::{
-    COMM_LEN, MAX_STACK_DEPTH, ProcEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER,
-    SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent, UNWIND_MAPPINGS,
-    UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, counter, proc_kind,
-    switch_flags, unwind_flags, unwind_kind, unwind_method, unwind_reg, unwind_stop,
+    COMM_LEN, MAX_STACK_DEPTH, PY_PROCESSES, ProcEvent, PyProcess, SWITCH_BATCH,
+    SWITCH_BATCH_HEADER, SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent,
+    UNWIND_MAPPINGS, UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow,
+    counter, proc_kind, py_stop, switch_flags, unwind_flags, unwind_kind, unwind_method,
+    unwind_reg, unwind_stop,
 };
 
+mod python;
 mod walk;
 
 /// `BPF_RB_NO_WAKEUP`: never wake the consumer from the probe (see module docs).
@@ -102,9 +105,33 @@ static WALK_SAMPLE: PerCpuArray<SampleEvent> = PerCpuArray::with_max_entries(1, 
 #[map]
 static WALK_STATE: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 
-/// One slot: [`walk::walk_user`], for its tail calls.
+/// The walker programs, for tail calls: [`walk::walk_user`] at [`WALK_USER`] and
+/// [`python::walk_python`] at [`WALK_PYTHON`].
 #[map]
-static WALK_PROGS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+static WALK_PROGS: ProgramArray = ProgramArray::with_max_entries(2, 0);
+
+/// [`WALK_PROGS`] slot of the table walker.
+const WALK_USER: u32 = 0;
+/// [`WALK_PROGS`] slot of the CPython frame walker.
+const WALK_PYTHON: u32 = 1;
+
+/// Nonzero when the CPython frame walker is loaded.
+#[unsafe(no_mangle)]
+static PY_ON: u32 = 0;
+
+/// Byte offset of `task_struct::thread.fsbase` (x86_64: the thread pointer, which glibc's
+/// `pthread_self()` returns and CPython stores as `PyThreadState.thread_id`), from the
+/// running kernel's BTF. Zero means unknown: no Python walk.
+#[unsafe(no_mangle)]
+static TASK_FSBASE_OFFSET: u32 = 0;
+
+/// CPython processes the frame walker knows, by tgid (see [`PyProcess`]).
+#[map]
+static PY_PROCS: HashMap<u32, PyProcess> = HashMap::with_max_entries(PY_PROCESSES, 0);
+
+/// Where a Python walk stands between two walker programs, per CPU.
+#[map]
+static PY_STATE: PerCpuArray<python::PyWalkState> = PerCpuArray::with_max_entries(1, 0);
 
 /// Where a walk stands between two walker programs. Private to the probes.
 #[repr(C)]
@@ -319,6 +346,11 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
     if global(&UNWIND_ON) != 0 {
         stop = start_table_walk(&ctx, pid_tgid);
     }
+    if python::is_python((pid_tgid >> 32) as u32) {
+        // Returns only when the walker could not be entered; the sample then goes out
+        // below without Python frames.
+        start_python_fp(&ctx, pid_tgid, stop);
+    }
     let Some(mut entry) = SAMPLES.reserve::<SampleEvent>(0) else {
         bump(counter::SAMPLE_DROPPED);
         return 0;
@@ -366,7 +398,43 @@ unsafe fn fill_sample_header(event: *mut SampleEvent, pid_tgid: u64, unwind: u32
         (*event).cpu = bpf_get_smp_processor_id();
         (*event).unwind = unwind;
         (*event).comm = current_comm();
+        (*event).py_depth = 0;
+        (*event).py_stop = py_stop::OFF;
     }
+}
+
+/// A CPython process under frame pointers: builds the sample in this CPU's slot, with the
+/// kernel's frame-pointer walk of the user stack, and hands it to the Python walker, which
+/// sends it. Returns only when the walker could not be entered.
+#[inline(always)]
+fn start_python_fp(ctx: &PerfEventContext, pid_tgid: u64, stop: u32) {
+    let Some(event) = WALK_SAMPLE.get_ptr_mut(0) else {
+        return;
+    };
+    const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+    // SAFETY: this CPU's slot; a perf_event program does not nest on one CPU, and
+    // bpf_get_stack writes at most STACK_BYTES into each array.
+    unsafe {
+        fill_sample_header(event, pid_tgid, unwind_method::FP | (stop << 8));
+        let k = bpf_get_stack(
+            ctx.as_ptr(),
+            (*event).kernel_stack.as_mut_ptr().cast(),
+            STACK_BYTES,
+            0,
+        );
+        let u = bpf_get_stack(
+            ctx.as_ptr(),
+            (*event).user_stack.as_mut_ptr().cast(),
+            STACK_BYTES,
+            BPF_F_USER_STACK as u64,
+        );
+        if k < 0 || u < 0 {
+            bump(counter::STACK_ERRORS);
+        }
+        (*event).kernel_depth = if k > 0 { (k as u32) / 8 } else { 0 };
+        (*event).user_depth = if u > 0 { (u as u32) / 8 } else { 0 };
+    }
+    python::enter(ctx);
 }
 
 /// Hands the sample to the table walker; returns only when it cannot, with the reason
@@ -426,7 +494,7 @@ fn start_table_walk(ctx: &PerfEventContext, pid_tgid: u64) -> u32 {
             flags: 0,
         };
         // Returns only when the call failed.
-        WALK_PROGS.tail_call(ctx, 0);
+        WALK_PROGS.tail_call(ctx, WALK_USER);
     }
     unwind_stop::TAIL_CALL
 }

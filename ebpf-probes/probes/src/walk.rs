@@ -20,7 +20,7 @@ pub fn walk_user(ctx: PerfEventContext) -> u32 {
     let tgid = unsafe { (*event).tgid };
     // SAFETY: read-only use while the program runs; userspace replaces whole values.
     let Some(procs) = (unsafe { UNWIND_PROCS.get(&tgid) }) else {
-        return finish_walk(event, 0, unwind_stop::NO_PROCESS);
+        return finish_walk(&ctx, event, 0, unwind_stop::NO_PROCESS);
     };
     // SAFETY: as above.
     let WalkState {
@@ -125,21 +125,26 @@ pub fn walk_user(ctx: PerfEventContext) -> u32 {
             };
             // Returns only when the call failed: past the kernel's 33 tail calls, which
             // MAX_STACK_DEPTH / FRAMES_PER_PROGRAM stays under.
-            WALK_PROGS.tail_call(&ctx, 0);
+            WALK_PROGS.tail_call(&ctx, WALK_USER);
         }
         stop = unwind_stop::DEPTH_LIMIT;
     }
     // SAFETY: this CPU's slot.
     unsafe { (*event).user_depth = depth as u32 };
-    finish_walk(event, flags, stop)
+    finish_walk(&ctx, event, flags, stop)
 }
 
-/// Sends the walked sample.
+/// Hands the walked sample to the Python walker when its process is a CPython one, else
+/// (or when that fails) sends it.
 #[inline(always)]
-fn finish_walk(event: *mut SampleEvent, flags: u32, stop: u32) -> u32 {
+fn finish_walk(ctx: &PerfEventContext, event: *mut SampleEvent, flags: u32, stop: u32) -> u32 {
     // SAFETY: this CPU's slot of WALK_SAMPLE, filled by start_table_walk and walk_user.
     unsafe {
         (*event).unwind = unwind_method::DWARF | ((stop & 0xff) << 8) | flags;
+        if python::is_python((*event).tgid) {
+            python::enter(ctx);
+            (*event).py_stop = py_stop::TAIL_CALL;
+        }
         if SAMPLES
             .output::<SampleEvent>(&*event, BPF_RB_NO_WAKEUP)
             .is_err()

@@ -3,7 +3,7 @@
 //! [`crate::output::otlp`]), symbolized here, and go to the [`Exporter`]'s bounded queue.
 //!
 //! The sink keeps what profiles need between windows, and no more: thread names and
-//! executable mappings of live processes (dropped at exit), and the samples and their
+//! executable mappings and perf-map (JIT) entries of live processes (dropped at exit), and the samples and their
 //! energy since the last export. Symbolizing and encoding happen on a thread of their own
 //! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
 //! waits on them, and a backlog is dropped and counted like a full export queue.
@@ -38,6 +38,7 @@ pub struct OtlpSink {
     interval_ns: u64,
     threads: HashMap<u32, pb::ThreadInfo>,
     mappings: HashMap<u32, Vec<pb::Mapping>>,
+    jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
     pending: Option<(Recording, SampleValues)>,
     /// Energy the windows since the last export gave threads, µJ per zone: what the
     /// exported profiles must add up to.
@@ -88,6 +89,7 @@ impl OtlpSink {
                 .max(1),
             threads: HashMap::new(),
             mappings: HashMap::new(),
+            jit_symbols: HashMap::new(),
             pending: None,
             attributed_uj: BTreeMap::new(),
             container_ids: HashMap::new(),
@@ -130,6 +132,9 @@ impl Sink for OtlpSink {
         for m in &chunk.mappings {
             self.mappings.entry(m.tgid).or_default().push(m.clone());
         }
+        for j in &chunk.jit_symbols {
+            self.jit_symbols.entry(j.tgid).or_default().push(j.clone());
+        }
         Ok(())
     }
 
@@ -154,6 +159,7 @@ impl Sink for OtlpSink {
             samples: window.events.samples.clone(),
             threads: self.threads.clone(),
             mappings: self.mappings.clone(),
+            jit_symbols: self.jit_symbols.clone(),
             end_ns: window.end_ns(),
             ..Recording::default()
         };
@@ -183,6 +189,7 @@ impl Sink for OtlpSink {
                 acc.samples.extend(rec.samples);
                 acc.threads = rec.threads;
                 acc.mappings = rec.mappings;
+                acc.jit_symbols = rec.jit_symbols;
                 acc.end_ns = rec.end_ns;
                 w.values.extend(weights.values);
                 w.residuals.extend(weights.residuals);
@@ -205,6 +212,7 @@ impl Sink for OtlpSink {
                 self.threads.remove(&e.tid);
                 if e.tid == e.tgid {
                     self.mappings.remove(&e.tgid);
+                    self.jit_symbols.remove(&e.tgid);
                 }
             }
         }

@@ -122,6 +122,23 @@ pub fn task_pid_offsets(vmlinux: &Path) -> Result<(u32, u32), BtfError> {
     }
 }
 
+/// Offset of `task_struct::thread.fsbase` (x86_64): where the kernel keeps a thread's
+/// thread pointer, which glibc's `pthread_self()` returns.
+pub fn task_fsbase_offset(vmlinux: &Path) -> Result<u32, BtfError> {
+    let btf = std::fs::read(vmlinux).map_err(|source| BtfError::Read {
+        path: vmlinux.display().to_string(),
+        source,
+    })?;
+    let thread = member_offsets(&btf, "task_struct", &["thread"])?;
+    let fsbase = member_offsets(&btf, "thread_struct", &["fsbase"])?;
+    match (thread.as_slice(), fsbase.as_slice()) {
+        ([t], [f]) => Ok(t + f),
+        _ => Err(BtfError::Malformed(
+            "member lookup returned the wrong count",
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,6 +154,22 @@ mod tests {
         // pid_t pid; pid_t tgid; are adjacent members deep inside task_struct.
         assert_eq!(tgid, pid + 4, "tgid follows pid");
         assert!(pid > 100 && pid < 16384, "pid offset {pid} implausible");
+    }
+
+    #[test]
+    fn running_kernel_fsbase_offset_is_plausible() {
+        let path = Path::new("/sys/kernel/btf/vmlinux");
+        if !path.exists() {
+            eprintln!("skipping: {} absent (kernel without BTF)", path.display());
+            return;
+        }
+        let fsbase = task_fsbase_offset(path).expect("thread.fsbase offset");
+        let (pid, _) = task_pid_offsets(path).expect("task_struct offsets");
+        // `thread` is the last member of task_struct, after pid.
+        assert!(
+            fsbase > pid && fsbase < 65536,
+            "fsbase offset {fsbase} implausible"
+        );
     }
 
     #[test]

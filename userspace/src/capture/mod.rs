@@ -10,7 +10,9 @@ pub mod activity;
 mod bpf_sys;
 pub mod btf;
 pub mod host;
+pub mod jit;
 mod probes;
+pub mod python;
 pub mod session;
 pub mod unwinder;
 

@@ -102,7 +102,7 @@ pub enum Event {
     Switch(pb::SwitchEvent),
     /// A stack sample, the sampled task's raw comm, and the probe's `unwind` word
     /// (`SampleEvent::unwind`).
-    Sample(pb::Sample, Comm, u32),
+    Sample(pb::Sample, Comm, u32, crate::python::RawFrames),
     /// A lifecycle event.
     Process(pb::ProcessEvent),
 }
@@ -125,6 +125,8 @@ pub struct Probes {
     pub next_known: bool,
     /// The table walker's loader, when user stacks are walked with unwind tables.
     unwinder: Option<Unwinder>,
+    /// The CPython frame walker's process map and namer, when it is loaded.
+    python: Option<super::python::PythonWalker>,
 }
 
 /// A stack-sample ring buffer that holds `margin` of samples at `sample_hz` on `cpus` CPUs:
@@ -166,6 +168,15 @@ impl Probes {
                 (0, 0)
             }
         };
+        let fsbase_off = if super::python::wanted() {
+            btf::task_fsbase_offset(Path::new(VMLINUX_BTF)).unwrap_or_else(|err| {
+                tracing::warn!("{err}; Python frames are not walked");
+                0
+            })
+        } else {
+            0
+        };
+        let py_on = u32::from(fsbase_off != 0);
         let cpus = aya::util::online_cpus().map_err(|(_, err)| CaptureError::Cpus(err))?;
         // Opened before loading: whether there is a counter is frozen into the probe.
         let activity = ActivityCounters::open(activity, &cpus)?;
@@ -179,7 +190,9 @@ impl Probes {
                 .override_global("TASK_TGID_OFFSET", &tgid_off, true)
                 .override_global("ACTIVITY_ON", &activity_on, true)
                 .override_global("UNWIND_ON", &unwind_on, true)
-                .override_global("TASK_REGS_ON", &task_regs_on, true);
+                .override_global("TASK_REGS_ON", &task_regs_on, true)
+                .override_global("TASK_FSBASE_OFFSET", &fsbase_off, true)
+                .override_global("PY_ON", &py_on, true);
             if let Some(bytes) = sample_ring_bytes {
                 loader.map_max_entries("SAMPLES", bytes);
             }
@@ -202,6 +215,14 @@ impl Probes {
                     ebpf = load(0)?;
                 }
                 Err(err) => return Err(CaptureError::Unwind(err)),
+            }
+        }
+        let mut python = None;
+        if py_on != 0 {
+            // Without it, the process map stays empty and no sample is handed to it.
+            match super::python::start(&mut ebpf) {
+                Ok(p) => python = Some(p),
+                Err(err) => tracing::warn!("Python frames are not walked: {err}"),
             }
         }
         if let Some(counters) = &activity {
@@ -276,6 +297,7 @@ impl Probes {
             activity,
             next_known: pid_off != 0,
             unwinder,
+            python,
         };
         probes.sweep_cpus();
         Ok(probes)
@@ -312,6 +334,16 @@ impl Probes {
         if let Some(u) = &mut self.unwinder {
             u.forget(tgid);
         }
+    }
+
+    /// Whether the CPython frame walker is loaded.
+    pub fn python_on(&self) -> bool {
+        self.python.is_some()
+    }
+
+    /// The CPython frame walker, when loaded.
+    pub fn python_mut(&mut self) -> Option<&mut super::python::PythonWalker> {
+        self.python.as_mut()
     }
 
     /// Online CPUs the sampler is attached to.
@@ -491,9 +523,14 @@ fn decode_sample(e: &SampleEvent) -> Event {
             user_stack: e.user_stack[..u].to_vec(),
             unwind_method: method as i32,
             unwind_stop: stop as i32,
+            ..Default::default()
         },
         e.comm,
         e.unwind,
+        crate::python::RawFrames {
+            stop: e.py_stop,
+            frames: e.py_frames[..(e.py_depth as usize).min(e.py_frames.len())].to_vec(),
+        },
     )
 }
 

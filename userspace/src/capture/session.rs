@@ -65,6 +65,8 @@ pub struct Session {
     read_mappings: MappingReader,
     /// Per process: when its mappings were last re-read, and the starts already recorded.
     remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
+    /// Perf maps of sampled processes (JIT code names).
+    jit: super::jit::JitMaps,
 }
 
 impl Session {
@@ -80,6 +82,7 @@ impl Session {
             vanished: 0,
             read_mappings,
             remapped: HashMap::new(),
+            jit: super::jit::JitMaps::default(),
         }
     }
 
@@ -92,6 +95,14 @@ impl Session {
     /// next drain (for the command `record` started).
     pub fn load_unwind_tables(&mut self, tgid: u32) {
         self.probes.exec_unwind(tgid);
+    }
+
+    /// Looks for a CPython interpreter in a process that just exec'd now, rather than at
+    /// its first sample (for the command `record` started).
+    pub fn load_python(&mut self, tgid: u32) {
+        if let Some(p) = self.probes.python_mut() {
+            p.look(tgid, crate::clock::monotonic_ns());
+        }
     }
 
     /// Mutable access to the sample filter (e.g. to add a spawned command).
@@ -129,7 +140,7 @@ impl Session {
                     self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
                     chunk.switches.push(s);
                 }
-                Event::Sample(s, comm, unwind) => {
+                Event::Sample(mut s, comm, unwind, py) => {
                     let seen = Sighting {
                         cgroup_id: s.cgroup_id,
                         comm: Some(comm),
@@ -141,6 +152,11 @@ impl Session {
                         if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
                             self.remap(&mut chunk, s.tgid, s.ts_ns);
                         }
+                        if let Some(p) = self.probes.python_mut() {
+                            p.on_sample(&py, &mut s, &mut chunk.python_frames);
+                        }
+                        self.jit
+                            .observe(s.tgid, &s.user_stack, s.ts_ns, &mut chunk.jit_symbols);
                         chunk.samples.push(s);
                     }
                 }
@@ -149,6 +165,13 @@ impl Session {
                     chunk.process_events.push(p);
                 }
             }
+        }
+        if let Some(p) = self.probes.python_mut() {
+            chunk.python_processes = p.take_found();
+        }
+        if last {
+            self.jit
+                .finish(crate::clock::monotonic_ns(), &mut chunk.jit_symbols);
         }
         let mut losses = self.probes.losses();
         losses.vanished_processes = self.vanished;
@@ -161,6 +184,9 @@ impl Session {
             Kind::Exec => {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
+                if let Some(py) = self.probes.python_mut() {
+                    py.forget(p.tgid);
+                }
                 if self.targets.is_explicit() && self.targets.contains(p.tgid) {
                     self.probes.exec_unwind(p.tgid);
                 } else {
@@ -193,6 +219,10 @@ impl Session {
             Kind::Exit => {
                 if p.tid == p.tgid {
                     self.probes.forget_unwind(p.tgid);
+                    if let Some(py) = self.probes.python_mut() {
+                        py.forget(p.tgid);
+                    }
+                    self.jit.exited(p.tgid, p.ts_ns, &mut chunk.jit_symbols);
                 }
                 self.exited[1].push((p.tid, p.tgid));
             }

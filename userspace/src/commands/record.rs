@@ -109,11 +109,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .spawn()
                 .with_context(|| format!("cannot run {program}"))?;
             session.targets_mut().add(child.id());
-            if session.probes().unwind_stats().is_some() && wait_for_exec(child.id()) {
+            let tables = session.probes().unwind_stats().is_some();
+            let python = session.probes().python_on();
+            if (tables || python) && wait_for_exec(child.id()) {
                 // Tables from the first milliseconds, not after the first drain; libraries
                 // the dynamic loader maps later are picked up at the first walk that meets
                 // them.
-                session.load_unwind_tables(child.id());
+                if tables {
+                    session.load_unwind_tables(child.id());
+                }
+                // Likewise the interpreter of a CPython command (a shared build's
+                // libpython, if not mapped yet, is found at a later sample).
+                session.load_python(child.id());
             }
             Some(child)
         }

@@ -89,6 +89,8 @@ struct RecordingFacts {
     losses: Losses,
     /// How user stacks were walked: samples per method and per stop reason.
     unwind: crate::record::UnwindCounts,
+    /// CPython processes found (or ruled out): `{pid, version, status}`.
+    python: Vec<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -115,8 +117,28 @@ impl RecordingFacts {
                 vanished_processes: l.vanished_processes,
             },
             unwind: crate::record::UnwindCounts::of(&rec.samples),
+            python: rec
+                .python_processes
+                .iter()
+                .map(|p| serde_json::json!({"pid": p.tgid, "version": p.version, "status": p.status}))
+                .collect(),
         }
     }
+}
+
+/// One line per CPython process found: `python: pid 123 (3.11) walked`.
+fn python_notes(rec: &Recording) -> Vec<String> {
+    rec.python_processes
+        .iter()
+        .take(20)
+        .map(|p| {
+            if p.version.is_empty() {
+                format!("python: pid {} {}", p.tgid, p.status)
+            } else {
+                format!("python: pid {} ({}) {}", p.tgid, p.version, p.status)
+            }
+        })
+        .collect()
 }
 
 /// One window as JSON prints it: its bounds, its machine-wide figures and its process rows
@@ -326,6 +348,7 @@ fn report(
         crate::record::UnwindCounts::of(&rec.samples).label(),
     ];
     let mut notes = notes;
+    notes.extend(python_notes(rec));
     notes.extend(crate::attribute::static_power::describe(&attr.sources));
     // Whole threads and processes carry no sampling error (attribute::ci), so a process's
     // interval is its headline interval (`ci_j`) scaled to each domain.
@@ -408,27 +431,40 @@ fn report(
                 cpus,
             )
         }
-        By::Thread => (
-            rows.iter()
-                .flat_map(|p| {
-                    p.threads.iter().map(|t| ReportRow {
-                        key: RowKey::Thread {
-                            pid: p.pid,
-                            tid: t.tid,
-                            comm: t.comm.clone(),
-                        },
-                        cpu_ns: t.cpu_ns as f64,
-                        samples: t.samples,
-                        energy: cells(&t.energy_j, None),
-                        total_energy: None,
-                        power_w: t.power_w,
-                        share: t.share,
-                        cpu_share: Vec::new(),
+        By::Thread => {
+            // Threads running JIT-compiled (or Python) code show their busiest such
+            // function: the thread's name alone says `node` or `java`.
+            let top = if rec.jit_symbols.is_empty() {
+                std::collections::HashMap::new()
+            } else {
+                functions::top_managed_by_thread(&analysis::profile(rec, a, &Filter::default()))
+            };
+            (
+                rows.iter()
+                    .flat_map(|p| {
+                        let top = &top;
+                        p.threads.iter().map(move |t| ReportRow {
+                            key: RowKey::Thread {
+                                pid: p.pid,
+                                tid: t.tid,
+                                comm: match top.get(&t.tid) {
+                                    Some(f) => format!("{} [{f}]", t.comm),
+                                    None => t.comm.clone(),
+                                },
+                            },
+                            cpu_ns: t.cpu_ns as f64,
+                            samples: t.samples,
+                            energy: cells(&t.energy_j, None),
+                            total_energy: None,
+                            power_w: t.power_w,
+                            share: t.share,
+                            cpu_share: Vec::new(),
+                        })
                     })
-                })
-                .collect(),
-            Vec::new(),
-        ),
+                    .collect(),
+                Vec::new(),
+            )
+        }
         By::Function => {
             let profile = analysis::profile(rec, a, &Filter::default());
             let mut r = functions::by_function(&profile, &names);

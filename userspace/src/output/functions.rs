@@ -97,6 +97,40 @@ struct Acc {
     total_w: Vec<WeightSums>,
 }
 
+/// Per thread, its most sampled Python or JIT function (the leaf-most such frame of each
+/// sample), named with its source: what `report --by thread` shows beside a runtime's
+/// thread name. Threads with no such frame are absent.
+pub fn top_managed_by_thread(profile: &Profile) -> HashMap<u32, String> {
+    let mut counts: HashMap<(u32, u32), u64> = HashMap::new();
+    for s in &profile.samples {
+        let managed = s.frames.iter().copied().find(|&f| {
+            profile
+                .frames
+                .get(f as usize)
+                .is_some_and(|fr| fr.kind.is_managed())
+        });
+        if let Some(f) = managed {
+            *counts.entry((s.labels.tid, f)).or_default() += 1;
+        }
+    }
+    let mut best: HashMap<u32, (u64, u32)> = HashMap::new();
+    for ((tid, f), n) in counts {
+        let e = best.entry(tid).or_insert((n, f));
+        // Most samples; ties to the lower frame id, so the pick is stable.
+        if n > e.0 || (n == e.0 && f < e.1) {
+            *e = (n, f);
+        }
+    }
+    best.into_iter()
+        .filter_map(|(tid, (_, f))| {
+            Some((
+                tid,
+                profile.frames.get(f as usize)?.display_name().into_owned(),
+            ))
+        })
+        .collect()
+}
+
 /// Per-function rows of `profile` for the energy values named in `domains` (e.g.
 /// `["package", "dram"]` for `energy_package`, `energy_dram`); energies in J.
 ///
@@ -111,15 +145,17 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
     let nd = domains.len();
     // One slot per function name; frames map to slots once, so the per-sample loop only
     // touches integers.
-    let mut slot_of_name: HashMap<&str, usize> = HashMap::new();
-    let mut accs: Vec<(&str, Acc)> = Vec::new();
+    // Python and JIT functions are named with their source file and line.
+    let mut slot_of_name: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
+    let mut accs: Vec<(std::borrow::Cow<'_, str>, Acc)> = Vec::new();
     let frame_slot: Vec<usize> = profile
         .frames
         .iter()
         .map(|f| {
-            *slot_of_name.entry(f.function.as_str()).or_insert_with(|| {
+            let name = f.display_name();
+            *slot_of_name.entry(name.clone()).or_insert_with(|| {
                 accs.push((
-                    f.function.as_str(),
+                    name,
                     Acc {
                         module: f.module.rsplit('/').next().unwrap_or(&f.module).to_string(),
                         cpu_ns: 0.0,
@@ -227,6 +263,21 @@ mod tests {
     use super::*;
     use crate::output::table::{Format, RenderOptions, render};
     use crate::output::testdata;
+
+    #[test]
+    fn busiest_managed_function_per_thread() {
+        use crate::symbolize::{Frame, JitRuntime};
+        let mut p = testdata::profile();
+        assert!(top_managed_by_thread(&p).is_empty(), "native code only");
+        p.frames[1] = Frame::jit("hot_heavy", JitRuntime::V8)
+            .with_source(Some("/app/burn.js".into()), Some(4));
+        let top = top_managed_by_thread(&p);
+        assert!(!top.is_empty());
+        assert!(
+            top.values().all(|f| f == "hot_heavy (burn.js:4)"),
+            "{top:?}"
+        );
+    }
 
     #[test]
     fn wilson_matches_known_values() {

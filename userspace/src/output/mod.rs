@@ -69,11 +69,14 @@ pub fn value_index(profile: &Profile, name: &str) -> Result<usize, OutputError> 
 }
 
 /// How a frame is named in flamegraph-style outputs: inferno's `_[k]` suffix marks kernel
-/// frames and `_[i]` inlined ones (it colours them apart); `;` would split the frame.
+/// frames, `_[j]` JIT-compiled ones (perf's `--jit` convention) and `_[i]` inlined ones
+/// (it colours them apart); `;` would split the frame.
 pub fn flame_name(frame: &Frame) -> String {
     let mut name = frame.function.replace([';', '\n'], ":");
-    if frame.kernel {
+    if frame.is_kernel() {
         name.push_str("_[k]");
+    } else if matches!(frame.kind, crate::symbolize::FrameKind::Jit(_)) {
+        name.push_str("_[j]");
     } else if frame.inlined {
         name.push_str("_[i]");
     }

@@ -15,6 +15,9 @@
 //! - Sample attributes: `thread.id`, `thread.name`, `process.pid`,
 //!   `process.executable.name`, `container.id` (when known), `cpu.logical_number`.
 //! - Mappings carry `process.executable.build_id.gnu`; functions are symbolized here.
+//! - Each location carries `profile.frame.type`, its frame kind as the profiles semantic
+//!   conventions name it: `native`, `kernel`, `cpython`, `v8js`, `jvm`, `dotnet` (`jit`
+//!   for other runtimes).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -161,6 +164,16 @@ pub fn request(
         });
     }
     for l in &profile.locations {
+        // The kind of the location's own function (the last frame; inlined ones share it).
+        let kind = l
+            .frames
+            .last()
+            .and_then(|&f| profile.frames.get(f as usize))
+            .map_or(crate::symbolize::FrameKind::Native, |f| f.kind);
+        let frame_type = dict.attribute(
+            "profile.frame.type",
+            Value::StringValue(kind.otel_name().to_string()),
+        );
         dict.d.location_table.push(otlp::Location {
             mapping_index: l.mapping.map_or(0, |m| m as i32 + 1),
             address: l.address,
@@ -177,7 +190,7 @@ pub fn request(
                     column: 0,
                 })
                 .collect(),
-            attribute_indices: Vec::new(),
+            attribute_indices: vec![frame_type],
         });
     }
     // A process's name: its main thread's, where a sample of it shows it.
@@ -462,6 +475,19 @@ mod tests {
         assert!(
             res.contains(&"host.name") && res.contains(&"host.id") && res.contains(&"os.kernel")
         );
+        // Every location says its frame type; the fixture's code is native.
+        let types: std::collections::BTreeSet<&str> = dict.location_table[1..]
+            .iter()
+            .map(|l| {
+                let kv = &dict.attribute_table[l.attribute_indices[0] as usize];
+                assert_eq!(string(&req, kv.key_strindex), "profile.frame.type");
+                match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                    Some(Value::StringValue(s)) => s.as_str(),
+                    other => panic!("frame type {other:?}"),
+                }
+            })
+            .collect();
+        assert_eq!(types, ["native"].into_iter().collect());
         // Stacks point at real locations, functions at real names.
         for p in profiles {
             for s in &p.samples {

@@ -1,10 +1,15 @@
 //! Energy flamegraph SVG via inferno: widths in µJ (or ns for CPU time), title with the
-//! total and the average power, and `estimated` when the energy is modelled.
+//! total and the average power, and `estimated` when the energy is modelled. Frames are
+//! coloured by kind: native and kernel code in inferno's warm palette (kernel frames
+//! marked `_[k]`), JIT-compiled code green (as inferno's java/js palettes colour `_[j]`
+//! frames) and Python functions blue.
 
 use std::io::Write;
 
-use super::{OutputError, ProfileSink, collapsed, joules_and_watts, value_index};
-use crate::profile::Profile;
+use inferno::flamegraph::color::{Color, PaletteMap};
+
+use super::{OutputError, ProfileSink, collapsed, flame_name, joules_and_watts, value_index};
+use crate::profile::{FrameKind, Profile};
 
 /// Writes an interactive flamegraph SVG weighted by one value.
 pub struct Svg {
@@ -78,8 +83,45 @@ impl ProfileSink for Svg {
         opts.deterministic = true;
         opts.hash = true;
         opts.subtitle = subtitle(profile);
+        let mut kinds = kind_colours(profile);
+        opts.palette_map = Some(&mut kinds);
         inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), out)?;
         Ok(())
+    }
+}
+
+/// Colours of the frames named by a runtime: JIT code green, Python blue, each name a
+/// stable shade. Other frames are left to inferno's palette (so their colours do not change).
+pub fn kind_colours(profile: &Profile) -> PaletteMap {
+    let mut map = PaletteMap::default();
+    for frame in &profile.frames {
+        if let Some(colour) = kind_colour(frame.kind, &frame.function) {
+            map.insert(flame_name(frame), colour);
+        }
+    }
+    map
+}
+
+/// The colour of a frame of `kind` named `name`, for Python and JIT frames.
+pub fn kind_colour(kind: FrameKind, name: &str) -> Option<Color> {
+    // A stable shade per name (FNV-1a), as inferno's hash option does.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let v = (hash % 1000) as f32 / 1000.0;
+    let shade = |base: u8, span: f32| base.saturating_add((span * v) as u8);
+    match kind {
+        FrameKind::Jit(_) => Some(Color {
+            r: shade(50, 60.0),
+            g: shade(200, 55.0),
+            b: shade(50, 60.0),
+        }),
+        FrameKind::Python => Some(Color {
+            r: shade(80, 60.0),
+            g: shade(120, 60.0),
+            b: shade(205, 50.0),
+        }),
+        FrameKind::Native | FrameKind::Kernel => None,
     }
 }
 
@@ -106,6 +148,40 @@ mod tests {
             "title"
         );
         testdata::assert_golden("flamegraph.svg", &out);
+    }
+
+    #[test]
+    fn jit_and_python_frames_are_coloured_by_kind() {
+        use crate::symbolize::{Frame, JitRuntime};
+        let mut p = testdata::profile();
+        // hot_heavy becomes JIT code, hot_light a Python function.
+        p.frames[1] = Frame::jit("hot_heavy", JitRuntime::V8);
+        p.frames[2] = Frame::python("hot_light", Some("/src/burn.py"), Some(3));
+        let mut out = Vec::new();
+        Svg {
+            value: "cpu".into(),
+            width: Some(1200),
+        }
+        .write_profile(&p, &mut out)
+        .expect("write");
+        let text = String::from_utf8(out).expect("utf-8");
+        let fill_of = |name: &str| {
+            let at = text.find(&format!("<title>{name}")).expect("frame drawn");
+            let rest = &text[at..];
+            let fill = rest.find("fill=\"rgb(").expect("a fill") + 10;
+            let end = rest[fill..].find(')').expect("rgb(...)") + fill;
+            let rgb: Vec<u32> = rest[fill..end]
+                .split(',')
+                .map(|c| c.trim().parse().expect("number"))
+                .collect();
+            (rgb[0], rgb[1], rgb[2])
+        };
+        let (r, g, b) = fill_of("hot_heavy");
+        assert!(g > r + 80 && g > b + 80, "JIT green: {r},{g},{b}");
+        let (r, g, b) = fill_of("hot_light");
+        assert!(b > r + 80 && b > g + 40, "Python blue: {r},{g},{b}");
+        let (r, g, b) = fill_of("main");
+        assert!(r > g && r > b, "native warm: {r},{g},{b}");
     }
 
     #[test]

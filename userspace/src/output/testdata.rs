@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::profile::{
-    Frame, KERNEL_MAPPING, Labels, Location, Profile, ProfileMapping, ProfileMeta, ProfileSample,
-    ValueType,
+    Frame, FrameKind, KERNEL_MAPPING, Labels, Location, Profile, ProfileMapping, ProfileMeta,
+    ProfileSample, ValueType,
 };
 
 fn frame(function: &str, file: Option<&str>, line: Option<u32>, module: &str) -> Frame {
@@ -15,7 +15,7 @@ fn frame(function: &str, file: Option<&str>, line: Option<u32>, module: &str) ->
         line,
         module: module.into(),
         inlined: false,
-        kernel: false,
+        kind: FrameKind::Native,
     }
 }
 
@@ -26,14 +26,14 @@ pub(crate) fn profile() -> Profile {
     let mut inlined = frame("square", Some("/src/burn.c"), Some(8), "/opt/burn");
     inlined.inlined = true;
     let mut kernel = frame("do_syscall_64", None, None, "[kernel]");
-    kernel.kernel = true;
+    kernel.kind = FrameKind::Kernel;
     let frames = vec![
         frame("main", Some("/src/burn.c"), Some(40), "/opt/burn"), // 0
         frame("hot_heavy", Some("/src/burn.c"), Some(12), "/opt/burn"), // 1
         frame("hot_light", Some("/src/burn.c"), Some(22), "/opt/burn"), // 2
         inlined,                                                   // 3
         kernel,                                                    // 4
-        Frame::unresolved("/usr/lib/libc.so.6", 0x1234, false),    // 5
+        Frame::unresolved("/usr/lib/libc.so.6", 0x1234, FrameKind::Native), // 5
         Frame::synthetic(crate::profile::NO_STACK_SAMPLE),         // 6
     ];
     let labels = |pid, tid, comm: &str, cpu| Labels {

@@ -9,13 +9,15 @@ use super::{
 };
 use crate::pb::v1::Mapping;
 use crate::record::Recording;
-use crate::symbolize::{Symbolizer, mapping_of};
+use crate::symbolize::perf_map::{JitTable, jit_frame};
+use crate::symbolize::{JitRuntime, Symbolizer, mapping_of};
 
 /// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
 type FastMap<K, V> = foldhash::HashMap<K, V>;
 
-/// A raw stack as recorded: (tgid, kernel addresses, user addresses).
-type StackKey<'r> = (u32, &'r [u64], &'r [u64]);
+/// A raw stack as recorded: (tgid, kernel addresses, user addresses, Python frame ids,
+/// Python groups).
+type StackKey<'r> = (u32, &'r [u64], &'r [u64], &'r [u64], &'r [u32]);
 
 /// Which samples to keep. Empty lists keep everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -63,6 +65,10 @@ struct Interner<'a> {
     kernel: FastMap<u64, LocationId>,
     /// Addresses in no mapping, which processes share.
     unmapped: FastMap<u64, LocationId>,
+    /// Location of each Python frame id.
+    python: FastMap<u64, LocationId>,
+    /// Per process: its recorded perf-map entries and the runtime that wrote them.
+    jit: FastMap<u32, (JitTable, JitRuntime)>,
 }
 
 impl Interner<'_> {
@@ -87,10 +93,36 @@ impl Interner<'_> {
         id
     }
 
-    fn user(&mut self, tgid: u32, addr: u64, mappings: &[Mapping], out: &mut Stack) {
-        if let Some(&id) = self.user.get(&(tgid, addr)) {
+    /// Whether a location runs CPython's evaluation loop (its Python frames go before it).
+    fn is_eval(&self, id: LocationId) -> bool {
+        self.locations[id as usize]
+            .frames
+            .iter()
+            .any(|&f| self.frames[f as usize].function == crate::python::EVAL_FRAME)
+    }
+
+    /// Pushes the Python frames `ids` (innermost first), named from the recording's table.
+    fn python(&mut self, ids: &[u64], table: &crate::record::PythonFrames, out: &mut Stack) {
+        for &pid in ids {
+            let id = match self.python.get(&pid) {
+                Some(&id) => id,
+                None => {
+                    let frame = match table.get(&pid) {
+                        Some(f) => crate::python::frame(&f.function, &f.file, f.line),
+                        None => crate::python::frame(crate::python::names::UNKNOWN, "", 0),
+                    };
+                    let id = self.location(None, 0, vec![frame]);
+                    self.python.insert(pid, id);
+                    id
+                }
+            };
             out.push(id, &self.locations);
-            return;
+        }
+    }
+
+    fn user_location(&mut self, tgid: u32, addr: u64, mappings: &[Mapping]) -> LocationId {
+        if let Some(&id) = self.user.get(&(tgid, addr)) {
+            return id;
         }
         let id = match mapping_of(addr, mappings) {
             Some(i) => {
@@ -109,6 +141,9 @@ impl Interner<'_> {
                 let frames = self.symbolizer.user(addr, mappings);
                 self.location(Some(mapping), addr, frames)
             }
+            None if let Some(frame) = self.jit_frame(tgid, addr) => {
+                self.location(None, addr, vec![frame])
+            }
             None => match self.unmapped.get(&addr) {
                 Some(&id) => id,
                 None => {
@@ -119,8 +154,15 @@ impl Interner<'_> {
                 }
             },
         };
-        out.push(id, &self.locations);
         self.user.insert((tgid, addr), id);
+        id
+    }
+
+    /// The frame of `addr` from the process's recorded perf map, if an entry holds it.
+    fn jit_frame(&self, tgid: u32, addr: u64) -> Option<Frame> {
+        let (table, runtime) = self.jit.get(&tgid)?;
+        let (_, _, name) = table.lookup(addr)?;
+        Some(jit_frame(name, *runtime))
     }
 
     fn kernel(&mut self, addr: u64, out: &mut Stack) {
@@ -202,6 +244,12 @@ pub fn build(
         user: FastMap::default(),
         kernel: FastMap::default(),
         unmapped: FastMap::default(),
+        python: FastMap::default(),
+        jit: rec
+            .jit_symbols
+            .iter()
+            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(rec, tgid))))
+            .collect(),
     };
     let no_mappings: Vec<Mapping> = Vec::new();
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
@@ -212,7 +260,13 @@ pub fn build(
         if !keep {
             continue;
         }
-        let key = (s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice());
+        let key = (
+            s.tgid,
+            s.kernel_stack.as_slice(),
+            s.user_stack.as_slice(),
+            s.python_stack.as_slice(),
+            s.python_groups.as_slice(),
+        );
         let stack = match stacks.get(&key) {
             Some(stack) => stack.clone(),
             None => {
@@ -227,8 +281,18 @@ pub fn build(
                 let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
                 // With a kernel stack, the first user address is where the thread entered
                 // the kernel: still a leaf-like address of its own frame.
+                // Each evaluation-loop frame gets its call's Python frames just before it
+                // (leaf side); groups no such frame takes go on the root side.
+                let mut groups = PythonGroups::new(&s.python_stack, &s.python_groups);
                 for (depth, &addr) in s.user_stack.iter().enumerate() {
-                    interner.user(s.tgid, caller_adjusted(addr, depth), mappings, &mut stack);
+                    let id = interner.user_location(s.tgid, caller_adjusted(addr, depth), mappings);
+                    if !groups.is_done() && interner.is_eval(id) {
+                        interner.python(groups.next_group(), &rec.python_frames, &mut stack);
+                    }
+                    stack.push(id, &interner.locations);
+                }
+                while !groups.is_done() {
+                    interner.python(groups.next_group(), &rec.python_frames, &mut stack);
                 }
                 stacks.insert(key, stack.clone());
                 stack
@@ -326,6 +390,48 @@ pub fn build(
     profile
 }
 
+/// A sample's Python frames, one evaluation-loop call's worth at a time.
+struct PythonGroups<'s> {
+    ids: &'s [u64],
+    groups: std::slice::Iter<'s, u32>,
+}
+
+impl<'s> PythonGroups<'s> {
+    fn new(ids: &'s [u64], groups: &'s [u32]) -> Self {
+        Self {
+            ids,
+            groups: groups.iter(),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The next call's frames; everything left when the groups run out or overrun.
+    fn next_group(&mut self) -> &'s [u64] {
+        let n = self.groups.next().map_or(self.ids.len(), |&n| n as usize);
+        let (group, rest) = self.ids.split_at(n.min(self.ids.len()));
+        self.ids = rest;
+        group
+    }
+}
+
+/// The runtime of a process, from its name or the program its command line starts.
+fn runtime_of(rec: &Recording, tgid: u32) -> JitRuntime {
+    let Some(t) = rec.threads.get(&tgid) else {
+        return JitRuntime::Other;
+    };
+    match JitRuntime::of_process(&t.comm) {
+        JitRuntime::Other => t
+            .cmdline
+            .split([' ', '\0'])
+            .next()
+            .map_or(JitRuntime::Other, JitRuntime::of_process),
+        known => known,
+    }
+}
+
 /// Page size the kernel mapping is rounded to.
 const PAGE: u64 = 0x1000;
 
@@ -389,6 +495,49 @@ mod tests {
             sample(20, 20, vec![0x5000], vec![]),
         ];
         rec
+    }
+
+    #[test]
+    fn addresses_in_recorded_perf_map_entries_are_jit_frames_of_their_process() {
+        use crate::pb::v1::JitSymbol;
+        use crate::symbolize::FrameKind;
+        let mut rec = rec();
+        rec.threads.get_mut(&20).expect("pid 20").comm = "node".into();
+        rec.jit_symbols.insert(
+            20,
+            vec![JitSymbol {
+                tgid: 20,
+                start: 0x4f00,
+                size: 0x200,
+                name: "JS:*hot /srv/app.js:7:3".into(),
+                ts_ns: 0,
+            }],
+        );
+        // Process 10 has no entries: the same address stays unresolved there.
+        rec.samples.push(Sample {
+            tid: 10,
+            tgid: 10,
+            user_stack: vec![0x5000],
+            ..Default::default()
+        });
+        let mut sym = Symbolizer::with_kallsyms(None);
+        let p = build(
+            &rec,
+            &SampleValues::cpu_time(&rec),
+            &mut sym,
+            &Filter::default(),
+        );
+        let leaf = |i: usize| &p.frames[p.samples[i].frames[0] as usize];
+        let jit = leaf(2);
+        assert_eq!(jit.function, "hot");
+        assert_eq!(
+            (jit.file.as_deref(), jit.line),
+            (Some("/srv/app.js"), Some(7))
+        );
+        assert_eq!(jit.kind, FrameKind::Jit(JitRuntime::V8));
+        assert_eq!(jit.kind.otel_name(), "v8js");
+        assert_eq!(leaf(3).function, "[unknown]+0x5000");
+        assert_eq!(leaf(3).kind, FrameKind::Native);
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub use build::{Filter, build};
 use std::sync::Arc;
 
 use crate::record::Recording;
-pub use crate::symbolize::Frame;
+pub use crate::symbolize::{Frame, FrameKind, JitRuntime};
 
 /// Index of a frame in [`Profile::frames`].
 pub type FrameId = u32;

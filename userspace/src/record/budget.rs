@@ -11,8 +11,8 @@
 use std::mem::size_of;
 
 use crate::pb::v1::{
-    CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, Mapping, ProcessEvent,
-    Sample, SwitchEvent, ThreadInfo,
+    CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, JitSymbol, Mapping,
+    ProcessEvent, PythonFrame, PythonProcess, Sample, SwitchEvent, ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the
@@ -119,7 +119,20 @@ static COLUMNS: Msg = Msg {
 const COLUMNS_EVENTS: usize = 3;
 static SAMPLE: Msg = Msg {
     size: size::<Sample>(),
-    fields: &[(6, Field::Numbers(8)), (7, Field::Numbers(8))],
+    fields: &[
+        (6, Field::Numbers(8)),
+        (7, Field::Numbers(8)),
+        (10, Field::Numbers(8)),
+        (11, Field::Numbers(4)),
+    ],
+};
+static PYTHON_FRAME: Msg = Msg {
+    size: size::<PythonFrame>(),
+    fields: &[(2, Field::Bytes), (3, Field::Bytes)],
+};
+static PYTHON_PROCESS: Msg = Msg {
+    size: size::<PythonProcess>(),
+    fields: &[(2, Field::Bytes), (3, Field::Bytes)],
 };
 static PROCESS_EVENT: Msg = Msg {
     size: size::<ProcessEvent>(),
@@ -132,6 +145,10 @@ static THREAD: Msg = Msg {
 static MAPPING: Msg = Msg {
     size: size::<Mapping>(),
     fields: &[(5, Field::Bytes), (6, Field::Bytes)],
+};
+static JIT_SYMBOL: Msg = Msg {
+    size: size::<JitSymbol>(),
+    fields: &[(4, Field::Bytes)],
 };
 static LOSSES: Msg = Msg {
     size: 0,
@@ -161,6 +178,9 @@ static CHUNK: Msg = Msg {
         (7, Field::Many(&READING)),
         (8, Field::Many(&SOURCE)),
         (9, Field::One(&COLUMNS)),
+        (10, Field::Many(&JIT_SYMBOL)),
+        (11, Field::Many(&PYTHON_FRAME)),
+        (12, Field::Many(&PYTHON_PROCESS)),
     ],
 };
 static TRAILER: Msg = Msg {
@@ -407,11 +427,12 @@ mod tests {
             switches: vec![SwitchEvent::default(); n],
             threads: vec![ThreadInfo::default(); n],
             mappings: vec![Mapping::default(); n],
+            jit_symbols: vec![JitSymbol::default(); n],
             readings: vec![EnergyReading::default(); n],
             process_events: vec![ProcessEvent::default(); n],
             ..Default::default()
         });
-        assert!(bytes.len() < 15 * n, "two bytes each: {}", bytes.len());
+        assert!(bytes.len() < 17 * n, "two bytes each: {}", bytes.len());
         let cost = cost(&bytes).expect("scans");
         let at_least = (n
             * (size_of::<EnergySource>()
@@ -419,6 +440,7 @@ mod tests {
                 + size_of::<SwitchEvent>()
                 + size_of::<ThreadInfo>()
                 + size_of::<Mapping>()
+                + size_of::<JitSymbol>()
                 + size_of::<EnergyReading>()
                 + size_of::<ProcessEvent>())) as u64;
         assert!(cost.kept >= at_least, "{cost:?} < {at_least}");

@@ -26,14 +26,15 @@ mod writer;
 pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
 pub use switch_log::{CpuOrders, SwitchLog};
-pub use unwind_counts::{UnwindCounts, stop_name};
+pub use unwind_counts::{UnwindCounts, python_stop_name, stop_name};
 pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_SOURCES, PRE_START_NS};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
 
 use crate::pb::v1::{
-    EnergyReading, EnergySource, Header, LossCounters, Mapping, ProcessEvent, Sample, ThreadInfo,
+    EnergyReading, EnergySource, Header, JitSymbol, LossCounters, Mapping, ProcessEvent, Sample,
+    ThreadInfo,
 };
 
 /// First bytes of every recording.
@@ -78,6 +79,9 @@ pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
     }
 }
 
+/// The names of a recording's Python frames, by id.
+pub type PythonFrames = HashMap<u64, crate::pb::v1::PythonFrame>;
+
 /// A whole recording, merged from all its chunks.
 #[derive(Clone, Debug, Default)]
 pub struct Recording {
@@ -94,6 +98,13 @@ pub struct Recording {
     pub threads: HashMap<u32, ThreadInfo>,
     /// Executable mappings per process id, in the order they were recorded.
     pub mappings: HashMap<u32, Vec<Mapping>>,
+    /// What names each Python frame id of `samples` (see `Sample::python_stack`).
+    pub python_frames: PythonFrames,
+    /// CPython processes the recorder found or ruled out, in file order.
+    pub python_processes: Vec<crate::pb::v1::PythonProcess>,
+    /// Perf-map entries (JIT-compiled code) per process id, in the order they were
+    /// recorded.
+    pub jit_symbols: HashMap<u32, Vec<JitSymbol>>,
     /// Energy sources in use.
     pub sources: Vec<EnergySource>,
     /// Energy readings of every source, in file order.

@@ -386,6 +386,13 @@ fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
     for m in chunk.mappings {
         rec.mappings.entry(m.tgid).or_default().push(m);
     }
+    for f in chunk.python_frames {
+        rec.python_frames.insert(f.id, f);
+    }
+    rec.python_processes.extend(chunk.python_processes);
+    for j in chunk.jit_symbols {
+        rec.jit_symbols.entry(j.tgid).or_default().push(j);
+    }
     rec.sources.extend(chunk.sources);
     rec.readings.extend(chunk.readings);
     if let Some(losses) = chunk.losses {

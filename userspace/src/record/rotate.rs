@@ -15,7 +15,8 @@ use std::{
 
 use super::{WriteError, Writer, merge_thread};
 use crate::pb::v1::{
-    Chunk, EnergySource, Header, LossCounters, Mapping, ThreadInfo, Trailer, process_event::Kind,
+    Chunk, EnergySource, Header, JitSymbol, LossCounters, Mapping, ThreadInfo, Trailer,
+    process_event::Kind,
 };
 
 /// File names are `energy-bpf-<unix seconds, 20 digits>-<sequence>.ebpr`: sorting by name
@@ -94,6 +95,7 @@ pub struct RotatingWriter {
     seq: u64,
     threads: HashMap<u32, ThreadInfo>,
     mappings: HashMap<u32, Vec<Mapping>>,
+    jit_symbols: HashMap<u32, Vec<JitSymbol>>,
     sources: Vec<EnergySource>,
     losses: LossCounters,
 }
@@ -121,6 +123,7 @@ impl RotatingWriter {
             seq: 0,
             threads: HashMap::new(),
             mappings: HashMap::new(),
+            jit_symbols: HashMap::new(),
             sources: Vec::new(),
             losses: LossCounters::default(),
         })
@@ -167,11 +170,15 @@ impl RotatingWriter {
         for m in &chunk.mappings {
             self.mappings.entry(m.tgid).or_default().push(m.clone());
         }
+        for j in &chunk.jit_symbols {
+            self.jit_symbols.entry(j.tgid).or_default().push(j.clone());
+        }
         for e in &chunk.process_events {
             if e.kind() == Kind::Exit {
                 self.threads.remove(&e.tid);
                 if e.tid == e.tgid {
                     self.mappings.remove(&e.tgid);
+                    self.jit_symbols.remove(&e.tgid);
                 }
             }
         }
@@ -208,6 +215,7 @@ impl RotatingWriter {
         w.chunk(Chunk {
             threads: self.threads.values().cloned().collect(),
             mappings: self.mappings.values().flatten().cloned().collect(),
+            jit_symbols: self.jit_symbols.values().flatten().cloned().collect(),
             sources: self.sources.clone(),
             losses: Some(self.losses),
             ..Chunk::default()

@@ -153,6 +153,9 @@ fn append(into: &mut Recording, next: Recording) {
     for (pid, maps) in next.mappings {
         into.mappings.entry(pid).or_default().extend(maps);
     }
+    for (pid, syms) in next.jit_symbols {
+        into.jit_symbols.entry(pid).or_default().extend(syms);
+    }
     // A source is listed once (the first listing wins), and there are at most
     // MAX_SOURCES, as within one file.
     let mut ids: std::collections::HashSet<u32> = into.sources.iter().map(|s| s.id).collect();

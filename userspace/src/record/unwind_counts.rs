@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::pb::v1::{Sample, UnwindMethod, UnwindStop};
+use crate::pb::v1::{PythonStop, Sample, UnwindMethod, UnwindStop};
 
 /// Samples per unwind method and per stop reason.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -15,6 +15,9 @@ pub struct UnwindCounts {
     pub frame_pointer: u64,
     /// Samples per stop reason (`end_of_stack`, `no_process_table`, ...), largest first.
     pub stops: Vec<(String, u64)>,
+    /// Samples of walked CPython processes per Python stop reason (`end`, `depth`,
+    /// `read_fault`, `no_thread`, `tail_call`), largest first.
+    pub python_stops: Vec<(String, u64)>,
 }
 
 impl UnwindCounts {
@@ -22,7 +25,11 @@ impl UnwindCounts {
     pub fn of<'a>(samples: impl IntoIterator<Item = &'a Sample>) -> Self {
         let mut counts = Self::default();
         let mut stops = [0u64; 10];
+        let mut python = [0u64; 6];
         for s in samples {
+            if let Some(n) = python.get_mut(s.python_stop() as usize) {
+                *n += 1;
+            }
             match s.unwind_method() {
                 UnwindMethod::Dwarf => counts.dwarf += 1,
                 UnwindMethod::FramePointer => counts.frame_pointer += 1,
@@ -37,10 +44,31 @@ impl UnwindCounts {
                 counts.stops.push((stop_name(stop).to_owned(), n));
             }
         }
+        for (i, &n) in python.iter().enumerate() {
+            let stop = PythonStop::try_from(i as i32).unwrap_or(PythonStop::PythonOff);
+            if n > 0 && stop != PythonStop::PythonOff {
+                counts
+                    .python_stops
+                    .push((python_stop_name(stop).to_owned(), n));
+            }
+        }
+        for list in [&mut counts.stops, &mut counts.python_stops] {
+            list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        }
         counts
-            .stops
-            .sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        counts
+    }
+
+    /// `; python: end 2,890, no thread 3`, or nothing when no CPython was walked.
+    fn python_label(&self) -> String {
+        if self.python_stops.is_empty() {
+            return String::new();
+        }
+        let stops: Vec<String> = self
+            .python_stops
+            .iter()
+            .map(|(name, n)| format!("{} {n}", name.replace('_', " ")))
+            .collect();
+        format!("; python: {}", stops.join(", "))
     }
 
     /// One line: `user stacks: 2,900 by unwind tables (99.5%), 14 by frame pointers; ended:
@@ -48,7 +76,10 @@ impl UnwindCounts {
     pub fn label(&self) -> String {
         let total = self.dwarf + self.frame_pointer;
         if self.dwarf == 0 {
-            return format!("user stacks: {total} by frame pointers");
+            return format!(
+                "user stacks: {total} by frame pointers{}",
+                self.python_label()
+            );
         }
         let pct = 100.0 * self.dwarf as f64 / total.max(1) as f64;
         let mut line = format!(
@@ -64,7 +95,20 @@ impl UnwindCounts {
             line.push_str("; ended: ");
             line.push_str(&stops.join(", "));
         }
+        line.push_str(&self.python_label());
         line
+    }
+}
+
+/// The Python stop reason as JSON and the labels name it.
+pub fn python_stop_name(stop: PythonStop) -> &'static str {
+    match stop {
+        PythonStop::PythonOff => "off",
+        PythonStop::PythonEnd => "end",
+        PythonStop::PythonDepth => "depth",
+        PythonStop::PythonReadFault => "read_fault",
+        PythonStop::PythonNoThread => "no_thread",
+        PythonStop::PythonTailCall => "tail_call",
     }
 }
 
@@ -118,6 +162,23 @@ mod tests {
             c.label(),
             "user stacks: 3 by unwind tables (75.0%), 1 by frame pointers; ended: end of \
              stack 2, no process table 1, read fault 1"
+        );
+    }
+
+    #[test]
+    fn python_stops_are_counted_and_labelled() {
+        let mut samples = vec![sample(UnwindMethod::FramePointer, UnwindStop::Off); 4];
+        samples[0].python_stop = PythonStop::PythonEnd as i32;
+        samples[1].python_stop = PythonStop::PythonEnd as i32;
+        samples[2].python_stop = PythonStop::PythonReadFault as i32;
+        let c = UnwindCounts::of(&samples);
+        assert_eq!(
+            c.python_stops,
+            vec![("end".to_owned(), 2), ("read_fault".to_owned(), 1)]
+        );
+        assert_eq!(
+            c.label(),
+            "user stacks: 4 by frame pointers; python: end 2, read fault 1"
         );
     }
 

@@ -9,9 +9,10 @@
 //! address or an error.
 
 mod frame;
-mod maps;
+pub(crate) mod maps;
+pub mod perf_map;
 
-pub use frame::Frame;
+pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
 pub use maps::{mappings_of, process_mappings, read_build_id};
 
 use std::collections::HashMap;
@@ -87,7 +88,7 @@ impl Symbolizer {
     pub fn user(&mut self, addr: u64, mappings: &[Mapping]) -> Vec<Frame> {
         let Some(m) = mapping_of(addr, mappings).map(|i| &mappings[i]) else {
             self.stats.unresolved += 1;
-            return vec![Frame::unresolved("[unknown]", addr, false)];
+            return vec![Frame::unresolved("[unknown]", addr, FrameKind::Native)];
         };
         let offset = addr - m.start + m.file_offset;
         if let Some(frames) = self.user_cache.get(&m.path).and_then(|c| c.get(&offset)) {
@@ -132,7 +133,7 @@ impl Symbolizer {
         let module = m.path.as_str();
         if !self.build_id_matches(m) {
             self.stats.unresolved += 1;
-            return vec![Frame::unresolved(module, offset, false)];
+            return vec![Frame::unresolved(module, offset, FrameKind::Native)];
         }
         let src = Source::Elf(Elf::new(&m.path));
         let resolved = self
@@ -143,11 +144,11 @@ impl Symbolizer {
         match resolved {
             Some(Symbolized::Sym(sym)) => {
                 self.stats.resolved += 1;
-                frames_of(&sym, module, false)
+                frames_of(&sym, module, FrameKind::Native)
             }
             _ => {
                 self.stats.unresolved += 1;
-                vec![Frame::unresolved(module, offset, false)]
+                vec![Frame::unresolved(module, offset, FrameKind::Native)]
             }
         }
     }
@@ -169,11 +170,11 @@ impl Symbolizer {
         match resolved {
             Some(Symbolized::Sym(sym)) => {
                 self.stats.resolved += 1;
-                frames_of(&sym, "[kernel]", true)
+                frames_of(&sym, "[kernel]", FrameKind::Kernel)
             }
             _ => {
                 self.stats.unresolved += 1;
-                vec![Frame::unresolved("[kernel]", addr, true)]
+                vec![Frame::unresolved("[kernel]", addr, FrameKind::Kernel)]
             }
         }
     }
@@ -188,7 +189,7 @@ pub fn mapping_of(addr: u64, mappings: &[Mapping]) -> Option<usize> {
 }
 
 /// Leaf-first frames of one blazesym symbol: innermost inlined function first.
-fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str, kernel: bool) -> Vec<Frame> {
+fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str, kind: FrameKind) -> Vec<Frame> {
     let code = |info: Option<&blazesym::symbolize::CodeInfo<'_>>| match info {
         Some(ci) => (Some(ci.to_path().to_string_lossy().into_owned()), ci.line),
         None => (None, None),
@@ -202,7 +203,7 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str, kernel: bool) -> 
             line,
             module: module.to_string(),
             inlined: true,
-            kernel,
+            kind,
         });
     }
     let (file, line) = code(sym.code_info.as_deref());
@@ -212,7 +213,7 @@ fn frames_of(sym: &blazesym::symbolize::Sym<'_>, module: &str, kernel: bool) -> 
         line,
         module: module.to_string(),
         inlined: false,
-        kernel,
+        kind,
     });
     frames
 }

@@ -115,7 +115,7 @@ fn resolves_workload_functions_live_and_after_exit() {
                 "{name} line {line} not in {first}..={last}"
             );
             assert_eq!(f.module, m.path);
-            assert!(!f.kernel && !f.inlined);
+            assert!(!f.is_kernel() && !f.inlined);
         }
     };
     let mut sym = Symbolizer::with_kallsyms(None);
@@ -156,7 +156,11 @@ fn falls_back_to_module_offset() {
     let frames = sym.user(0x10_0000 + off, &wrong);
     assert_eq!(
         frames,
-        vec![Frame::unresolved(&bin.to_string_lossy(), off, false)]
+        vec![Frame::unresolved(
+            &bin.to_string_lossy(),
+            off,
+            crate::symbolize::FrameKind::Native
+        )]
     );
     assert_eq!(last_frame(&frames).function, format!("burn+{off:#x}"));
     assert_eq!(sym.stats().build_id_mismatches, 1);
@@ -212,7 +216,7 @@ fn kernel_frames_from_kallsyms() {
     let mut sym = Symbolizer::with_kallsyms(Some(kallsyms));
     let frames = sym.kernel(0xffff_ffff_8100_0150);
     assert_eq!(last_frame(&frames).function, "do_syscall_64");
-    assert!(last_frame(&frames).kernel);
+    assert!(last_frame(&frames).is_kernel());
     assert_eq!(
         last_frame(&sym.kernel(0xffff_ffff_8100_0210)).function,
         "schedule"

@@ -1,0 +1,152 @@
+//! CPython frames walked by the real sampler (`walk_python`): a pure-Python workload whose
+//! two threads do 3:1 work, recorded under Debian's python3 and every pyenv CPython 3.9 to
+//! 3.13 present, after the process exited: its energy lands under the Python functions, in
+//! the right ratio, and the recording names them with file and line.
+
+use std::{collections::HashMap, path::Path};
+
+use crate::util::{require_root, run, text};
+
+/// Interpreters to test: Debian's, then pyenv's 3.9 to 3.13 (any patch release).
+fn interpreters() -> Vec<(String, std::path::PathBuf)> {
+    let mut out = Vec::new();
+    let debian = Path::new("/usr/bin/python3");
+    if debian.exists() {
+        out.push(("debian".to_string(), debian.to_path_buf()));
+    } else {
+        eprintln!("SKIPPED debian python3: /usr/bin/python3 absent");
+    }
+    let root = Path::new("/root/.pyenv/versions");
+    let versions: Vec<String> = std::fs::read_dir(root)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    for minor in 9..=13 {
+        let prefix = format!("3.{minor}.");
+        match versions.iter().filter(|v| v.starts_with(&prefix)).max() {
+            Some(v) => out.push((v.clone(), root.join(v).join("bin/python3"))),
+            None => eprintln!(
+                "SKIPPED python 3.{minor}: no pyenv build under {}",
+                root.display()
+            ),
+        }
+    }
+    out
+}
+
+fn workload() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_split.py")
+}
+
+/// Collapsed stacks (`comm;frame;...` → weight) of process `pid` in `file`, energy as
+/// weight.
+fn collapsed(file: &Path, pid: u32) -> HashMap<String, u64> {
+    let pid = pid.to_string();
+    let out = run(&[
+        "flamegraph",
+        "--format",
+        "collapsed",
+        "--pid",
+        &pid,
+        file.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "flamegraph failed: {}", text(&out));
+    let mut stacks = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (stack, n) = line.rsplit_once(' ').expect("collapsed line");
+        *stacks.entry(stack.to_owned()).or_insert(0) += n.parse::<u64>().expect("weight");
+    }
+    stacks
+}
+
+/// The line of `marker` in the workload.
+fn line_of(marker: &str) -> u32 {
+    let src = std::fs::read_to_string(workload()).expect("workload");
+    src.lines()
+        .position(|l| l.contains(marker))
+        .expect("marker") as u32
+        + 1
+}
+
+#[test]
+fn python_functions_get_their_energy_in_every_version() {
+    if !require_root("python_functions_get_their_energy_in_every_version") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut failures = Vec::new();
+    for (name, python) in interpreters() {
+        let file = dir.path().join(format!("{name}.ebpr"));
+        let out = run(&[
+            "record",
+            "--energy-source",
+            "model",
+            "-F",
+            "199",
+            "-o",
+            file.to_str().expect("path"),
+            "--",
+            // One CPU: the two threads take turns on the GIL anyway, and their energy then
+            // comes from one CPU's model, not two CPUs loaded differently by others.
+            "taskset",
+            "-c",
+            "1",
+            python.to_str().expect("path"),
+            workload().to_str().expect("path"),
+            "60",
+        ]);
+        assert!(out.status.success(), "record {name} failed: {}", text(&out));
+        // The process has exited: names come from the recording alone.
+        let rec = energy_bpf::record::read_file(&file).expect("read recording");
+        let Some(pid) = rec
+            .python_processes
+            .iter()
+            .find(|p| p.status == "walked")
+            .map(|p| p.tgid)
+        else {
+            failures.push(format!("{name}: not walked: {:?}", rec.python_processes));
+            continue;
+        };
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "{name}: the workload outlived record"
+        );
+        let stacks = collapsed(&file, pid);
+        let (mut heavy, mut light, mut total) = (0u64, 0u64, 0u64);
+        for (stack, &n) in &stacks {
+            let frames: Vec<&str> = stack.split(';').collect();
+            total += n;
+            if frames.contains(&"heavy_work") {
+                heavy += n;
+            } else if frames.contains(&"light_work") {
+                light += n;
+            }
+        }
+        let share = (heavy + light) as f64 / total.max(1) as f64;
+        let ratio = heavy as f64 / light.max(1) as f64;
+        let spin = rec
+            .python_frames
+            .values()
+            .find(|f| f.function == "spin" && f.line == line_of("SPIN_LINE"));
+        eprintln!(
+            "{name}: {:.1}% of the python process's energy under heavy_work/light_work, \
+             ratio {ratio:.2}, spin named at its loop line: {}",
+            100.0 * share,
+            spin.is_some()
+        );
+        if share < 0.90 || (ratio - 3.0).abs() > 0.3 || spin.is_none() {
+            failures.push(format!(
+                "{name}: share {share:.3}, ratio {ratio:.2}, spin line {}",
+                spin.is_some()
+            ));
+        }
+        if let Some(f) = spin {
+            assert!(f.file.ends_with("py_split.py"), "{name}: file {}", f.file);
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}

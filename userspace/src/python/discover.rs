@@ -1,0 +1,124 @@
+//! Finding the CPython interpreter of a live process: the mapped file (the executable or a
+//! `libpython3.X.so`) that defines `_PyRuntime`, its version and its load address.
+
+use std::path::Path;
+
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
+
+use super::PythonError;
+use super::memory::Memory;
+use super::offsets::{DEBUG_OFFSETS_LEN, NEWEST, OLDEST, Table, Version};
+use crate::symbolize::maps::parse_maps_line;
+
+/// Largest ELF file read to look for `_PyRuntime`.
+const MAX_ELF: u64 = 512 << 20;
+
+/// A CPython interpreter found in a process.
+#[derive(Clone, Debug)]
+pub struct Interpreter {
+    /// The file defining `_PyRuntime`.
+    pub path: String,
+    pub table: Table,
+    /// Runtime address of `_PyRuntime`.
+    pub runtime: u64,
+}
+
+/// What looking at a process found.
+#[derive(Debug)]
+pub enum Found {
+    /// A CPython the walker knows.
+    Walked(Interpreter),
+    /// A CPython of another version: its frames stay native.
+    Unsupported(Version),
+    /// No file named like a CPython is mapped (yet: a shared build maps its library just
+    /// after exec).
+    NotPython,
+}
+
+/// Looks at process `tgid`'s mappings for a CPython.
+pub fn find(tgid: u32) -> Result<Found, PythonError> {
+    let path = format!("/proc/{tgid}/maps");
+    let text = std::fs::read_to_string(&path).map_err(|source| PythonError::Io { path, source })?;
+    // Files named like CPython, the library first (a shared build's executable has no
+    // runtime), each with the mapping of its first page.
+    let mut candidates: Vec<(bool, Version, String, u64, u64)> = Vec::new();
+    for line in text.lines() {
+        let Some(m) = parse_maps_line(line) else {
+            continue;
+        };
+        let name = m.path.rsplit('/').next().unwrap_or(m.path);
+        let Some(version) = Version::from_file_name(name) else {
+            continue;
+        };
+        if !m.path.starts_with('/') || candidates.iter().any(|c| c.2 == m.path) {
+            continue;
+        }
+        candidates.push((
+            name.starts_with("lib"),
+            version,
+            m.path.to_string(),
+            m.start,
+            m.offset,
+        ));
+    }
+    candidates.sort_by_key(|c| !c.0);
+    let Some(first) = candidates.first() else {
+        return Ok(Found::NotPython);
+    };
+    if !(OLDEST..=NEWEST).contains(&first.1.minor) || first.1.major != 3 {
+        return Ok(Found::Unsupported(first.1));
+    }
+    for (_, version, path, start, offset) in &candidates {
+        let Some(symbol) = runtime_symbol(Path::new(path), *start, *offset)? else {
+            continue;
+        };
+        let mut table = Table::of(*version).ok_or(PythonError::Object("no offsets"))?;
+        if version.minor >= 13 {
+            let mem = Memory::open(tgid)?;
+            let mut bytes = vec![0u8; DEBUG_OFFSETS_LEN];
+            mem.read(symbol, &mut bytes)?;
+            table = Table::from_debug_offsets(&bytes)
+                .ok_or(PythonError::Object("_Py_DebugOffsets does not match 3.13"))?;
+        }
+        table.walk.runtime = symbol;
+        return Ok(Found::Walked(Interpreter {
+            path: path.clone(),
+            table,
+            runtime: symbol,
+        }));
+    }
+    Ok(Found::Unsupported(first.1))
+}
+
+/// Runtime address of `_PyRuntime` in the file at `path`, mapped at `start` from file offset
+/// `offset`, or `None` when the file does not define it.
+fn runtime_symbol(path: &Path, start: u64, offset: u64) -> Result<Option<u64>, PythonError> {
+    let io = |source| PythonError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_ELF {
+        return Err(PythonError::Object("an ELF file over the size limit"));
+    }
+    let data = std::fs::read(path).map_err(io)?;
+    let elf = object::File::parse(&*data).map_err(|_| PythonError::Object("not an ELF file"))?;
+    let Some(sym) = elf
+        .symbols()
+        .chain(elf.dynamic_symbols())
+        .find(|s| s.name() == Ok("_PyRuntime") && s.is_definition())
+    else {
+        return Ok(None);
+    };
+    // The load bias, from the segment holding the mapped file offset.
+    let Some(seg) = elf.segments().find(|s| {
+        let (o, n) = s.file_range();
+        o <= offset && offset < o + n.max(1)
+    }) else {
+        return Err(PythonError::Object("no segment at the mapped offset"));
+    };
+    let (seg_offset, _) = seg.file_range();
+    let mapped_vaddr = seg.address() + (offset - seg_offset);
+    let bias = start.wrapping_sub(mapped_vaddr);
+    Ok(Some(sym.address().wrapping_add(bias)))
+}
