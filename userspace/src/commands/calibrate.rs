@@ -66,8 +66,8 @@ pub struct Args {
     /// 64 to 1024 MiB).
     #[arg(long = "buffer-mib", value_name = "MIB")]
     pub buffer_mib: Option<usize>,
-    /// With --roofline: publish the kernels' cumulative flops and bytes to this file every
-    /// millisecond (for counter emulators in tests).
+    /// With --roofline: keep the kernels' cumulative flops and bytes in this file (two
+    /// little-endian u64, mapped shared, updated as they run), for emulated counters.
     #[arg(long = "progress-file", value_name = "FILE", hide = true)]
     pub progress_file: Option<PathBuf>,
     /// Energy sources (counters, fake trees for testing, model parameters).

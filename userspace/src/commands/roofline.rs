@@ -5,7 +5,6 @@
 //! at those readings' times. The fit and everything stored are [`crate::roofline`]'s.
 
 use std::{
-    os::unix::fs::FileExt as _,
     path::Path,
     process::ExitCode,
     sync::{
@@ -129,11 +128,11 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         energy: &energy,
         switches: &mut switches,
         readings: &mut readings,
-        counters: Arc::new(Counters::default()),
-        progress: match &args.progress_file {
-            Some(path) => Some(crate::output::file::create_private(path)?),
-            None => None,
-        },
+        counters: Arc::new(match &args.progress_file {
+            Some(path) => Counters::in_file(path)
+                .with_context(|| format!("cannot map {}", path.display()))?,
+            None => Counters::default(),
+        }),
         last_poll: Instant::now(),
         interrupted: &interrupted,
     };
@@ -203,15 +202,40 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             .iter()
             .filter(|r| r.source_id == source.id)
             .collect();
-        let interval = const_w_interval(&mine, start_ns, static_end_ns, m.static_w);
+        // The model's constant power is its idle power by definition (its P = P_idle +
+        // (P_max − P_idle)·u); a busy machine would hide it from the quiet window.
+        let const_w = if source.estimated && source.model_idle_w > 0.0 {
+            source.model_idle_w
+        } else {
+            m.static_w
+        };
+        let interval = if source.estimated {
+            [const_w; 2]
+        } else {
+            const_w_interval(&mine, start_ns, static_end_ns, const_w)
+        };
+        let meter = if source.estimated {
+            let n = cpus
+                .iter()
+                .filter(|c| c.package == source.package)
+                .count()
+                .max(1);
+            Meter::Model {
+                const_w,
+                per_cpu_w: (source.model_max_w - source.model_idle_w).max(0.0) / n as f64,
+            }
+        } else {
+            Meter::Counter
+        };
+        let own = std::process::id();
         let points_of = |khz: Option<u64>| -> Vec<KernelPoint> {
             runs.iter()
                 .filter(|r| r.khz == khz)
-                .filter_map(|r| point(r, &mine))
+                .filter_map(|r| point(r, &mine, &timeline, own, meter))
                 .collect()
         };
         let kernels = points_of(None);
-        let (all, one_thread) = roofline::summarize(&kernels, m.static_w, interval)
+        let (all, one_thread) = roofline::summarize(&kernels, const_w, interval)
             .with_context(|| format!("{}: cannot fit the roofline", source.name))?;
         let dvfs = if freqs.is_empty() {
             None
@@ -219,7 +243,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             let fits = freqs
                 .iter()
                 .map(|&khz| {
-                    let (summary, _) = roofline::summarize(&points_of(Some(khz)), m.static_w, [m.static_w; 2])
+                    let (summary, _) = roofline::summarize(&points_of(Some(khz)), const_w, interval)
                         .with_context(|| format!("{}: cannot fit at {khz} kHz", source.name))?;
                     Ok(dvfs::FrequencyFit { khz, summary })
                 })
@@ -268,7 +292,6 @@ struct Sweeper<'a> {
     switches: &'a mut Vec<SwitchEvent>,
     readings: &'a mut Vec<EnergyReading>,
     counters: Arc<Counters>,
-    progress: Option<std::fs::File>,
     last_poll: Instant,
     interrupted: &'a AtomicBool,
 }
@@ -309,15 +332,7 @@ impl Sweeper<'_> {
         Ok(runs)
     }
 
-    fn tick(&mut self, p: Progress) {
-        if let Some(file) = &self.progress {
-            // Fixed width, rewritten in place: a reader always sees one whole line.
-            let line = format!("{:020} {:020}\n", p.flops, p.bytes);
-            if let Err(e) = file.write_all_at(line.as_bytes(), 0) {
-                tracing::warn!("progress file: {e}");
-                self.progress = None;
-            }
-        }
+    fn tick(&mut self, _: Progress) {
         if self.last_poll.elapsed() >= Duration::from_millis(100) {
             self.last_poll = Instant::now();
             self.switches.extend(self.session.poll().switches);
@@ -326,9 +341,29 @@ impl Sweeper<'_> {
     }
 }
 
+/// How a source's kernel energy is read.
+#[derive(Clone, Copy)]
+enum Meter {
+    /// The counter's readings over the window.
+    Counter,
+    /// The estimated model: it is linear in busy CPUs, so the kernel's own modelled energy
+    /// is exact: π_0 over the window plus (P_max − P_idle)/CPUs per second its threads ran
+    /// (other load on the machine is not the kernel's).
+    Model {
+        const_w: f64,
+        per_cpu_w: f64,
+    },
+}
+
 /// A kernel's point for one source: energy between the first and last readings inside the
-/// kernel (after it settled), flops and bytes over the same span.
-fn point(run: &Run, readings: &[&EnergyReading]) -> Option<KernelPoint> {
+/// kernel (after it settled), flops, bytes and the threads' on-CPU time over that span.
+fn point(
+    run: &Run,
+    readings: &[&EnergyReading],
+    timeline: &Timeline,
+    own_tgid: u32,
+    meter: Meter,
+) -> Option<KernelPoint> {
     let from = run.start_ns + ((run.end_ns - run.start_ns) as f64 * SETTLE) as u64;
     let mut inside = readings
         .iter()
@@ -338,12 +373,24 @@ fn point(run: &Run, readings: &[&EnergyReading]) -> Option<KernelPoint> {
     let seconds = last.ts_ns.checked_sub(first.ts_ns).filter(|&d| d > 0)? as f64 / 1e9;
     let (w0, q0) = kernels::progress_at(&run.log, first.ts_ns);
     let (w1, q1) = kernels::progress_at(&run.log, last.ts_ns);
+    let own_ns: u64 = timeline
+        .thread_ns(first.ts_ns, last.ts_ns)
+        .into_iter()
+        .filter(|((tgid, _), _)| *tgid == own_tgid)
+        .map(|(_, ns)| ns)
+        .sum();
+    let own_s = own_ns as f64 / 1e9;
+    let joules = match meter {
+        Meter::Counter => (last.energy_uj - first.energy_uj) / 1e6,
+        Meter::Model { const_w, per_cpu_w } => const_w * seconds + per_cpu_w * own_s,
+    };
     Some(KernelPoint {
         flop_per_byte: run.body.intensity(),
         flops: w1 - w0,
         bytes: q1 - q0,
         seconds,
-        joules: (last.energy_uj - first.energy_uj) / 1e6,
+        busy_seconds: (own_s / run.threads.max(1) as f64).min(seconds),
+        joules,
         threads: run.threads,
     })
 }

@@ -4,7 +4,8 @@
 //! non-negative least squares on the dynamic energy E − π_0·T ≈ W·ε_flop + Q·ε_mem, rows
 //! weighted by 1/E so every kernel counts by its relative error (the thesis normalises by
 //! W for the same reason, §2.3). τ_flop and τ_mem are throughput values (1/peak): the
-//! fastest flop rate and the fastest byte rate any kernel reached. Each constant gets a
+//! fastest flop rate and the fastest byte rate any kernel reached while its threads ran
+//! (on-CPU time, so other load on the machine does not pass for a slow machine). Each constant gets a
 //! 95% bootstrap interval (kernels resampled), π_0 the interval the caller measured.
 
 use rand::{RngExt as _, SeedableRng as _, rngs::ChaCha8Rng};
@@ -21,8 +22,11 @@ pub struct KernelPoint {
     pub flops: f64,
     /// Q, bytes in the measured window.
     pub bytes: f64,
-    /// T, s.
+    /// T, s: the wall-clock span of the measured window (constant power accrues over it).
     pub seconds: f64,
+    /// The kernel threads' own on-CPU time over the window divided by the threads, s: the
+    /// time the kernel actually ran (τ comes from it; on a quiet machine it is T).
+    pub busy_seconds: f64,
     /// E, J (the source's whole reading over the window).
     pub joules: f64,
     /// Threads that ran it.
@@ -134,9 +138,10 @@ pub fn fit(
     let (mut ss_res, mut ss_tot) = (0.0, 0.0);
     for p in &usable {
         let t_model = c.time(p.flops, p.bytes);
+        let t = run_time(p);
         let e_model = p.flops * c.j_per_flop + p.bytes * c.j_per_byte + const_w * p.seconds;
         e_res.push((e_model - p.joules).abs() / p.joules);
-        t_res.push((t_model - p.seconds).abs() / p.seconds);
+        t_res.push((t_model - t).abs() / t);
         ss_res += (e_model - p.joules).powi(2);
         ss_tot += (p.joules - mean_e).powi(2);
     }
@@ -196,8 +201,17 @@ fn constants(points: &[&KernelPoint], const_w: f64) -> Constants {
         const_w,
         j_per_flop: x[0] / scale[0],
         j_per_byte: x[1] / scale[1],
-        s_per_flop: fastest(|p| p.seconds / p.flops),
-        s_per_byte: fastest(|p| p.seconds / p.bytes),
+        s_per_flop: fastest(|p| run_time(p) / p.flops),
+        s_per_byte: fastest(|p| run_time(p) / p.bytes),
+    }
+}
+
+/// The time a kernel ran: its on-CPU time, or the wall time when that was not measured.
+pub fn run_time(p: &KernelPoint) -> f64 {
+    if p.busy_seconds > 0.0 {
+        p.busy_seconds
+    } else {
+        p.seconds
     }
 }
 
@@ -219,12 +233,18 @@ mod tests {
                 let bytes = 1e9;
                 let flops = i * bytes;
                 let seconds = c.time(flops, bytes);
-                let joules = c.energy(flops, bytes) * (1.0 + rng.random_range(-noise..noise));
+                let jitter = if noise > 0.0 {
+                    rng.random_range(-noise..noise)
+                } else {
+                    0.0
+                };
+                let joules = c.energy(flops, bytes) * (1.0 + jitter);
                 KernelPoint {
                     flop_per_byte: i,
                     flops,
                     bytes,
                     seconds,
+                    busy_seconds: seconds,
                     joules,
                     threads: 1,
                 }

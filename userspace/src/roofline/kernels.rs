@@ -1,17 +1,11 @@
-//! The built-in roofline kernels: sweeps over a buffer larger than the last-level cache
-//! that do a chosen number of f64 flops per byte read, so each kernel's work W (flops) and
-//! traffic Q (bytes) are known by construction, with no PMU (seed 002's intensity sweep).
-//!
-//! A block is 8 vectors of the widest f64 width this CPU runs (AVX-512, AVX2+FMA or
-//! scalar, detected at run time), so 8 independent FMA chains hide the FMA latency:
-//! - `fma` kernels apply `r` FMA rounds to each element of a block: I = 2·r/8 = r/4;
-//! - `add` kernels add every `s`-th element into the accumulators: I = 1/(8·s). Every
-//!   cache line is still fetched (s·8 < 64 bytes), so Q is the bytes swept.
+//! Running the roofline kernels ([`energy_bpf_kernels`]: f64 sweeps whose flops W and
+//! bytes Q are known by construction, seed 002's intensity sweep) on a buffer larger than
+//! the last-level cache.
 //!
 //! Threads are pinned one per CPU and share one read-only buffer, each sweeping its own
 //! slice cyclically; they add their progress to shared atomic counters every chunk, which
-//! [`run`] samples into a progress log (and, for tests, a progress file an emulated
-//! counter reads).
+//! [`run`] samples into a progress log. For tests the counters can live in a file mapped
+//! shared, which an emulated energy counter reads with no delay.
 
 use std::{
     sync::{
@@ -29,78 +23,7 @@ pub const INTENSITIES: [f64; 11] = [
 /// Elements handed out per chunk (256 KiB of f64): progress is published this often.
 const CHUNK: usize = 32 * 1024;
 
-/// What a kernel does per element.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Body {
-    /// `r` FMA rounds per element.
-    Fma(u32),
-    /// One add per `s`-th element.
-    Add(usize),
-}
-
-impl Body {
-    /// The kernel for `intensity` flop/byte (rounded to the nearest the bodies can do).
-    pub fn for_intensity(intensity: f64) -> Self {
-        if intensity >= 0.25 {
-            Self::Fma((intensity * 4.0).round().max(1.0) as u32)
-        } else {
-            Self::Add((1.0 / (8.0 * intensity)).round().clamp(1.0, 8.0) as usize)
-        }
-    }
-
-    /// Flops and bytes of one chunk of `elements` elements.
-    pub fn counts(self, elements: usize) -> (u64, u64) {
-        let bytes = (elements * 8) as u64;
-        match self {
-            Self::Fma(r) => (2 * r as u64 * elements as u64, bytes),
-            Self::Add(s) => ((elements / s) as u64, bytes),
-        }
-    }
-
-    /// W/Q, flop/byte.
-    pub fn intensity(self) -> f64 {
-        let (w, q) = self.counts(8 * 64);
-        w as f64 / q as f64
-    }
-}
-
-/// The widest f64 vector code this CPU runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    /// 8 lanes with FMA.
-    Avx512,
-    /// 4 lanes with FMA.
-    Avx2Fma,
-    /// Whatever the target baseline gives.
-    Scalar,
-}
-
-impl Isa {
-    /// Detected at run time.
-    pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Self::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Self::Avx2Fma;
-            }
-        }
-        Self::Scalar
-    }
-
-    /// Name for outputs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Avx512 => "avx512f",
-            Self::Avx2Fma => "avx2+fma",
-            Self::Scalar => "scalar",
-        }
-    }
-}
+pub use energy_bpf_kernels::{Body, Isa, sweep};
 
 /// The kernels' data: read-only, shared by every thread.
 pub struct Buffer {
@@ -171,20 +94,90 @@ pub fn progress_at(log: &[Progress], ts_ns: u64) -> (f64, f64) {
     }
 }
 
-/// Shared progress counters the workers add to.
-#[derive(Default)]
+/// Shared progress counters the workers add to: on the heap, or in a file mapped shared so
+/// that another process (a test's emulated energy counter) reads them as they change.
 pub struct Counters {
-    flops: AtomicU64,
-    bytes: AtomicU64,
+    /// Flops then bytes.
+    cells: *const [AtomicU64; 2],
+    /// The mapping to unmap on drop (`None` on the heap).
+    mapped: Option<usize>,
+}
+
+// SAFETY: the cells are atomics, valid for the life of `Counters` (a leaked box or a
+// mapping unmapped only in drop); sharing them between threads is what atomics are for.
+unsafe impl Send for Counters {}
+// SAFETY: as above.
+unsafe impl Sync for Counters {}
+
+impl Default for Counters {
+    fn default() -> Self {
+        let cells: Box<[AtomicU64; 2]> = Box::default();
+        Self {
+            cells: Box::into_raw(cells),
+            mapped: None,
+        }
+    }
 }
 
 impl Counters {
+    /// Counters in `path` (created 0600, never through a symlink): two little-endian u64,
+    /// flops at offset 0 and bytes at offset 8, updated in place.
+    pub fn in_file(path: &std::path::Path) -> std::io::Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        let file = crate::output::file::create_private(path).map_err(std::io::Error::other)?;
+        let len = std::mem::size_of::<[AtomicU64; 2]>();
+        file.set_len(len as u64)?;
+        // SAFETY: a fresh shared read-write mapping of a file we just sized to `len`; the
+        // kernel picks the (page-aligned, so u64-aligned) address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self {
+            cells: ptr.cast(),
+            mapped: Some(len),
+        })
+    }
+
+    fn cells(&self) -> &[AtomicU64; 2] {
+        // SAFETY: `cells` points at live atomics for as long as `self` (see the type).
+        unsafe { &*self.cells }
+    }
+
+    /// Adds one chunk's work.
+    pub fn add(&self, flops: u64, bytes: u64) {
+        self.cells()[0].fetch_add(flops, Ordering::Relaxed);
+        self.cells()[1].fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Current totals.
     pub fn load(&self) -> (u64, u64) {
         (
-            self.flops.load(Ordering::Relaxed),
-            self.bytes.load(Ordering::Relaxed),
+            self.cells()[0].load(Ordering::Relaxed),
+            self.cells()[1].load(Ordering::Relaxed),
         )
+    }
+}
+
+impl Drop for Counters {
+    fn drop(&mut self) {
+        match self.mapped {
+            // SAFETY: the mapping made in `in_file`, of that length, no longer referenced.
+            Some(len) => unsafe {
+                libc::munmap(self.cells as *mut libc::c_void, len);
+            },
+            // SAFETY: the box leaked in `default`, no longer referenced.
+            None => drop(unsafe { Box::from_raw(self.cells as *mut [AtomicU64; 2]) }),
+        }
     }
 }
 
@@ -270,61 +263,10 @@ fn worker(slice: &[f64], body: Body, isa: Isa, stop: &AtomicBool, counters: &Cou
         let chunk = chunks[i % chunks.len()];
         sink += sweep(chunk, body, isa);
         let (w, q) = body.counts(chunk.len());
-        counters.flops.fetch_add(w, Ordering::Relaxed);
-        counters.bytes.fetch_add(q, Ordering::Relaxed);
+        counters.add(w, q);
         i += 1;
     }
     std::hint::black_box(sink);
-}
-
-fn sweep(chunk: &[f64], body: Body, isa: Isa) -> f64 {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `detect` saw avx512f on this CPU.
-        Isa::Avx512 => unsafe { sweep_avx512(chunk, body) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `detect` saw avx2 and fma on this CPU.
-        Isa::Avx2Fma => unsafe { sweep_avx2(chunk, body) },
-        _ => sweep_generic::<8>(chunk, body),
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-fn sweep_avx512(chunk: &[f64], body: Body) -> f64 {
-    sweep_generic::<64>(chunk, body)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn sweep_avx2(chunk: &[f64], body: Body) -> f64 {
-    sweep_generic::<32>(chunk, body)
-}
-
-/// One chunk with `B`-element blocks (8 vectors); inlined into the feature-enabled callers
-/// so the loops are vectorised at their width and `mul_add` is one FMA instruction.
-#[inline(always)]
-fn sweep_generic<const B: usize>(chunk: &[f64], body: Body) -> f64 {
-    let mut acc = [0.0f64; B];
-    match body {
-        Body::Fma(rounds) => {
-            for block in chunk.chunks_exact(B) {
-                for _ in 0..rounds {
-                    for (a, &x) in acc.iter_mut().zip(block) {
-                        *a = a.mul_add(x, 0.25);
-                    }
-                }
-            }
-        }
-        Body::Add(stride) => {
-            for block in chunk.chunks_exact(B * stride) {
-                for (a, x) in acc.iter_mut().zip(block.iter().step_by(stride)) {
-                    *a += x;
-                }
-            }
-        }
-    }
-    acc.iter().sum()
 }
 
 #[cfg(test)]
@@ -339,19 +281,6 @@ mod tests {
         }
         assert_eq!(Body::Fma(3).counts(64), (384, 512));
         assert_eq!(Body::Add(2).counts(64), (32, 512));
-    }
-
-    #[test]
-    fn every_isa_computes_the_same_sums() {
-        let buf = Buffer::new(CHUNK * 8);
-        for body in [Body::Fma(3), Body::Add(1), Body::Add(2)] {
-            let want = sweep_generic::<8>(&buf.data[..CHUNK], body);
-            let got = sweep(&buf.data[..CHUNK], body, Isa::detect());
-            assert!(
-                (got - want).abs() <= 1e-9 * want.abs(),
-                "{body:?}: {got} vs {want}"
-            );
-        }
     }
 
     #[test]
@@ -374,6 +303,23 @@ mod tests {
         assert_eq!(ticks, log.len());
         let (w, q) = progress_at(&log, last.ts_ns);
         assert_eq!((w, q), (last.flops as f64, last.bytes as f64));
+    }
+
+    #[test]
+    fn counters_in_a_file_are_seen_by_a_reader_of_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("progress");
+        let c = Counters::in_file(&path).expect("map");
+        c.add(5, 7);
+        c.add(1, 1);
+        assert_eq!(c.load(), (6, 8));
+        let bytes = std::fs::read(&path).expect("read");
+        assert_eq!(bytes.len(), 16);
+        let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+        assert_eq!((word(0), word(8)), (6, 8));
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

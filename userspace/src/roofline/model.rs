@@ -46,7 +46,13 @@ impl Constants {
     /// B̂_ε(I), flop/byte (thesis eq. 6).
     pub fn effective_energy_balance(&self, intensity: f64) -> f64 {
         let eta = self.eta_flop();
-        eta * self.energy_balance() + (1.0 - eta) * (self.time_balance() - intensity).max(0.0)
+        // η = 0 (no flop energy at all) leaves only the constant-power term.
+        let flop_part = if eta > 0.0 {
+            eta * self.energy_balance()
+        } else {
+            0.0
+        };
+        flop_part + (1.0 - eta) * (self.time_balance() - intensity).max(0.0)
     }
 
     /// Time of `flops` and `bytes` with perfect overlap, s.
@@ -86,8 +92,15 @@ impl Constants {
     }
 }
 
+/// a/b, finite (JSON has no infinity): 0 when a = 0, `f64::MAX` when only b = 0.
 fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 { a / b } else { f64::INFINITY }
+    if a <= 0.0 {
+        0.0
+    } else if b > 0.0 {
+        (a / b).min(f64::MAX)
+    } else {
+        f64::MAX
+    }
 }
 
 #[cfg(test)]
@@ -129,6 +142,18 @@ mod tests {
         assert!(c.effective_energy_balance(c.time_balance()) < c.energy_balance());
         assert!(c.race_to_halt());
         assert_eq!(c.balance_gap_band(), None);
+    }
+
+    #[test]
+    fn degenerate_constants_stay_finite() {
+        let mut c = fermi();
+        c.j_per_flop = 0.0;
+        c.const_w = 5.0;
+        assert_eq!(c.energy_balance(), f64::MAX);
+        assert!(c.effective_energy_balance(1.0).is_finite());
+        c.j_per_byte = 0.0;
+        assert_eq!(c.energy_balance(), 0.0);
+        assert!(c.race_to_halt());
     }
 
     #[test]

@@ -13,9 +13,9 @@ use super::{KernelPoint, Roofline, Summary};
 const PANEL_W: f64 = 520.0;
 const PANEL_H: f64 = 300.0;
 const MARGIN: f64 = 60.0;
-/// Axes: I from 2^-5 to 2^7, normalised values from 2^-8 to 2^1.
+/// Axes: I from 2^-5 to 2^7, normalised values from 2^-10 to 2^1.
 const X_LOG2: (f64, f64) = (-5.0, 7.0);
-const Y_LOG2: (f64, f64) = (-8.0, 1.0);
+const Y_LOG2: (f64, f64) = (-10.0, 1.0);
 
 struct Panel {
     x0: f64,
@@ -37,7 +37,7 @@ impl Panel {
 /// The SVG for `sources` (name, roofline), one row of two panels each.
 pub fn svg(sources: &[(String, &Roofline)]) -> String {
     let width = 2.0 * (PANEL_W + 2.0 * MARGIN);
-    let row_h = PANEL_H + 2.0 * MARGIN + 30.0;
+    let row_h = PANEL_H + 2.0 * MARGIN + 40.0;
     let height = row_h * sources.len().max(1) as f64;
     let mut s = String::new();
     let _ = writeln!(
@@ -55,16 +55,23 @@ pub fn svg(sources: &[(String, &Roofline)]) -> String {
         } else {
             name.clone()
         };
+        let advice = match r.all.balance_gap {
+            None => "race to halt: yes (B_τ > B̂_ε)".to_owned(),
+            Some([lo, hi]) => format!(
+                "race to halt: no; balance gap {lo:.3} < I < {hi:.3}: compute-bound in time, memory-bound in energy"
+            ),
+        };
         let _ = writeln!(
             s,
-            r#"<text x="{MARGIN}" y="{}" font-size="15" font-weight="bold">{}: {} threads, B_τ = {:.3}, B_ε = {:.3}, B̂_ε = {:.3} flop/byte, race to halt: {}</text>"#,
-            top + 24.0,
+            r#"<text x="{MARGIN}" y="{}" font-size="15" font-weight="bold">{}</text><text x="{MARGIN}" y="{}" font-size="13">{} threads: B_τ = {:.3}, B_ε = {:.3}, B̂_ε = {:.3} flop/byte; {}</text>"#,
+            top + 18.0,
             escape(&label),
+            top + 36.0,
             r.all.threads,
             r.all.time_balance,
             r.all.energy_balance,
             r.all.effective_energy_balance,
-            if r.all.race_to_halt { "yes" } else { "no" }
+            advice
         );
         for (col, energy) in [(0.0, false), (1.0, true)] {
             let p = Panel {
@@ -177,7 +184,7 @@ fn panel(s: &mut String, p: &Panel, r: &Roofline, energy: bool) {
             s,
             r#"<g class="balance" id="{kind}-{id}"><line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{y1}" stroke="{colour}" stroke-dasharray="5,3"/><text x="{:.1}" y="{}" fill="{colour}">{name} = {at:.3}</text></g>"#,
             p.y0,
-            x + 3.0,
+            p.x0 + 6.0,
             p.y0 + 14.0 + 14.0 * n as f64
         );
     }
@@ -228,7 +235,7 @@ fn normalised(s: &Summary, k: &KernelPoint, energy: bool) -> f64 {
     if energy {
         k.flops * (c.j_per_flop + c.const_w * c.s_per_flop) / k.joules
     } else {
-        k.flops * c.s_per_flop / k.seconds
+        k.flops * c.s_per_flop / super::fit::run_time(k)
     }
 }
 
@@ -267,6 +274,7 @@ mod tests {
                 flops: i * 1e9,
                 bytes: 1e9,
                 seconds: c.time(i * 1e9, 1e9),
+                busy_seconds: c.time(i * 1e9, 1e9),
                 joules: c.energy(i * 1e9, 1e9),
                 threads: 2,
             })
