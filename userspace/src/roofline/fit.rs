@@ -3,9 +3,9 @@
 //! π_0 comes first, measured like `calibrate`'s static power; then ε_flop and ε_mem by
 //! non-negative least squares on the dynamic energy E − π_0·T ≈ W·ε_flop + Q·ε_mem, rows
 //! weighted by 1/E so every kernel counts by its relative error (the thesis normalises by
-//! W for the same reason, §2.3). τ_flop and τ_mem are throughput values (1/peak): the
-//! fastest flop rate and the fastest byte rate any kernel reached while its threads ran
-//! (on-CPU time, so other load on the machine does not pass for a slow machine). Each constant gets a
+//! W for the same reason, §2.3). τ_flop and τ_mem are throughput values (1/peak), fitted
+//! to the roofline T = max(W·τ_flop, Q·τ_mem) by least squares (ch. 4), T being the time
+//! the kernel's threads ran (on-CPU time, so other load does not pass for a slow machine). Each constant gets a
 //! 95% bootstrap interval (kernels resampled), π_0 the interval the caller measured.
 
 use rand::{RngExt as _, SeedableRng as _, rngs::ChaCha8Rng};
@@ -190,20 +190,59 @@ fn constants(points: &[&KernelPoint], const_w: f64) -> Constants {
         }
     }
     let x = solve_nonneg(&ata, &atb, &[0.0, 0.0]);
-    let fastest = |f: fn(&KernelPoint) -> f64| {
+    let (s_per_flop, s_per_byte) = fit_times(points);
+    Constants {
+        const_w,
+        j_per_flop: x[0] / scale[0],
+        j_per_byte: x[1] / scale[1],
+        s_per_flop,
+        s_per_byte,
+    }
+}
+
+/// τ_flop and τ_mem by least squares of the roofline T = max(W·τ_flop, Q·τ_mem) in
+/// relative error (the thesis's ch. 4 regression): starting from the fastest rates, each
+/// kernel is assigned to the side of the max it is on and each τ refitted on its side,
+/// until the assignment settles. Less biased than the single fastest kernel when times
+/// are noisy (another load, a shared cache).
+fn fit_times(points: &[&KernelPoint]) -> (f64, f64) {
+    let fastest = |f: &dyn Fn(&KernelPoint) -> f64| {
         points
             .iter()
             .map(|p| f(p))
             .filter(|x| x.is_finite() && *x > 0.0)
             .fold(f64::INFINITY, f64::min)
     };
-    Constants {
-        const_w,
-        j_per_flop: x[0] / scale[0],
-        j_per_byte: x[1] / scale[1],
-        s_per_flop: fastest(|p| run_time(p) / p.flops),
-        s_per_byte: fastest(|p| run_time(p) / p.bytes),
+    let mut tf = fastest(&|p| run_time(p) / p.flops);
+    let mut tm = fastest(&|p| run_time(p) / p.bytes);
+    if !tf.is_finite() || !tm.is_finite() {
+        return (tf.min(f64::MAX), tm.min(f64::MAX));
     }
+    // min Σ (τ·x/T − 1)² over one side: τ = Σ(x/T) / Σ(x/T)².
+    let refit = |side: &[&&KernelPoint], x: fn(&KernelPoint) -> f64, old: f64| {
+        let (a, b) = side.iter().fold((0.0, 0.0), |(a, b), p| {
+            let r = x(p) / run_time(p);
+            (a + r, b + r * r)
+        });
+        if b > 0.0 { a / b } else { old }
+    };
+    let mut last: Vec<bool> = Vec::new();
+    for _ in 0..50 {
+        let compute: Vec<bool> = points.iter().map(|p| p.flops * tf >= p.bytes * tm).collect();
+        if compute == last {
+            break;
+        }
+        let (c, m): (Vec<_>, Vec<_>) = points
+            .iter()
+            .zip(&compute)
+            .partition(|(_, is_compute)| **is_compute);
+        let c: Vec<&&KernelPoint> = c.into_iter().map(|(p, _)| p).collect();
+        let m: Vec<&&KernelPoint> = m.into_iter().map(|(p, _)| p).collect();
+        tf = refit(&c, |p| p.flops, tf);
+        tm = refit(&m, |p| p.bytes, tm);
+        last = compute;
+    }
+    (tf, tm)
 }
 
 /// The time a kernel ran: its on-CPU time, or the wall time when that was not measured.

@@ -123,8 +123,16 @@ impl Counters {
     /// Counters in `path` (created 0600, never through a symlink): two little-endian u64,
     /// flops at offset 0 and bytes at offset 8, updated in place.
     pub fn in_file(path: &std::path::Path) -> std::io::Result<Self> {
-        use std::os::fd::AsRawFd as _;
-        let file = crate::output::file::create_private(path).map_err(std::io::Error::other)?;
+        use std::os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _};
+        // Read-write (a shared writable mapping needs both), like `create_private` otherwise.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)?;
         let len = std::mem::size_of::<[AtomicU64; 2]>();
         file.set_len(len as u64)?;
         // SAFETY: a fresh shared read-write mapping of a file we just sized to `len`; the

@@ -71,7 +71,7 @@ pub fn svg(sources: &[(String, &Roofline)]) -> String {
             r.all.time_balance,
             r.all.energy_balance,
             r.all.effective_energy_balance,
-            advice
+            escape(&advice)
         );
         for (col, energy) in [(0.0, false), (1.0, true)] {
             let p = Panel {
