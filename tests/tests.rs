@@ -39,3 +39,6 @@ mod top_tmux;
 mod agent;
 // The agent learns static power from varying load and keeps it across restarts.
 mod learn;
+// `calibrate --roofline`: the energy roofline fit against an emulated package driven by the
+// kernels' progress, the estimated model, the plot in Chromium, no cpufreq.
+mod roofline;

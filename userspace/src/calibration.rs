@@ -44,6 +44,10 @@ pub struct SourceCalibration {
     /// What was measured.
     #[serde(flatten)]
     pub measured: Measured,
+    /// The energy roofline (`calibrate --roofline`), kept when static power is measured
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<crate::roofline::Roofline>,
 }
 
 /// What can go wrong with the file.
@@ -282,6 +286,7 @@ mod tests {
                 date: rfc3339(0),
                 duration_s: 10.0,
                 measured: measured(6.5),
+                roofline: None,
             },
         );
         file.save(&path).expect("save");

@@ -18,6 +18,7 @@
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
 //! - [`exporter`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
+//! - [`roofline`]: the machine's energy roofline (seed 002): kernels, fit, plot, DVFS.
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
 //! - [`unwind`]: `.eh_frame`/`.debug_frame` compiled into unwind rows for the stack
@@ -44,6 +45,7 @@ pub mod profile;
 pub mod python;
 pub mod record;
 pub mod remote;
+pub mod roofline;
 pub mod symbolize;
 pub mod timeline;
 pub mod tui;

@@ -18,7 +18,7 @@ pub mod attribution;
 pub mod calibrate;
 pub mod ci;
 pub mod interval;
-mod linalg;
+pub(crate) mod linalg;
 pub mod load;
 pub mod regression;
 pub mod samples;

@@ -43,6 +43,33 @@ pub struct Args {
     /// Then spin 1..N CPUs in turn to measure watts per busy CPU.
     #[arg(long)]
     pub load: bool,
+    /// Measure the energy roofline instead: time and energy per flop and per byte, constant
+    /// power, balance points, whether racing to halt saves energy (stored under `roofline`).
+    #[arg(long)]
+    pub roofline: bool,
+    /// With --roofline: also draw the normalised roofline and arch line to this SVG file.
+    #[arg(long, value_name = "FILE.svg", requires = "roofline")]
+    pub plot: Option<PathBuf>,
+    /// With --roofline: repeat the sweep with every CPU pinned to each of these frequencies
+    /// (kHz, or with an MHz/GHz suffix) and fit the V²-scaling model; needs cpufreq.
+    #[arg(
+        long,
+        value_name = "F1,F2,...",
+        value_delimiter = ',',
+        requires = "roofline"
+    )]
+    pub frequencies: Vec<String>,
+    /// With --roofline: how long each kernel runs, ms (at least 50 counter updates).
+    #[arg(long = "kernel-ms", value_name = "MS", default_value_t = 500)]
+    pub kernel_ms: u64,
+    /// With --roofline: the kernels' buffer, MiB (default: twice the last-level cache,
+    /// 64 to 1024 MiB).
+    #[arg(long = "buffer-mib", value_name = "MIB")]
+    pub buffer_mib: Option<usize>,
+    /// With --roofline: keep the kernels' cumulative flops and bytes in this file (two
+    /// little-endian u64, mapped shared, updated as they run), for emulated counters.
+    #[arg(long = "progress-file", value_name = "FILE", hide = true)]
+    pub progress_file: Option<PathBuf>,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
     pub energy: crate::energy::EnergyArgs,
@@ -54,6 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.duration > 0.0 && args.duration <= 3600.0,
         "--duration must be between 0 and 3600 seconds"
     );
+    if args.roofline {
+        return super::roofline::run(&args);
+    }
     // A low sampling rate: stacks are not needed, only the switch timeline.
     // Only who ran matters here, not what each run did.
     let probes = Probes::start(1, ActivityEvent::None, crate::capture::UnwindMode::Fp)
@@ -171,6 +201,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 date: date.clone(),
                 duration_s: (end_ns - start_ns) as f64 / 1e9,
                 measured: m.clone(),
+                roofline: host_cal
+                    .sources
+                    .get(&m.key)
+                    .and_then(|s| s.roofline.clone()),
             },
         );
     }
@@ -183,7 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Drains capture and energy every 100 ms for `how_long`.
-fn collect(
+pub(super) fn collect(
     session: &mut Session,
     energy: &crate::energy::EnergyReader,
     how_long: Duration,

@@ -7,5 +7,6 @@ pub mod calibrate;
 pub mod flamegraph;
 pub mod record;
 pub mod report;
+mod roofline;
 pub mod sources;
 pub mod top;
