@@ -15,12 +15,9 @@ use anyhow::Context as _;
 
 use crate::{
     attribute::{Learned, Options, domain_name},
-    capture::{
-        ActivityEvent, Probes, host,
-        session::{Session, Targets},
-    },
+    capture::{ActivityEvent, LiveOptions, host, session::Targets},
     clock,
-    energy::{self, EnergyArgs, EnergyReader},
+    energy::EnergyArgs,
     pb::v1 as pb,
     pipeline::{self, Config, Pipeline, Window, source_label},
     record::Recording,
@@ -74,57 +71,48 @@ pub fn live(cfg: LiveConfig) -> anyhow::Result<Receiver<Snapshot>> {
 /// raw events, as `record` would write them), [`Capture::push`] feeds it to the pipeline,
 /// [`Capture::close_due`] closes a window once time allows.
 pub struct Capture {
-    session: Session,
-    energy: EnergyReader,
+    live: crate::capture::Live,
     pipeline: Pipeline,
     sample_hz: u32,
     header: pb::Header,
-    sources: Option<Vec<pb::EnergySource>>,
-    faults_seen: usize,
 }
 
 impl Capture {
     /// Loads the probes, starts the energy reader and opens the first window now.
     pub fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
-        let probes = Probes::start_sized(
-            cfg.sample_hz,
-            cfg.activity,
-            cfg.unwind,
-            cfg.sample_ring_bytes,
-        )
-        .context("cannot start capture")?;
-        let cpus = energy::topology::of(&cfg.energy.sysfs_root, probes.cpus());
-        let energy = energy::start(&cfg.energy, &cpus).context("cannot start energy readings")?;
+        let mut live = crate::capture::Live::start(LiveOptions {
+            sample_hz: cfg.sample_hz,
+            activity: cfg.activity,
+            unwind: cfg.unwind,
+            sample_ring_bytes: cfg.sample_ring_bytes,
+            energy: cfg.energy.clone(),
+            targets: Targets::default(),
+            read_mappings: crate::symbolize::process_mappings,
+        })?;
+        let cpus = live.cpus().to_vec();
         let header = host::header(cpus.clone(), cfg.sample_hz as u32, Vec::new());
         let config = Config {
             cpus,
-            sources: energy.sources(),
+            sources: live.sources(),
             options: cfg.attribute.clone(),
-            activity_event: probes.activity_event().map(|e| e.name().to_owned()),
+            activity_event: live.activity_event().map(|e| e.name().to_owned()),
         };
         let names = std::cell::RefCell::new(CgroupNames::default());
         let mut pipeline = Pipeline::new(config, clock::monotonic_ns())
             .with_cgroup_names(move |id| names.borrow_mut().name(id));
         // The first readings open the first window of every counter.
-        pipeline.push_readings(energy.drain());
+        pipeline.push_readings(live.drain_readings());
         Ok(Self {
-            session: Session::new(
-                probes,
-                Targets::default(),
-                crate::symbolize::process_mappings,
-            ),
-            sources: Some(energy.sources()),
-            energy,
+            live,
             pipeline,
             sample_hz: cfg.sample_hz as u32,
             header,
-            faults_seen: 0,
         })
     }
 
     /// What the unwind tables hold, when user stacks are walked with them.
     pub fn unwind_stats(&self) -> Option<crate::capture::unwinder::UnwindStats> {
-        self.session.probes().unwind_stats()
+        self.live.unwind_stats()
     }
 
     /// The recording header of this capture (topology, sample rate, start time).
@@ -151,19 +139,14 @@ impl Capture {
     /// Drains the probes and the energy reader into one chunk, shaped as `record` writes
     /// it: the first one carries the energy sources.
     pub fn poll(&mut self) -> pb::Chunk {
-        let mut chunk = self.session.poll();
-        chunk.sources = self.sources.take().unwrap_or_default();
-        chunk.readings = self.energy.drain();
-        chunk
+        self.live.poll()
     }
 
     /// Ends the capture: drains the last chunk (every CPU visited so each timeline ends on
     /// a known task, switch batches still in the kernel included, the energy reader
     /// stopped), shows it to `on_chunk`, and closes the last window where the capture ends.
     pub fn finish(mut self, on_chunk: impl FnOnce(&pb::Chunk)) -> Window {
-        let mut chunk = self.session.finish();
-        chunk.sources = self.sources.take().unwrap_or_default();
-        chunk.readings = self.energy.stop();
+        let (chunk, _) = self.live.finish();
         on_chunk(&chunk);
         self.pipeline.push(chunk);
         let end = clock::monotonic_ns().max(self.pipeline.window_start_ns() + 1);
@@ -172,13 +155,7 @@ impl Capture {
 
     /// Energy sources that failed since the last call (the others go on).
     pub fn new_faults(&mut self) -> Vec<String> {
-        let faults = self.energy.faults();
-        let new = faults[self.faults_seen.min(faults.len())..]
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        self.faults_seen = faults.len();
-        new
+        self.live.new_faults()
     }
 
     /// Feeds a chunk from [`Self::poll`] to the pipeline.

@@ -160,7 +160,12 @@ impl Timeline {
 
     /// The timeline of one CPU.
     pub fn cpu(&self, cpu: u32) -> Option<&CpuTimeline> {
-        self.cpus.iter().find(|c| c.cpu == cpu)
+        // Built timelines hold their CPUs sorted: a binary search keeps lookups per interval
+        // and CPU from growing with the number of CPUs; a hand-made unsorted one is searched.
+        match self.cpus.binary_search_by_key(&cpu, |c| c.cpu) {
+            Ok(i) => self.cpus.get(i),
+            Err(_) => self.cpus.iter().find(|c| c.cpu == cpu),
+        }
     }
 
     /// On-CPU ns per thread `(tgid, tid)` summed over all CPUs within `[a, b)`.

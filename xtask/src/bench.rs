@@ -10,7 +10,10 @@
 //!   `report` and `flamegraph` (every format) on that real recording (best of 3).
 //! - `top`: CPU used by `energy-bpf top` itself at the default 1 s refresh.
 //! - `agent SECS`: the agent's CPU and RSS, quiet and under process churn ([`agent`]).
+//! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent, `record` and
+//!   `perf record -a -g`, with each tool's CPU per context switch ([`server`]).
 mod agent;
+mod server;
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -39,7 +42,12 @@ pub fn run(args: &[String]) -> Result {
         Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
         Some("top") => top(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30)),
         Some("agent") => agent::run(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(600)),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS] | agent [SECS]".into()),
+        Some("server") => server::run(
+            args.get(1).and_then(|s| s.parse().ok()).unwrap_or(7),
+            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1_000_000),
+        ),
+        Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale".into()),
     }
 }
 

@@ -28,6 +28,16 @@ const APT: &[(&str, &str, &str)] = &[
         "flamegraph SVGs are opened in headless Chromium in tests",
     ),
     (
+        "redis-server",
+        "/usr/bin/redis-server",
+        "`bench server` measures each tool's cost to a saturated redis",
+    ),
+    (
+        "redis-tools",
+        "/usr/bin/redis-benchmark",
+        "`bench server` drives redis with redis-benchmark",
+    ),
+    (
         "prometheus",
         "/usr/bin/prometheus",
         "the agent test scrapes the agent with a real Prometheus",

@@ -4,19 +4,21 @@
 //! `ebpf-probes/probes`, attaches `sched_switch`, the lifecycle tracepoints and a cpu-clock
 //! sampler on every online CPU. [`Probes::drain`] empties the ring buffers; the caller calls
 //! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). [`session`] builds recording
-//! chunks on top of it.
+//! chunks on top of it; [`live`] is the one place a capture is started, polled and finished.
 
 pub mod activity;
 mod bpf_sys;
 pub mod btf;
 pub mod host;
 pub mod jit;
+pub mod live;
 mod probes;
 pub mod python;
 pub mod session;
 pub mod unwinder;
 
 pub use activity::ActivityEvent;
+pub use live::{Live, LiveError, LiveOptions};
 pub use probes::{CaptureError, Comm, Event, Probes, UnwindMode, comm_string, sample_ring_bytes};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.

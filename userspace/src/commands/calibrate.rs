@@ -20,10 +20,7 @@ use anyhow::Context as _;
 use crate::{
     attribute::calibrate,
     calibration::{self, CalibrationFile, SourceCalibration},
-    capture::{
-        ActivityEvent, Probes, host,
-        session::{Session, Targets},
-    },
+    capture::{ActivityEvent, Live, LiveOptions, host, session::Targets},
     pb::v1::{EnergyReading, SwitchEvent},
     timeline::Timeline,
 };
@@ -86,19 +83,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // A low sampling rate: stacks are not needed, only the switch timeline.
     // Only who ran matters here, not what each run did.
-    let probes = Probes::start(1, ActivityEvent::None, crate::capture::UnwindMode::Fp)
-        .context("cannot start capture")?;
-    let cpu_ids = probes.cpus().to_vec();
-    let cpus = crate::energy::topology::of(&args.energy.sysfs_root, &cpu_ids);
-    let energy =
-        crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
-    let sources = energy.sources();
+    let mut live = Live::start(LiveOptions {
+        sample_hz: 1,
+        activity: ActivityEvent::None,
+        unwind: crate::capture::UnwindMode::Fp,
+        sample_ring_bytes: None,
+        energy: args.energy.clone(),
+        targets: Targets::new([]),
+        read_mappings: |_, _| Ok(Vec::new()),
+    })?;
+    let cpu_ids = live.cpu_ids().to_vec();
+    let cpus = live.cpus().to_vec();
+    let sources = live.sources();
     anyhow::ensure!(
         sources.iter().all(|s| !s.estimated),
         "no energy counter to calibrate: the estimated model has no static power to measure \
          (set it with --model-idle-w instead)"
     );
-    let mut session = Session::new(probes, Targets::new([]), |_, _| Ok(Vec::new()));
     let start_ns = crate::clock::monotonic_ns();
     let (mut switches, mut readings): (Vec<SwitchEvent>, Vec<EnergyReading>) = Default::default();
     let step = Duration::from_secs_f64(args.duration);
@@ -107,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         sources.len(),
         args.duration
     );
-    collect(&mut session, &energy, step, &mut switches, &mut readings);
+    collect(&mut live, step, &mut switches, &mut readings);
     // Load steps: 1..N spinners, distinct physical cores first, then SMT siblings.
     let order = if args.load {
         calibrate::spin_order(&cpus)
@@ -130,16 +131,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let stop = Arc::new(AtomicBool::new(false));
         let spinners: Vec<_> = spun.iter().map(|c| spin(c.id, Arc::clone(&stop))).collect();
         let from = crate::clock::monotonic_ns() + (step.as_nanos() / 5) as u64;
-        collect(&mut session, &energy, step, &mut switches, &mut readings);
+        collect(&mut live, step, &mut switches, &mut readings);
         steps.push((n as u32, cores as u32, from, crate::clock::monotonic_ns()));
         stop.store(true, Ordering::Relaxed);
         for s in spinners {
             let _ = s.join();
         }
     }
-    let last = session.finish();
+    let (last, _) = live.finish();
     switches.extend(last.switches);
-    readings.extend(energy.stop());
+    readings.extend(last.readings);
     let end_ns = crate::clock::monotonic_ns();
     let timeline = Timeline::build(start_ns, end_ns, &cpu_ids, &switches);
     let mut measured = calibrate::measure(
@@ -218,8 +219,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Drains capture and energy every 100 ms for `how_long`.
 pub(super) fn collect(
-    session: &mut Session,
-    energy: &crate::energy::EnergyReader,
+    live: &mut Live,
     how_long: Duration,
     switches: &mut Vec<SwitchEvent>,
     readings: &mut Vec<EnergyReading>,
@@ -227,8 +227,9 @@ pub(super) fn collect(
     let until = Instant::now() + how_long;
     while Instant::now() < until {
         thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
-        switches.extend(session.poll().switches);
-        readings.extend(energy.drain());
+        let chunk = live.poll();
+        switches.extend(chunk.switches);
+        readings.extend(chunk.readings);
     }
 }
 

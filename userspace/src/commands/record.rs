@@ -16,10 +16,7 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    capture::{
-        Probes, host,
-        session::{Session, Targets},
-    },
+    capture::{Live, LiveOptions, host, session::Targets},
     pb::v1::{Header, Trailer},
     record::{WriteError, Writer},
 };
@@ -74,12 +71,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
-    let probes = Probes::start(args.freq, args.activity.event, args.unwind.mode)
-        .context("cannot start capture")?;
-    let activity_event = probes.activity_event().map(|e| e.name());
-    let cpus = crate::energy::topology::of(&args.energy.sysfs_root, probes.cpus());
-    let energy =
-        crate::energy::start(&args.energy, &cpus).context("cannot start energy readings")?;
+    let mut live = Live::start(LiveOptions {
+        sample_hz: args.freq,
+        activity: args.activity.event,
+        unwind: args.unwind.mode,
+        sample_ring_bytes: None,
+        energy: args.energy.clone(),
+        targets: Targets::new(args.pids.iter().copied()),
+        // Build-ids too, so symbolization finds the same binary after it is gone.
+        read_mappings: crate::symbolize::process_mappings,
+    })?;
+    let activity_event = live.activity_event().map(|e| e.name());
+    let cpus = live.cpus().to_vec();
     let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
     let calibration = args
         .calibration
@@ -95,12 +98,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     header.activity_event = activity_event.unwrap_or_default().into();
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
-    let mut session = Session::new(
-        probes,
-        Targets::new(args.pids.iter().copied()),
-        // Build-ids too, so symbolization finds the same binary after it is gone.
-        crate::symbolize::process_mappings,
-    );
     let mut child = match args.command.as_slice() {
         [] => None,
         [program, rest @ ..] => {
@@ -108,24 +105,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 .args(rest)
                 .spawn()
                 .with_context(|| format!("cannot run {program}"))?;
-            session.targets_mut().add(child.id());
-            let tables = session.probes().unwind_stats().is_some();
-            let python = session.probes().python_on();
+            live.targets_mut().add(child.id());
+            let tables = live.unwind_stats().is_some();
+            let python = live.python_on();
             if (tables || python) && wait_for_exec(child.id()) {
                 // Tables from the first milliseconds, not after the first drain; libraries
                 // the dynamic loader maps later are picked up at the first walk that meets
                 // them.
                 if tables {
-                    session.load_unwind_tables(child.id());
+                    live.load_unwind_tables(child.id());
                 }
                 // Likewise the interpreter of a CPython command (a shared build's
                 // libpython, if not mapped yet, is found at a later sample).
-                session.load_python(child.id());
+                live.load_python(child.id());
             }
             Some(child)
         }
     };
-    let unwind = if session.probes().unwind_stats().is_some() {
+    let unwind = if live.unwind_stats().is_some() {
         "unwind tables, frame pointers where a PC has none"
     } else {
         "frame pointers"
@@ -144,18 +141,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
     let tick = Duration::from_millis(args.drain_ms);
     let mut child_status = None;
-    let mut sources = Some(energy.sources());
-    let mut faults_seen = 0;
     let stop_reason = loop {
         thread::sleep(tick);
-        let mut chunk = session.poll();
-        chunk.sources = sources.take().unwrap_or_default();
-        chunk.readings = energy.drain();
-        let faults = energy.faults();
-        for fault in &faults[faults_seen.min(faults.len())..] {
+        let chunk = live.poll();
+        for fault in live.new_faults() {
             eprintln!("energy-bpf: warning: {fault}; recording goes on with the other sources");
         }
-        faults_seen = faults.len();
         if let Err(err) = writer.chunk(chunk) {
             kill(&mut child);
             return Err(stopped_early(writer, err, &header, &args.output));
@@ -175,8 +166,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     kill(&mut child);
     // A last sweep pins down who is on each CPU at the end of the window.
-    let mut last = session.finish();
-    if let Some(u) = session.probes().unwind_stats() {
+    let (last, unwind_stats) = live.finish();
+    if let Some(u) = unwind_stats {
         eprintln!(
             "energy-bpf: unwind tables: {} processes, {} files, {} of {} rows ({:.1} of {} MiB \
              of kernel memory), {} processes gone or unreadable before loading, {} ms spent loading",
@@ -190,7 +181,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             u.load_ms
         );
     }
-    last.readings = energy.stop();
     let losses = last.losses;
     if let Err(err) = writer.chunk(last) {
         return Err(stopped_early(writer, err, &header, &args.output));

@@ -21,8 +21,9 @@ use crate::{
     attribute::{calibrate, source_key},
     calibration::{self, CalibrationFile, SourceCalibration},
     capture::{
-        ActivityEvent, Probes, host,
-        session::{Session, Targets},
+        ActivityEvent, host,
+        live::{Live, LiveOptions},
+        session::Targets,
     },
     pb::v1::{EnergyDomain, EnergyReading, EnergySource, SwitchEvent},
     roofline::{
@@ -64,15 +65,21 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !freqs.is_empty() {
         cpufreq::check(&args.energy.sysfs_root, &freqs)?;
     }
-    let probes = Probes::start(1, ActivityEvent::None, crate::capture::UnwindMode::Fp)
-        .context("cannot start capture")?;
-    let cpu_ids = probes.cpus().to_vec();
-    let cpus = crate::energy::topology::of(&args.energy.sysfs_root, &cpu_ids);
     let mut energy_args = args.energy.clone();
     energy_args.energy_interval_ms.get_or_insert(READ_MS);
-    let energy =
-        crate::energy::start(&energy_args, &cpus).context("cannot start energy readings")?;
-    let sources: Vec<EnergySource> = energy
+    // Only who ran matters, not what each run did: a low sampling rate, no stacks kept.
+    let mut live = Live::start(LiveOptions {
+        sample_hz: 1,
+        activity: ActivityEvent::None,
+        unwind: crate::capture::UnwindMode::Fp,
+        sample_ring_bytes: None,
+        energy: energy_args,
+        targets: Targets::new([]),
+        read_mappings: |_, _| Ok(Vec::new()),
+    })?;
+    let cpu_ids = live.cpu_ids().to_vec();
+    let cpus = live.cpus().to_vec();
+    let sources: Vec<EnergySource> = live
         .sources()
         .into_iter()
         .filter(|s| s.domain() != EnergyDomain::Gpu)
@@ -90,7 +97,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(signal, Arc::clone(&interrupted))
             .context("cannot handle Ctrl-C")?;
     }
-    let mut session = Session::new(probes, Targets::new([]), |_, _| Ok(Vec::new()));
     let (mut switches, mut readings): (Vec<SwitchEvent>, Vec<EnergyReading>) = Default::default();
     let start_ns = crate::clock::monotonic_ns();
     eprintln!(
@@ -98,8 +104,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         args.duration
     );
     collect(
-        &mut session,
-        &energy,
+        &mut live,
         Duration::from_secs_f64(args.duration),
         &mut switches,
         &mut readings,
@@ -124,8 +129,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // At least 50 counter updates per kernel.
     let kernel = Duration::from_millis(args.kernel_ms).max(Duration::from_nanos(update_ns * 50));
     let mut sweeper = Sweeper {
-        session: &mut session,
-        energy: &energy,
+        live: &mut live,
         switches: &mut switches,
         readings: &mut readings,
         counters: Arc::new(match &args.progress_file {
@@ -158,9 +162,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         runs.extend(at?);
     }
     drop(sweeper);
-    let last = session.finish();
+    let (last, _) = live.finish();
     switches.extend(last.switches);
-    readings.extend(energy.stop());
+    readings.extend(last.readings);
     let end_ns = crate::clock::monotonic_ns();
     let timeline = Timeline::build(start_ns, end_ns, &cpu_ids, &switches);
     let readings = crate::energy::readings_for(&sources, &readings, &timeline, &cpus);
@@ -287,8 +291,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
 
 /// What the sweep drives besides the kernels: capture, counters, the progress file.
 struct Sweeper<'a> {
-    session: &'a mut Session,
-    energy: &'a crate::energy::EnergyReader,
+    live: &'a mut Live,
     switches: &'a mut Vec<SwitchEvent>,
     readings: &'a mut Vec<EnergyReading>,
     counters: Arc<Counters>,
@@ -335,8 +338,9 @@ impl Sweeper<'_> {
     fn tick(&mut self, _: Progress) {
         if self.last_poll.elapsed() >= Duration::from_millis(100) {
             self.last_poll = Instant::now();
-            self.switches.extend(self.session.poll().switches);
-            self.readings.extend(self.energy.drain());
+            let chunk = self.live.poll();
+            self.switches.extend(chunk.switches);
+            self.readings.extend(chunk.readings);
         }
     }
 }

@@ -88,14 +88,25 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
 
     // (tgid, instance, tid) -> facts, from the exact timeline and the samples.
     let mut facts: BTreeMap<(u32, u32, u32), ThreadFacts> = BTreeMap::new();
+    // Each CPU's runs are summed per thread first (a window has many runs per thread and
+    // CPU), then added to the thread's facts once: the same integer sums, and the same
+    // last non-zero cgroup id, as adding run by run.
+    let mut on_cpu: HashMap<(u32, u32, u32), (u64, u64)> = HashMap::new();
     for cpu in &tl.cpus {
         for run in cpu.runs.iter().filter(|r| r.is_busy()) {
             let inst = lifetimes.instance(run.tgid, run.start_ns);
-            let f = facts.entry((run.tgid, inst, run.tid)).or_default();
-            f.cpu_ns += run.len_ns();
-            *f.by_cpu.entry(cpu.cpu).or_default() += run.len_ns();
+            let (ns, cgroup_id) = on_cpu.entry((run.tgid, inst, run.tid)).or_default();
+            *ns += run.len_ns();
             if run.cgroup_id != 0 {
-                f.cgroup_id = run.cgroup_id;
+                *cgroup_id = run.cgroup_id;
+            }
+        }
+        for (key, (ns, cgroup_id)) in on_cpu.drain() {
+            let f = facts.entry(key).or_default();
+            f.cpu_ns += ns;
+            *f.by_cpu.entry(cpu.cpu).or_default() += ns;
+            if cgroup_id != 0 {
+                f.cgroup_id = cgroup_id;
             }
         }
     }

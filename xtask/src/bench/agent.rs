@@ -150,7 +150,7 @@ fn churn(stop: &AtomicBool, started: &AtomicU64) {
     }
 }
 
-fn cpu_seconds(pid: u32) -> Result<f64> {
+pub(super) fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|e| format!("agent gone: {e}"))?;
     let after = stat.rsplit_once(") ").ok_or("odd /proc stat")?.1;
@@ -163,7 +163,7 @@ fn cpu_seconds(pid: u32) -> Result<f64> {
     Ok((f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / hz)
 }
 
-fn status_kib(pid: u32, key: &str) -> Result<u64> {
+pub(super) fn status_kib(pid: u32, key: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .map_err(|e| format!("agent gone: {e}"))?;
     status

@@ -1,0 +1,165 @@
+//! The one live capture: probes, [`Session`], energy reader, sample targets and energy
+//! faults, started, polled and finished the same way for `record`, `calibrate`, `top` and
+//! the agent. Nothing outside this module calls [`Session::new`] or
+//! [`crate::energy::start`], so a fix to start-up, draining or the last chunk reaches every
+//! command.
+//!
+//! Single-threaded: the caller owns it and drives it on its own timer ([`Live::poll`]).
+//! What is done with the chunks (a file, the pipeline, a calibration) is the caller's.
+
+use super::{
+    ActivityEvent, CaptureError, Probes, UnwindMode,
+    session::{MappingReader, Session, Targets},
+    unwinder::UnwindStats,
+};
+use crate::{
+    energy::{self, EnergyArgs, EnergyError, EnergyReader},
+    pb::v1 as pb,
+};
+
+/// What a live capture is started with.
+#[derive(Clone, Debug)]
+pub struct LiveOptions {
+    /// Stack sampling frequency per CPU, Hz.
+    pub sample_hz: u64,
+    /// The per-run activity counter.
+    pub activity: ActivityEvent,
+    /// How user stacks are walked.
+    pub unwind: UnwindMode,
+    /// Size of the stack-sample ring buffer (`None`: the probes' default).
+    pub sample_ring_bytes: Option<u32>,
+    /// Energy sources.
+    pub energy: EnergyArgs,
+    /// Whose stacks are kept.
+    pub targets: Targets,
+    /// How a new target's executable mappings are read.
+    pub read_mappings: MappingReader,
+}
+
+/// Why a live capture could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The probes could not be loaded or attached.
+    #[error("cannot start capture")]
+    Probes(#[source] CaptureError),
+    /// The energy reader could not start.
+    #[error("cannot start energy readings")]
+    Energy(#[source] EnergyError),
+}
+
+/// A running capture. Dropping it detaches the probes and stops the reader.
+pub struct Live {
+    session: Session,
+    energy: EnergyReader,
+    cpus: Vec<pb::Cpu>,
+    /// Handed out with the first chunk only, as a recording stores them.
+    sources: Option<Vec<pb::EnergySource>>,
+    faults_seen: usize,
+}
+
+impl Live {
+    /// Loads the probes, then starts the energy reader on their CPUs' topology (its first
+    /// readings are taken now).
+    pub fn start(opts: LiveOptions) -> Result<Self, LiveError> {
+        let probes = Probes::start_sized(
+            opts.sample_hz,
+            opts.activity,
+            opts.unwind,
+            opts.sample_ring_bytes,
+        )
+        .map_err(LiveError::Probes)?;
+        let cpus = energy::topology::of(&opts.energy.sysfs_root, probes.cpus());
+        let energy = energy::start(&opts.energy, &cpus).map_err(LiveError::Energy)?;
+        Ok(Self {
+            session: Session::new(probes, opts.targets, opts.read_mappings),
+            sources: Some(energy.sources()),
+            energy,
+            cpus,
+            faults_seen: 0,
+        })
+    }
+
+    /// The captured CPUs with their topology.
+    pub fn cpus(&self) -> &[pb::Cpu] {
+        &self.cpus
+    }
+
+    /// The captured CPUs' ids, as the probes attached to them.
+    pub fn cpu_ids(&self) -> &[u32] {
+        self.session.probes().cpus()
+    }
+
+    /// The energy sources being read.
+    pub fn sources(&self) -> Vec<pb::EnergySource> {
+        self.energy.sources()
+    }
+
+    /// The activity counter runs are weighed by, if one is counted.
+    pub fn activity_event(&self) -> Option<ActivityEvent> {
+        self.session.probes().activity_event()
+    }
+
+    /// What the unwind tables hold, when user stacks are walked with them.
+    pub fn unwind_stats(&self) -> Option<UnwindStats> {
+        self.session.probes().unwind_stats()
+    }
+
+    /// Mutable access to the sample filter (e.g. to add a spawned command).
+    pub fn targets_mut(&mut self) -> &mut Targets {
+        self.session.targets_mut()
+    }
+
+    /// Loads the unwind tables of a process that just exec'd, now rather than after the
+    /// next drain.
+    pub fn load_unwind_tables(&mut self, tgid: u32) {
+        self.session.load_unwind_tables(tgid);
+    }
+
+    /// Whether CPython frames are walked.
+    pub fn python_on(&self) -> bool {
+        self.session.probes().python_on()
+    }
+
+    /// Finds the CPython interpreter of a process that just exec'd, now rather than at
+    /// its first sample.
+    pub fn load_python(&mut self, tgid: u32) {
+        self.session.load_python(tgid);
+    }
+
+    /// Readings taken since the last poll, without draining the probes (e.g. the first
+    /// readings, which open the first window of every counter).
+    pub fn drain_readings(&mut self) -> Vec<pb::EnergyReading> {
+        self.energy.drain()
+    }
+
+    /// Drains the probes, then the energy reader, into one chunk shaped as `record` writes
+    /// it: the first one carries the energy sources.
+    pub fn poll(&mut self) -> pb::Chunk {
+        let mut chunk = self.session.poll();
+        chunk.sources = self.sources.take().unwrap_or_default();
+        chunk.readings = self.energy.drain();
+        chunk
+    }
+
+    /// Energy sources that failed since the last call (the others go on).
+    pub fn new_faults(&mut self) -> Vec<String> {
+        let faults = self.energy.faults();
+        let seen = self.faults_seen.min(faults.len());
+        self.faults_seen = faults.len();
+        faults.into_iter().skip(seen).collect()
+    }
+
+    /// Ends the capture: every CPU visited so each timeline ends on a known task, the
+    /// probes drained (switch batches still in the kernel included), then the energy
+    /// reader stopped, all in the last chunk; with what the unwind tables held at the end.
+    pub fn finish(mut self) -> (pb::Chunk, Option<UnwindStats>) {
+        let mut chunk = self.session.finish();
+        let unwind = self.unwind_stats();
+        let Self {
+            energy, sources, ..
+        } = self;
+        chunk.sources = sources.unwrap_or_default();
+        chunk.readings = energy.stop();
+        (chunk, unwind)
+    }
+}

@@ -1,0 +1,288 @@
+//! `cargo xtask bench server [ROUNDS] [REQUESTS]`: what each tool costs a saturated server.
+//! redis-server pinned to CPU 0, `redis-benchmark -c 8 -t get,set` pinned to CPU 1 (both
+//! saturated, tens of thousands of context switches per second); the benchmark runs alone,
+//! under the agent, under `energy-bpf record` and under `perf record -a -g`, each once per
+//! round in rotating order (>= 7 rounds). Reported per mode: median requests/s, the median
+//! over rounds of the change against the same round's run alone, and the tool's own CPU
+//! per context switch of the machine during the run, and its peak RSS.
+//!
+//! Self-contained: starts its own redis on a free loopback port with persistence off, in a
+//! private directory, and stops everything it started (also on error).
+use std::{
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::util::{self, Result};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Alone,
+    Agent,
+    Record,
+    Perf,
+}
+
+impl Mode {
+    const ALL: [Mode; 4] = [Mode::Alone, Mode::Agent, Mode::Record, Mode::Perf];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Alone => "alone",
+            Mode::Agent => "energy-bpf agent",
+            Mode::Record => "energy-bpf record",
+            Mode::Perf => "perf record -a -g",
+        }
+    }
+}
+
+/// Kills (and reaps) a child when dropped: nothing is left running after an error.
+struct Guard(Option<Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One run: requests/s (mean of SET and GET), the tool's CPU seconds and the machine's
+/// context switches while the benchmark ran, and the tool's peak RSS.
+#[derive(Clone, Copy, Default)]
+struct Run {
+    rps: f64,
+    tool_cpu_s: f64,
+    switches: u64,
+    peak_rss_kib: u64,
+}
+
+/// Runs the benchmark.
+pub fn run(rounds: usize, requests: u64) -> Result {
+    let rounds = rounds.max(7);
+    for tool in ["redis-server", "redis-benchmark", "perf", "taskset"] {
+        if util::output("sh", &["-c", &format!("command -v {tool}")]).is_none_or(|s| s.is_empty()) {
+            return Err(format!(
+                "{tool} not found: run `sudo cargo xtask setup` (redis-server, redis-tools, linux-perf)"
+            ));
+        }
+    }
+    let bin = super::release_bin()?;
+    let dir = std::env::temp_dir().join(format!("energy-bpf-bench-server-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = rounds_in(&dir, &bin, rounds, requests);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn rounds_in(dir: &Path, bin: &Path, rounds: usize, requests: u64) -> Result {
+    let port = free_port()?;
+    let _redis = Guard(Some(
+        Command::new("taskset")
+            .args(["-c", "0", "redis-server", "--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting redis-server: {e}"))?,
+    ));
+    wait_for_port(port)?;
+    println!(
+        "# bench server: redis-server on CPU 0, redis-benchmark -c 8 -t get,set -n {requests} on CPU 1; \
+         {rounds} rounds, modes in rotating order; change = median over rounds of (rps / the \
+         same round's rps alone) - 1"
+    );
+    let mut runs: [Vec<Run>; Mode::ALL.len()] = Default::default();
+    for round in 0..rounds {
+        for k in 0..Mode::ALL.len() {
+            let i = (k + round) % Mode::ALL.len();
+            let run = one_run(Mode::ALL[i], bin, dir, port, requests)?;
+            runs[i].push(run);
+        }
+        eprintln!("bench server: round {} of {rounds} done", round + 1);
+    }
+    println!(
+        "{:<20} {:>12} {:>9} {:>19} {:>16} {:>10}",
+        "mode", "median rps", "change", "quartiles", "tool ns/switch", "tool RSS"
+    );
+    for (i, mode) in Mode::ALL.into_iter().enumerate() {
+        let rps: Vec<f64> = runs[i].iter().map(|r| r.rps).collect();
+        let change: Vec<f64> = runs[i]
+            .iter()
+            .zip(&runs[0])
+            .map(|(r, a)| r.rps / a.rps - 1.0)
+            .collect();
+        let (q1, q2, q3) = super::quartiles(&change);
+        let (per_switch, rss) = if mode == Mode::Alone {
+            ("-".to_string(), "-".to_string())
+        } else {
+            let ns: Vec<f64> = runs[i]
+                .iter()
+                .map(|r| r.tool_cpu_s * 1e9 / r.switches.max(1) as f64)
+                .collect();
+            let rss = runs[i].iter().map(|r| r.peak_rss_kib).max().unwrap_or(0);
+            (
+                format!("{:.0}", super::median(&ns)),
+                format!("{} MiB", rss / 1024),
+            )
+        };
+        println!(
+            "{:<20} {:>12.0} {:>8.2}% {:>19} {:>16} {:>10}",
+            mode.name(),
+            super::median(&rps),
+            100.0 * q2,
+            format!("[{:+.2}%, {:+.2}%]", 100.0 * q1, 100.0 * q3),
+            per_switch,
+            rss
+        );
+    }
+    let switches: Vec<f64> = runs.iter().flatten().map(|r| r.switches as f64).collect();
+    println!(
+        "machine context switches per run: median {:.0}",
+        super::median(&switches)
+    );
+    Ok(())
+}
+
+fn one_run(mode: Mode, bin: &Path, dir: &Path, port: u16, requests: u64) -> Result<Run> {
+    let out: PathBuf = dir.join("out");
+    let _ = std::fs::remove_file(&out);
+    let tool = match mode {
+        Mode::Alone => None,
+        Mode::Agent => Some(start(
+            Command::new(bin)
+                .args(["agent", "--metrics-addr", "127.0.0.1:0", "--socket"])
+                .arg(dir.join("agent.sock")),
+            Some("metrics at"),
+        )?),
+        Mode::Record => Some(start(
+            Command::new(bin).arg("record").arg("-o").arg(&out),
+            Some("recording"),
+        )?),
+        Mode::Perf => Some(start(
+            Command::new("perf")
+                .args(["record", "-a", "-g", "-F", "99", "-q", "-o"])
+                .arg(&out),
+            None,
+        )?),
+    };
+    let mut guard = Guard(tool);
+    let pid = guard.0.as_ref().map(Child::id);
+    let cpu0 = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0);
+    let ctxt0 = ctxt()?;
+    let t0 = Instant::now();
+    let bench = Command::new("taskset")
+        .args(["-c", "1", "redis-benchmark", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-c", "8", "-t", "get,set", "--csv", "-n"])
+        .arg(requests.to_string())
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| format!("redis-benchmark: {e}"))?;
+    let wall = t0.elapsed();
+    let switches = ctxt()?.saturating_sub(ctxt0);
+    let tool_cpu_s = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0) - cpu0;
+    let peak_rss_kib = pid.map(|p| peak_rss(p).unwrap_or(0)).unwrap_or(0);
+    let text = String::from_utf8_lossy(&bench.stdout);
+    let rps: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("\"SET\"") || l.starts_with("\"GET\""))
+        .filter_map(|l| l.split(',').nth(1)?.trim_matches('"').parse().ok())
+        .collect();
+    if rps.len() != 2 || !bench.status.success() {
+        return Err(format!(
+            "redis-benchmark under {} gave no rates ({}): {text}",
+            mode.name(),
+            bench.status
+        ));
+    }
+    if let Some(mut c) = guard.0.take() {
+        // SAFETY: kill with a valid pid of our own child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
+        let _ = c.wait();
+    }
+    tracing_line(mode, wall, switches);
+    Ok(Run {
+        rps: rps.iter().sum::<f64>() / rps.len() as f64,
+        tool_cpu_s,
+        switches,
+        peak_rss_kib,
+    })
+}
+
+fn tracing_line(mode: Mode, wall: Duration, switches: u64) {
+    eprintln!(
+        "  {:<20} {:.1} s, {:.0} switches/s",
+        mode.name(),
+        wall.as_secs_f64(),
+        switches as f64 / wall.as_secs_f64().max(1e-9)
+    );
+}
+
+/// Starts a tool and waits for its ready line (then 2 s more for the first windows).
+fn start(cmd: &mut Command, ready: Option<&str>) -> Result<Child> {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    if let Some(ready) = ready {
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains(ready) => break,
+                Some(Ok(_)) => {}
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{cmd:?} exited before it was ready"));
+                }
+            }
+        }
+    }
+    thread::spawn(move || lines.for_each(drop));
+    thread::sleep(Duration::from_secs(2));
+    Ok(child)
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn wait_for_port(port: u16) -> Result {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "redis-server did not listen on port {port} within 10 s"
+    ))
+}
+
+/// Context switches of the machine since boot.
+fn ctxt() -> Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").map_err(|e| format!("/proc/stat: {e}"))?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("ctxt "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "no ctxt line in /proc/stat".into())
+}
+
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    super::agent::cpu_seconds(pid)
+}
+
+fn peak_rss(pid: u32) -> Result<u64> {
+    super::agent::status_kib(pid, "VmHWM:")
+}
