@@ -175,12 +175,15 @@ fn check_machine(r: &serde_json::Value, truth: Truth, said: &str) -> bool {
     within("j_per_flop", truth.j_per_flop, 0.10);
     within("j_per_byte", truth.j_per_byte, 0.10);
     // Each constant's interval holds its estimate.
-    for key in ["const_w", "j_per_flop", "j_per_byte", "s_per_flop", "s_per_byte"] {
+    for key in [
+        "const_w",
+        "j_per_flop",
+        "j_per_byte",
+        "s_per_flop",
+        "s_per_byte",
+    ] {
         let iv = &r["fit"]["intervals"][key];
-        let (lo, hi) = (
-            iv[0].as_f64().expect("low"),
-            iv[1].as_f64().expect("high"),
-        );
+        let (lo, hi) = (iv[0].as_f64().expect("low"), iv[1].as_f64().expect("high"));
         let v = num(r, key);
         assert!(lo <= v && v <= hi, "{key}: {v} outside [{lo}, {hi}]");
     }
@@ -232,13 +235,19 @@ fn roofline_recovers_an_emulated_machine_that_races_and_one_that_does_not() {
     std::fs::create_dir_all(&b).expect("mkdir");
     let (r, said) = roofline_on(&a, racer, None);
     eprintln!("{said}");
-    assert!(check_machine(&r, racer, &said), "the racer must race:\n{said}");
+    assert!(
+        check_machine(&r, racer, &said),
+        "the racer must race:\n{said}"
+    );
     assert!(said.contains("race to halt: yes"), "{said}");
 
     let svg = b.join("roofline.svg");
     let (r, said) = roofline_on(&b, saver, Some(&svg));
     eprintln!("{said}");
-    assert!(!check_machine(&r, saver, &said), "the saver must not race:\n{said}");
+    assert!(
+        !check_machine(&r, saver, &said),
+        "the saver must not race:\n{said}"
+    );
     assert!(
         said.contains("compute-bound in time but memory-bound in energy"),
         "{said}"
@@ -252,7 +261,11 @@ fn roofline_recovers_an_emulated_machine_that_races_and_one_that_does_not() {
 
     // The plot: points, both model lines and the balance points, rendered by Chromium.
     let text = std::fs::read_to_string(&svg).expect("plot written");
-    assert_eq!(text.matches("class=\"point\"").count(), 44, "22 kernels × 2 panels");
+    assert_eq!(
+        text.matches("class=\"point\"").count(),
+        44,
+        "22 kernels × 2 panels"
+    );
     crate::outputs::assert_svg_opens(
         &svg,
         &[
@@ -316,7 +329,10 @@ fn roofline_on_the_model_finds_energy_balance_equal_to_time_balance() {
         "energy balance {be:.3} vs time balance {bt:.3} flop/byte\n{said}"
     );
     let w = num(&r, "const_w");
-    assert!((w - 6.0).abs() <= 0.2 * 6.0, "const_w {w} vs the model's 6 W");
+    assert!(
+        (w - 6.0).abs() <= 0.2 * 6.0,
+        "const_w {w} vs the model's 6 W"
+    );
     assert_eq!(r["race_to_halt"], true, "{said}");
 }
 

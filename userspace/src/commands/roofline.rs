@@ -40,6 +40,8 @@ use crate::{
 const READ_MS: u64 = 10;
 /// The first part of each kernel is not measured (threads starting, caches filling).
 const SETTLE: f64 = 0.1;
+/// Each kernel runs in this many round-robin passes, summed.
+const PASSES: u32 = 3;
 
 /// One kernel run: which, where, and its progress log.
 struct Run {
@@ -126,15 +128,17 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         .map(|s| s.update_period_ns)
         .max()
         .unwrap_or(0);
-    // At least 50 counter updates per kernel.
-    let kernel = Duration::from_millis(args.kernel_ms).max(Duration::from_nanos(update_ns * 50));
+    // At least 50 counter updates per pass of a kernel.
+    let kernel =
+        Duration::from_millis(args.kernel_ms).max(Duration::from_nanos(update_ns * 50) * PASSES);
     let mut sweeper = Sweeper {
         live: &mut live,
         switches: &mut switches,
         readings: &mut readings,
         counters: Arc::new(match &args.progress_file {
-            Some(path) => Counters::in_file(path)
-                .with_context(|| format!("cannot map {}", path.display()))?,
+            Some(path) => {
+                Counters::in_file(path).with_context(|| format!("cannot map {}", path.display()))?
+            }
             None => Counters::default(),
         }),
         last_poll: Instant::now(),
@@ -233,10 +237,27 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         };
         let own = std::process::id();
         let points_of = |khz: Option<u64>| -> Vec<KernelPoint> {
-            runs.iter()
+            let mut sums: Vec<KernelPoint> = Vec::new();
+            for p in runs
+                .iter()
                 .filter(|r| r.khz == khz)
                 .filter_map(|r| point(r, &mine, &timeline, own, meter))
-                .collect()
+            {
+                match sums
+                    .iter_mut()
+                    .find(|s| s.threads == p.threads && s.flop_per_byte == p.flop_per_byte)
+                {
+                    Some(s) => {
+                        s.flops += p.flops;
+                        s.bytes += p.bytes;
+                        s.seconds += p.seconds;
+                        s.busy_seconds += p.busy_seconds;
+                        s.joules += p.joules;
+                    }
+                    None => sums.push(p),
+                }
+            }
+            sums
         };
         let kernels = points_of(None);
         let (all, one_thread) = roofline::summarize(&kernels, const_w, interval)
@@ -247,8 +268,9 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
             let fits = freqs
                 .iter()
                 .map(|&khz| {
-                    let (summary, _) = roofline::summarize(&points_of(Some(khz)), const_w, interval)
-                        .with_context(|| format!("{}: cannot fit at {khz} kHz", source.name))?;
+                    let (summary, _) =
+                        roofline::summarize(&points_of(Some(khz)), const_w, interval)
+                            .with_context(|| format!("{}: cannot fit at {khz} kHz", source.name))?;
                     Ok(dvfs::FrequencyFit { khz, summary })
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
@@ -310,8 +332,15 @@ impl Sweeper<'_> {
         khz: Option<u64>,
     ) -> anyhow::Result<Vec<Run>> {
         let mut runs = Vec::new();
+        // Round-robin passes: a burst of other load is spread over every intensity
+        // instead of falling on one kernel.
+        let pass = kernel / PASSES;
         for cpus in threads {
-            for &intensity in &INTENSITIES {
+            for &intensity in INTENSITIES
+                .iter()
+                .cycle()
+                .take(INTENSITIES.len() * PASSES as usize)
+            {
                 anyhow::ensure!(
                     !self.interrupted.load(Ordering::Relaxed),
                     "interrupted (CPU frequencies, if changed, are restored)"
@@ -319,7 +348,7 @@ impl Sweeper<'_> {
                 let body = Body::for_intensity(intensity);
                 let start_ns = crate::clock::monotonic_ns();
                 let counters = Arc::clone(&self.counters);
-                let log = kernels::run(buffer, body, isa, cpus, kernel, &counters, &mut |p| {
+                let log = kernels::run(buffer, body, isa, cpus, pass, &counters, &mut |p| {
                     self.tick(p)
                 });
                 runs.push(Run {
@@ -353,10 +382,7 @@ enum Meter {
     /// The estimated model: it is linear in busy CPUs, so the kernel's own modelled energy
     /// is exact: π_0 over the window plus (P_max − P_idle)/CPUs per second its threads ran
     /// (other load on the machine is not the kernel's).
-    Model {
-        const_w: f64,
-        per_cpu_w: f64,
-    },
+    Model { const_w: f64, per_cpu_w: f64 },
 }
 
 /// A kernel's point for one source: energy between the first and last readings inside the

@@ -101,7 +101,8 @@ fn policies(sysfs_root: &Path) -> Result<Vec<Saved>, CpufreqError> {
     }
     dirs.into_iter()
         .map(|dir| {
-            let governors = read_small(&dir.join("scaling_available_governors")).unwrap_or_default();
+            let governors =
+                read_small(&dir.join("scaling_available_governors")).unwrap_or_default();
             Ok(Saved {
                 governor: read(&dir.join("scaling_governor"))?,
                 min: read(&dir.join("scaling_min_freq"))?,
@@ -278,7 +279,9 @@ mod tests {
         let t = tree(false);
         // policy1's min file reads but cannot be written (even by root): the failure comes
         // after policy0 was set.
-        let min1 = t.path().join("devices/system/cpu/cpufreq/policy1/scaling_min_freq");
+        let min1 = t
+            .path()
+            .join("devices/system/cpu/cpufreq/policy1/scaling_min_freq");
         std::fs::remove_file(&min1).expect("rm");
         std::os::unix::fs::symlink("/proc/version", &min1).expect("symlink");
         let err = Pinned::pin(t.path(), 1_000_000).expect_err("write fails");

@@ -118,7 +118,10 @@ pub fn fit(
     let interval = |f: fn(&Constants) -> f64| {
         let mut v: Vec<f64> = samples.iter().map(f).filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
-        let at = |q: f64| v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied();
+        let at = |q: f64| {
+            v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+                .copied()
+        };
         let point = f(&c);
         [
             at(0.025).unwrap_or(point).min(point),
@@ -228,7 +231,10 @@ fn fit_times(points: &[&KernelPoint]) -> (f64, f64) {
     };
     let mut last: Vec<bool> = Vec::new();
     for _ in 0..50 {
-        let compute: Vec<bool> = points.iter().map(|p| p.flops * tf >= p.bytes * tm).collect();
+        let compute: Vec<bool> = points
+            .iter()
+            .map(|p| p.flops * tf >= p.bytes * tm)
+            .collect();
         if compute == last {
             break;
         }

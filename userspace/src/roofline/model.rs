@@ -121,7 +121,11 @@ mod tests {
     #[test]
     fn fermi_anchors_of_table_2() {
         let c = fermi();
-        assert!((c.time_balance() - 3.576).abs() < 0.01, "{}", c.time_balance());
+        assert!(
+            (c.time_balance() - 3.576).abs() < 0.01,
+            "{}",
+            c.time_balance()
+        );
         assert!((c.energy_balance() - 14.4).abs() < 1e-9);
         // The arch line is 1/2 where flop and memory energy are equal (π_0 = 0).
         assert!((c.arch(14.4) - 0.5).abs() < 1e-12);
