@@ -9,6 +9,7 @@
 //! caller for fresh settings and applies what can change live (interval, series limit).
 
 pub mod collect;
+pub mod health;
 mod http;
 pub mod learn;
 pub mod learn_store;
@@ -91,6 +92,11 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
     let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
     let mut hup = signal(SignalKind::hangup()).context("installing signal handlers")?;
+    if !crate::capture::host::has_capability(crate::capture::host::CAP_SYS_PTRACE) {
+        tracing::warn!(
+            "missing CAP_SYS_PTRACE: other users' processes get no unwind tables or symbols (their /proc/<pid>/maps and /proc/<pid>/root are closed); their stacks use frame pointers"
+        );
+    }
     let metrics = metrics::Metrics::new(settings.max_process_series)?;
     let (listener, addr) = http::bind(settings.metrics_addr).await.with_context(|| {
         format!(
@@ -107,6 +113,14 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     let live = settings.live.clone();
     let interval = settings.interval;
     let capture_metrics = Arc::clone(&metrics);
+    let health = Arc::new(health::Health::new());
+    let capture_health = Arc::clone(&health);
+    // Served from the start: `/healthz` and `/readyz` say 503 while the probes load.
+    let server = tokio::spawn(http::serve(
+        listener,
+        Arc::clone(&metrics),
+        Arc::clone(&health),
+    ));
     let state_dir = settings.state_dir.clone();
     let mut capture = tokio::task::spawn_blocking(move || match Capture::start(&live) {
         Ok(capture) => {
@@ -114,16 +128,20 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
             let learner = learn::Learner::open(&state_dir, &capture.header().hostname);
             collect::Collector::new(capture, sinks, capture_metrics, interval)
                 .learning(learner)
+                .health(capture_health)
                 .run(&control_rx);
         }
         Err(err) => {
             let _ = ready_tx.send(Err(err));
         }
     });
-    ready_rx
+    let started = ready_rx
         .await
-        .context("the capture thread ended during start-up")??;
-    let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics)));
+        .context("the capture thread ended during start-up");
+    if let Err(err) = started.and_then(|r| r) {
+        server.abort();
+        return Err(err);
+    }
     tracing::info!(
         "energy-bpf agent: {} s windows, metrics at http://{addr}/metrics",
         interval.as_secs_f64()
