@@ -35,3 +35,6 @@ mod top_tmux;
 mod agent;
 // The agent learns static power from varying load and keeps it across restarts.
 mod learn;
+// Kubernetes: manifests pass strict schema validation; the agent as nobody with only the
+// DaemonSet's capabilities; pod names from a fake kubelet.
+mod k8s;

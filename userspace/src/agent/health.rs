@@ -89,9 +89,8 @@ impl Health {
                 reason: "capture not running (starting, or stopped)".into(),
             };
         }
-        let silent = Duration::from_millis(
-            now_ms.saturating_sub(self.last_poll_ms.load(Ordering::Acquire)),
-        );
+        let silent =
+            Duration::from_millis(now_ms.saturating_sub(self.last_poll_ms.load(Ordering::Acquire)));
         if silent > STALL {
             return Verdict {
                 ok: false,

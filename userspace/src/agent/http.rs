@@ -38,9 +38,8 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Hea
         let metrics = Arc::clone(&metrics);
         let health = Arc::clone(&health);
         tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                respond(req, Arc::clone(&metrics), Arc::clone(&health))
-            });
+            let service =
+                service_fn(move |req| respond(req, Arc::clone(&metrics), Arc::clone(&health)));
             if let Err(err) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await
@@ -79,8 +78,7 @@ async fn respond(
             return Ok(reply(
                 StatusCode::NOT_FOUND,
                 "text/plain",
-                "energy-bpf agent: metrics are at /metrics; probes at /healthz, /readyz\n"
-                    .into(),
+                "energy-bpf agent: metrics are at /metrics; probes at /healthz, /readyz\n".into(),
             ));
         }
     };
