@@ -248,13 +248,12 @@ fn scratch() -> Scratch {
 /// `setpriv` as nobody/nogroup with exactly `caps` inheritable and ambient, running the
 /// agent on the fake counter. Returns the child and its stderr lines.
 fn agent_as_nobody(s: &Scratch, caps: &[String]) -> (Daemon, mpsc::Receiver<String>) {
-    use std::io::BufRead as _;
     let list = std::iter::once("-all".to_string())
         .chain(caps.iter().map(|c| format!("+{c}")))
         .collect::<Vec<_>>()
         .join(",");
-    let mut child = Command::new("setpriv")
-        .args(["--reuid", "nobody", "--regid", "nogroup", "--clear-groups"])
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid", "nobody", "--regid", "nogroup", "--clear-groups"])
         .args(["--inh-caps", &list, "--ambient-caps", &list])
         .arg(util::bin())
         .args(["agent", "--interval", "1", "--metrics-addr", "127.0.0.1:0"])
@@ -271,10 +270,17 @@ fn agent_as_nobody(s: &Scratch, caps: &[String]) -> (Daemon, mpsc::Receiver<Stri
         .arg("--state-dir")
         .arg(s.dir.path().join("state"))
         .env("XDG_CACHE_HOME", s.dir.path().join("cache"))
-        .env("HOME", "/nonexistent")
+        .env("HOME", "/nonexistent");
+    spawn_logged(cmd)
+}
+
+/// Spawns `cmd` with its stderr lines sent to the receiver.
+pub fn spawn_logged(mut cmd: Command) -> (Daemon, mpsc::Receiver<String>) {
+    use std::io::BufRead as _;
+    let mut child = cmd
         .stderr(Stdio::piped())
         .spawn()
-        .expect("setpriv (util-linux)");
+        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -290,7 +296,7 @@ fn agent_as_nobody(s: &Scratch, caps: &[String]) -> (Daemon, mpsc::Receiver<Stri
 
 /// Waits for a stderr line containing `needle` (or the end of the stream); returns it and
 /// everything seen before.
-fn wait_line(
+pub fn wait_line(
     rx: &mpsc::Receiver<String>,
     needle: &str,
     within: Duration,

@@ -38,3 +38,5 @@ mod learn;
 // Kubernetes: manifests pass strict schema validation; the agent as nobody with only the
 // DaemonSet's capabilities; pod names from a fake kubelet.
 mod k8s;
+// Pod, namespace and container names from a fake kubelet over HTTPS, real cgroups.
+mod k8s_names;

@@ -98,6 +98,10 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
         );
     }
     let metrics = metrics::Metrics::new(settings.max_process_series)?;
+    if let Some(kube) = &settings.kube {
+        let resolver = crate::kube::Resolver::start(kube).context("cannot name pods")?;
+        metrics.set_names(Arc::new(resolver));
+    }
     let (listener, addr) = http::bind(settings.metrics_addr).await.with_context(|| {
         format!(
             "cannot listen on {} for /metrics (choose another with --metrics-addr, or port 0)",
@@ -191,6 +195,7 @@ fn apply_reload(old: &Settings, new: &Settings, control: &mpsc::Sender<collect::
         ("--socket", old.socket != new.socket),
         ("--record-dir/--retain", old.record != new.record),
         ("--state-dir", old.state_dir != new.state_dir),
+        ("--kube-*", old.kube != new.kube),
         (
             "energy source and capture flags",
             format!(
