@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::util::{self, Result, status};
 
 /// The targets, as named in `fuzz/Cargo.toml`.
-pub const TARGETS: &[&str] = &["recording", "columns", "btf", "socket", "unwind"];
+pub const TARGETS: &[&str] = &["recording", "columns", "btf", "socket", "unwind", "podlist"];
 
 /// Seconds per target when `cargo xtask test` runs them: enough to replay the seeds and
 /// explore a little, small next to the suite's few minutes.
