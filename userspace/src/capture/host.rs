@@ -142,8 +142,23 @@ pub fn cgroup(tgid: u32, tid: u32) -> Option<(u64, String)> {
         .lines()
         .find_map(|l| l.strip_prefix("0::"))?
         .trim_end();
-    let dir = format!("{}{path}", cgroup2_mount());
-    fs::metadata(dir).ok().map(|m| (m.ino(), path.to_string()))
+    let view = cgroup2_view();
+    let path = super::cgroupns::host_path(&view.ns_root, path)?;
+    let dir = format!("{}{path}", view.mount);
+    fs::metadata(dir).ok().map(|m| (m.ino(), path))
+}
+
+/// The cgroup v2 mount and, inside a cgroup namespace, the host path of its root
+/// ([`super::cgroupns`]; read once).
+fn cgroup2_view() -> &'static super::cgroupns::View {
+    static VIEW: std::sync::OnceLock<super::cgroupns::View> = std::sync::OnceLock::new();
+    VIEW.get_or_init(|| {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        super::cgroupns::view(&mountinfo, &|p| {
+            use std::os::unix::fs::MetadataExt as _;
+            fs::metadata(p).ok().map(|m| m.ino())
+        })
+    })
 }
 
 /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on unified systems,
