@@ -40,7 +40,7 @@ fn manifests() -> Vec<PathBuf> {
 }
 
 /// Every YAML document of `file`, as JSON (PyYAML, which kubernetes-validate brings).
-fn documents(file: &Path) -> Vec<Value> {
+pub fn documents(file: &Path) -> Vec<Value> {
     let out = Command::new("python3")
         .args([
             "-c",
@@ -53,13 +53,13 @@ fn documents(file: &Path) -> Vec<Value> {
     serde_json::from_slice(&out.stdout).expect("YAML as JSON")
 }
 
-fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+pub fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
     docs.iter()
         .find(|d| d["kind"] == kind)
         .unwrap_or_else(|| panic!("no {kind} in the manifests"))
 }
 
-fn all_documents() -> Vec<Value> {
+pub fn all_documents() -> Vec<Value> {
     manifests().iter().flat_map(|f| documents(f)).collect()
 }
 
@@ -219,13 +219,13 @@ fn daemonset_caps() -> Vec<String> {
 
 /// A scratch tree nobody can use: a root-only fake powercap counter driven by busy CPU
 /// time, and writable socket, state and cache directories.
-struct Scratch {
-    dir: tempfile::TempDir,
-    sysfs: PathBuf,
-    energy_uj: PathBuf,
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+    pub sysfs: PathBuf,
+    pub energy_uj: PathBuf,
 }
 
-fn scratch() -> Scratch {
+pub fn scratch() -> Scratch {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -314,7 +314,7 @@ pub fn wait_line(
 }
 
 /// The value of the first sample on `/metrics` whose line contains every `part`.
-fn sample(metrics: &str, name: &str, parts: &[&str]) -> Option<f64> {
+pub fn sample(metrics: &str, name: &str, parts: &[&str]) -> Option<f64> {
     metrics
         .lines()
         .filter(|l| l.starts_with(name))

@@ -16,21 +16,21 @@ use crate::{
     util::{self, Workload},
 };
 
-const UID: &str = "6f1d2c3b-4a59-4e7f-9b1a-0c2d3e4f5a6b";
-const APP_ID: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
+pub const UID: &str = "6f1d2c3b-4a59-4e7f-9b1a-0c2d3e4f5a6b";
+pub const APP_ID: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 const SIDECAR_ID: &str = "0f9e8d7c6b5a49382716f5e4d3c2b1a00f9e8d7c6b5a49382716f5e4d3c2b1a0";
 const TOKEN: &str = "fake-service-account-token";
 
 /// The cgroup v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts).
-fn root() -> &'static str {
+pub fn root() -> &'static str {
     energy_bpf::capture::host::cgroup2_mount()
 }
 
 /// A cgroup directory removed (after its processes are moved out) on drop.
-struct Cgroup(PathBuf);
+pub struct Cgroup(pub PathBuf);
 
 impl Cgroup {
-    fn create(path: &Path) -> Self {
+    pub fn create(path: &Path) -> Self {
         assert!(
             Path::new(root()).join("cgroup.controllers").exists(),
             "{} is not a cgroup2 mount",
@@ -40,7 +40,7 @@ impl Cgroup {
         Self(path.to_owned())
     }
 
-    fn enter(&self, pid: u32) {
+    pub fn enter(&self, pid: u32) {
         std::fs::write(self.0.join("cgroup.procs"), pid.to_string()).expect("move into cgroup");
     }
 }

@@ -40,3 +40,5 @@ mod learn;
 mod k8s;
 // Pod, namespace and container names from a fake kubelet over HTTPS, real cgroups.
 mod k8s_names;
+// The agent in its own cgroup and mount namespaces with the DaemonSet's mounts and config.
+mod k8s_container;
