@@ -221,7 +221,11 @@ fn pod_names_from_a_fake_kubelet() {
     side_cg.enter(sidecar.pid());
 
     let url = format!("https://127.0.0.1:{port}/pods");
-    let (_agent, addr, _log) = start_agent_with(
+    let got = tmp.path().join("otlp");
+    std::fs::create_dir(&got).expect("mkdir");
+    let receiver = crate::otlp::Receiver::start(&got, crate::agent::free_port(), false);
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let (_agent, addr, log) = start_agent_with(
         tmp.path(),
         &[
             "--kube-pods-url",
@@ -230,6 +234,10 @@ fn pod_names_from_a_fake_kubelet() {
             ca.to_str().expect("utf-8"),
             "--kube-token",
             token.to_str().expect("utf-8"),
+            "--otlp-endpoint",
+            &endpoint,
+            "--profile-interval",
+            "2",
         ],
     );
     let deadline = Instant::now() + Duration::from_secs(40);
@@ -311,6 +319,40 @@ fn pod_names_from_a_fake_kubelet() {
                 "container {name} zone {zone}: series {total} J, its processes {sum} J"
             );
         }
+    }
+    // OTLP samples of the pod's processes carry the k8s.* attributes, with the same names
+    // (profiles every 2 s; symbolizing on a loaded 2-CPU machine can take a while).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let summaries: Vec<serde_json::Value> = (1..)
+            .map(|n| got.join(format!("{n}.json")))
+            .take_while(|f| f.exists())
+            .filter_map(|f| serde_json::from_slice(&std::fs::read(f).ok()?).ok())
+            .collect();
+        let seen = |pid: u32, name: &str| {
+            summaries.iter().any(|s| {
+                s["profiles"].as_array().is_some_and(|ps| {
+                    ps.iter().any(|p| {
+                        p["k8s_by_pid"][pid.to_string()]
+                            == serde_json::json!(["shop", "web-1", name])
+                    })
+                })
+            })
+        };
+        if want.iter().all(|(pid, name, _)| seen(*pid, name)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no OTLP samples with k8s.* attributes for the pod's processes in {} requests: {:?}\n{}",
+            summaries.len(),
+            summaries
+                .iter()
+                .map(|s| s["profiles"][0]["k8s_by_pid"].clone())
+                .collect::<Vec<_>>(),
+            log.try_iter().collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(500));
     }
 }
 

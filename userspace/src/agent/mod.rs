@@ -52,6 +52,7 @@ pub fn run(settings: Settings, reload: Reload) -> anyhow::Result<()> {
 pub fn extra_sinks(
     settings: &Settings,
     runtime: &tokio::runtime::Handle,
+    names: Option<Arc<crate::kube::Resolver>>,
 ) -> anyhow::Result<Vec<Box<dyn Sink>>> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     let server = crate::remote::Server::bind(&settings.socket).with_context(|| {
@@ -81,7 +82,8 @@ pub fn extra_sinks(
         );
         sinks.push(Box::new(
             otlp_sink::OtlpSink::new(exporter, otlp.profile_interval)
-                .context("cannot start the OTLP encoder thread")?,
+                .context("cannot start the OTLP encoder thread")?
+                .with_names(names),
         ));
     }
     Ok(sinks)
@@ -98,10 +100,15 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
         );
     }
     let metrics = metrics::Metrics::new(settings.max_process_series)?;
-    if let Some(kube) = &settings.kube {
-        let resolver = crate::kube::Resolver::start(kube).context("cannot name pods")?;
-        metrics.set_names(Arc::new(resolver));
-    }
+    let names = match &settings.kube {
+        Some(kube) => {
+            let resolver =
+                Arc::new(crate::kube::Resolver::start(kube).context("cannot name pods")?);
+            metrics.set_names(Arc::clone(&resolver));
+            Some(resolver)
+        }
+        None => None,
+    };
     let (listener, addr) = http::bind(settings.metrics_addr).await.with_context(|| {
         format!(
             "cannot listen on {} for /metrics (choose another with --metrics-addr, or port 0)",
@@ -110,7 +117,11 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     })?;
     let mut sinks: Vec<Box<dyn Sink>> =
         vec![Box::new(metrics::MetricsSink::new(Arc::clone(&metrics)))];
-    sinks.extend(extra_sinks(&settings, &tokio::runtime::Handle::current())?);
+    sinks.extend(extra_sinks(
+        &settings,
+        &tokio::runtime::Handle::current(),
+        names,
+    )?);
 
     let (control, control_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
