@@ -129,21 +129,31 @@ impl Resolver {
     }
 
     /// The names of the container (or, for a pod-level cgroup, the pod) `c` refers to;
-    /// `None` for cgroups outside Kubernetes and for ones not (yet) in the list, which
-    /// asks for a fresh list.
+    /// the pod's names for a container the list does not have yet, `None` for cgroups
+    /// outside Kubernetes or not in the list. Anything not found asks for a fresh list.
     pub fn names(&self, c: &ContainerRef) -> Option<PodNames> {
         if c.is_empty() {
             return None;
         }
-        let found = {
+        let (found, complete) = {
             let index = lock(&self.shared.index);
-            c.container_id
+            match c
+                .container_id
                 .as_ref()
                 .and_then(|id| index.containers.get(id))
-                .or_else(|| c.pod_uid.as_ref().and_then(|uid| index.pods.get(uid)))
-                .cloned()
+            {
+                Some(names) => (Some(names.clone()), true),
+                // The pod's names, until a list has the container too.
+                None => (
+                    c.pod_uid
+                        .as_ref()
+                        .and_then(|uid| index.pods.get(uid))
+                        .cloned(),
+                    c.container_id.is_none(),
+                ),
+            }
         };
-        if found.is_none() {
+        if found.is_none() || !complete {
             *lock(&self.shared.wanted) = true;
             self.shared.wake.notify_one();
         }
@@ -204,5 +214,50 @@ fn refresh_loop(shared: &Shared, client: &fetch::Client, runtime: &tokio::runtim
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_first_then_pod() {
+        let names = |ns: &str, pod: &str, c: &str| PodNames {
+            namespace: ns.into(),
+            pod: pod.into(),
+            container: c.into(),
+        };
+        let mut index = Index::default();
+        index
+            .containers
+            .insert("abc".into(), names("shop", "web-1", "app"));
+        index.pods.insert("u-1".into(), names("shop", "web-1", ""));
+        let r = Resolver::fixed(index);
+        let c = |id: Option<&str>, uid: Option<&str>| ContainerRef {
+            container_id: id.map(Into::into),
+            pod_uid: uid.map(Into::into),
+            runtime: None,
+        };
+        assert_eq!(
+            r.names(&c(Some("abc"), Some("u-1"))),
+            Some(names("shop", "web-1", "app"))
+        );
+        // A pod-level cgroup, or a container the list does not have yet: the pod's names.
+        assert_eq!(
+            r.names(&c(None, Some("u-1"))),
+            Some(names("shop", "web-1", ""))
+        );
+        assert!(!*lock(&r.shared.wanted), "a pod-level cgroup is complete");
+        assert_eq!(
+            r.names(&c(Some("new"), Some("u-1"))),
+            Some(names("shop", "web-1", ""))
+        );
+        assert!(*lock(&r.shared.wanted), "a new container asks for a list");
+        *lock(&r.shared.wanted) = false;
+        // Outside Kubernetes, or unknown: nothing, and a refresh is asked for.
+        assert_eq!(r.names(&c(None, None)), None);
+        assert_eq!(r.names(&c(Some("docker1"), None)), None);
+        assert!(*lock(&r.shared.wanted));
     }
 }
