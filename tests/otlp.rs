@@ -172,14 +172,14 @@ fn flamegraph_otlp_decodes_with_the_official_definitions_and_conserves_energy() 
 }
 
 /// The Python receiver serving OTLP/gRPC on a free port, writing each request to `dir`.
-struct Receiver {
+pub struct Receiver {
     /// Killed on drop.
     _child: crate::agent::Daemon,
-    port: u16,
+    pub port: u16,
 }
 
 impl Receiver {
-    fn start(dir: &Path, port: u16, stall: bool) -> Self {
+    pub fn start(dir: &Path, port: u16, stall: bool) -> Self {
         use std::io::BufRead as _;
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),

@@ -42,3 +42,10 @@ mod learn;
 // `calibrate --roofline`: the energy roofline fit against an emulated package driven by the
 // kernels' progress, the estimated model, the plot in Chromium, no cpufreq.
 mod roofline;
+// Kubernetes: manifests pass strict schema validation; the agent as nobody with only the
+// DaemonSet's capabilities; pod names from a fake kubelet.
+mod k8s;
+// Pod, namespace and container names from a fake kubelet over HTTPS, real cgroups.
+mod k8s_names;
+// The agent in its own cgroup and mount namespaces with the DaemonSet's mounts and config.
+mod k8s_container;

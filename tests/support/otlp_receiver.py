@@ -57,7 +57,7 @@ def summary(req):
         resource = {kv.key: any_value(kv.value) for kv in rp.resource.attributes}
         for sp in rp.scope_profiles:
             for p in sp.profiles:
-                functions, attrs, pids, frame_types = set(), set(), {}, {}
+                functions, attrs, pids, frame_types, k8s = set(), set(), {}, {}, {}
                 for smp in p.samples:
                     for li in d.stack_table[smp.stack_index].location_indices:
                         loc = d.location_table[li]
@@ -77,6 +77,8 @@ def summary(req):
                         attrs.add(s(kv.key_strindex))
                     pid = str(a.get("process.pid"))
                     pids[pid] = pids.get(pid, 0) + sum(smp.values)
+                    if "k8s.pod.name" in a:
+                        k8s[pid] = [a.get("k8s.namespace.name"), a.get("k8s.pod.name"), a.get("k8s.container.name")]
                 build_ids = [
                     any_value(d.attribute_table[ai].value)
                     for m in d.mapping_table
@@ -95,6 +97,7 @@ def summary(req):
                         "samples": len(p.samples),
                         "total": sum(sum(x.values) for x in p.samples),
                         "by_pid": pids,
+                        "k8s_by_pid": k8s,
                         "functions": sorted(functions),
                         "frame_types": frame_types,
                         "sample_attributes": sorted(attrs),

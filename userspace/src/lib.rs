@@ -39,6 +39,7 @@ pub mod container;
 pub mod energy;
 pub mod exporter;
 pub mod feed;
+pub mod kube;
 pub mod output;
 pub mod pipeline;
 pub mod profile;

@@ -16,6 +16,7 @@ pub const TARGETS: &[&str] = &[
     "unwind",
     "python_lines",
     "perf_map",
+    "podlist",
 ];
 
 /// Seconds per target when `cargo xtask test` runs them: enough to replay the seeds and

@@ -57,11 +57,18 @@ const APT: &[(&str, &str, &str)] = &[
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Python packages from PyPI: (requirement, module proving it is installed, why).
-const PIP: &[(&str, &str, &str)] = &[(
-    "grpcio-tools==1.76.0",
-    "grpc_tools",
-    "the OTLP tests compile the official .proto files into a receiver of their own",
-)];
+const PIP: &[(&str, &str, &str)] = &[
+    (
+        "grpcio-tools==1.76.0",
+        "grpc_tools",
+        "the OTLP tests compile the official .proto files into a receiver of their own",
+    ),
+    (
+        "kubernetes-validate==1.37.0",
+        "kubernetes_validate",
+        "the Kubernetes tests validate deploy/kubernetes/ strictly against the 1.30 schemas it ships",
+    ),
+];
 
 /// cargo-fuzz, for `cargo xtask fuzz` (the targets in `fuzz/`).
 const CARGO_FUZZ_VERSION: &str = "0.13.2";

@@ -9,6 +9,7 @@ use std::{
 };
 
 use super::{
+    health::Health,
     learn::{self, Learner},
     metrics::Metrics,
     sink::Sink,
@@ -39,6 +40,7 @@ pub struct Collector {
     out: Outputs,
     interval: Duration,
     learner: Option<Learner>,
+    health: Arc<Health>,
 }
 
 /// The sinks and the metrics the loop reports to.
@@ -76,7 +78,14 @@ impl Collector {
             },
             interval,
             learner: None,
+            health: Arc::new(Health::new()),
         }
+    }
+
+    /// Reports polls and windows to `health` (the `/healthz` and `/readyz` endpoints).
+    pub fn health(mut self, health: Arc<Health>) -> Self {
+        self.health = health;
+        self
     }
 
     /// Learns static power from every window (see [`super::learn`]).
@@ -88,6 +97,9 @@ impl Collector {
     /// Runs until [`Control::Stop`] or until the sender is gone, then closes the last
     /// window where the capture ends and finishes every sink.
     pub fn run(mut self, control: &mpsc::Receiver<Control>) {
+        let health = Arc::clone(&self.health);
+        let _detach = super::health::DetachOnDrop(&health);
+        health.attached();
         loop {
             let poll = self.interval.min(MAX_POLL);
             match control.recv_timeout(poll) {
@@ -103,6 +115,7 @@ impl Collector {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
             self.step();
+            self.health.polled();
         }
         let Self {
             capture,
@@ -152,6 +165,7 @@ impl Collector {
             }
             let pending = self.capture.pipeline().pending();
             self.out.window(&window, started, pending);
+            self.health.window_closed();
         }
     }
 }

@@ -86,6 +86,8 @@ struct State {
     pending: Gauge,
     unwind_samples: Family<Labels, Counter>,
     unwind_tables: Family<Labels, Gauge>,
+    /// Pod names for `namespace`, `pod` and `container` labels, when configured.
+    names: Option<Arc<crate::kube::Resolver>>,
 }
 
 impl Metrics {
@@ -269,8 +271,16 @@ impl Metrics {
                 pending,
                 unwind_samples,
                 unwind_tables,
+                names: None,
             }),
         }))
+    }
+
+    /// Labels process and container series with Kubernetes names from `names`.
+    pub fn set_names(&self, names: Arc<crate::kube::Resolver>) {
+        let mut s = self.lock();
+        s.names = Some(names);
+        s.publish();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -513,8 +523,10 @@ impl State {
         }
         self.process.clear();
         self.process_watts.clear();
+        let names = |c: &ContainerRef| self.names.as_ref().and_then(|r| r.names(c));
         for (pid, t) in &l.processes {
-            let base = process_labels(Some(*pid), &t.comm, &t.container);
+            let mut base = process_labels(Some(*pid), &t.comm, &t.container);
+            kube_labels(&mut base, names(&t.container));
             put(
                 &self.process,
                 &self.process_watts,
@@ -540,6 +552,12 @@ impl State {
             if !pod.is_empty() {
                 base.push(("pod_uid", pod.clone()));
             }
+            let key = ContainerRef {
+                container_id: (!id.is_empty()).then(|| id.clone()),
+                pod_uid: (!pod.is_empty()).then(|| pod.clone()),
+                runtime: None,
+            };
+            kube_labels(&mut base, names(&key));
             for (&zone, &j) in &c.joules {
                 let mut labels = base.clone();
                 labels.push(("zone", zone.into()));
@@ -564,6 +582,17 @@ fn process_labels(pid: Option<u32>, comm: &str, c: &ContainerRef) -> Labels {
         labels.push(("pod_uid", uid.clone()));
     }
     labels
+}
+
+/// `namespace`, `pod` and `container` (the last only for a container's cgroup).
+fn kube_labels(labels: &mut Labels, names: Option<crate::kube::PodNames>) {
+    if let Some(n) = names {
+        labels.push(("namespace", n.namespace));
+        labels.push(("pod", n.pod));
+        if !n.container.is_empty() {
+            labels.push(("container", n.container));
+        }
+    }
 }
 
 fn put(

@@ -9,6 +9,7 @@
 //! caller for fresh settings and applies what can change live (interval, series limit).
 
 pub mod collect;
+pub mod health;
 mod http;
 pub mod learn;
 pub mod ledger;
@@ -50,6 +51,7 @@ pub fn run(settings: Settings, reload: Reload) -> anyhow::Result<()> {
 pub fn extra_sinks(
     settings: &Settings,
     runtime: &tokio::runtime::Handle,
+    names: Option<Arc<crate::kube::Resolver>>,
 ) -> anyhow::Result<Vec<Box<dyn Sink>>> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     let server = crate::remote::Server::bind(&settings.socket).with_context(|| {
@@ -79,7 +81,8 @@ pub fn extra_sinks(
         );
         sinks.push(Box::new(
             otlp_sink::OtlpSink::new(exporter, otlp.profile_interval)
-                .context("cannot start the OTLP encoder thread")?,
+                .context("cannot start the OTLP encoder thread")?
+                .with_names(names),
         ));
     }
     Ok(sinks)
@@ -90,7 +93,21 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
     let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
     let mut hup = signal(SignalKind::hangup()).context("installing signal handlers")?;
+    if !crate::capture::host::has_capability(crate::capture::host::CAP_SYS_PTRACE) {
+        tracing::warn!(
+            "missing CAP_SYS_PTRACE: other users' processes get no unwind tables or symbols (their /proc/<pid>/maps and /proc/<pid>/root are closed); their stacks use frame pointers"
+        );
+    }
     let metrics = metrics::Metrics::new(settings.max_process_series)?;
+    let names = match &settings.kube {
+        Some(kube) => {
+            let resolver =
+                Arc::new(crate::kube::Resolver::start(kube).context("cannot name pods")?);
+            metrics.set_names(Arc::clone(&resolver));
+            Some(resolver)
+        }
+        None => None,
+    };
     let (listener, addr) = http::bind(settings.metrics_addr).await.with_context(|| {
         format!(
             "cannot listen on {} for /metrics (choose another with --metrics-addr, or port 0)",
@@ -99,13 +116,25 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     })?;
     let mut sinks: Vec<Box<dyn Sink>> =
         vec![Box::new(metrics::MetricsSink::new(Arc::clone(&metrics)))];
-    sinks.extend(extra_sinks(&settings, &tokio::runtime::Handle::current())?);
+    sinks.extend(extra_sinks(
+        &settings,
+        &tokio::runtime::Handle::current(),
+        names,
+    )?);
 
     let (control, control_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
     let live = settings.live.clone();
     let interval = settings.interval;
     let capture_metrics = Arc::clone(&metrics);
+    let health = Arc::new(health::Health::new());
+    let capture_health = Arc::clone(&health);
+    // Served from the start: `/healthz` and `/readyz` say 503 while the probes load.
+    let server = tokio::spawn(http::serve(
+        listener,
+        Arc::clone(&metrics),
+        Arc::clone(&health),
+    ));
     let state_dir = settings.state_dir.clone();
     let mut capture = tokio::task::spawn_blocking(move || match Capture::start(&live) {
         Ok(capture) => {
@@ -113,16 +142,20 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
             let learner = learn::Learner::open(&state_dir, &capture.header().hostname);
             collect::Collector::new(capture, sinks, capture_metrics, interval)
                 .learning(learner)
+                .health(capture_health)
                 .run(&control_rx);
         }
         Err(err) => {
             let _ = ready_tx.send(Err(err));
         }
     });
-    ready_rx
+    let started = ready_rx
         .await
-        .context("the capture thread ended during start-up")??;
-    let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics)));
+        .context("the capture thread ended during start-up");
+    if let Err(err) = started.and_then(|r| r) {
+        server.abort();
+        return Err(err);
+    }
     tracing::info!(
         "energy-bpf agent: {} s windows, metrics at http://{addr}/metrics",
         interval.as_secs_f64()
@@ -172,6 +205,7 @@ fn apply_reload(old: &Settings, new: &Settings, control: &mpsc::Sender<collect::
         ("--socket", old.socket != new.socket),
         ("--record-dir/--retain", old.record != new.record),
         ("--state-dir", old.state_dir != new.state_dir),
+        ("--kube-*", old.kube != new.kube),
         (
             "energy source and capture flags",
             format!(

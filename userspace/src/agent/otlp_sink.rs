@@ -9,11 +9,13 @@
 //! waits on them, and a backlog is dropped and counted like a full export queue.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::sink::{Sink, SinkError};
 use crate::{
     analysis,
+    container::ContainerRef,
     exporter::Exporter,
     output::otlp::{self, Origin},
     pb::v1::{self as pb, process_event::Kind},
@@ -28,7 +30,7 @@ struct Job {
     rec: Recording,
     weights: SampleValues,
     attributed_uj: BTreeMap<&'static str, f64>,
-    container_ids: HashMap<u64, Option<String>>,
+    container_attrs: HashMap<u64, otlp::ContainerAttrs>,
 }
 
 /// The OTLP sink.
@@ -43,7 +45,10 @@ pub struct OtlpSink {
     /// Energy the windows since the last export gave threads, µJ per zone: what the
     /// exported profiles must add up to.
     attributed_uj: BTreeMap<&'static str, f64>,
-    container_ids: HashMap<u64, Option<String>>,
+    /// Container and pod of each cgroup id seen, from its path.
+    containers: HashMap<u64, ContainerRef>,
+    /// Kubernetes names, when the agent has them.
+    names: Option<Arc<crate::kube::Resolver>>,
 }
 
 impl OtlpSink {
@@ -73,9 +78,9 @@ impl OtlpSink {
                     let mut symbolizer = Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
                     let profile =
                         profile::build(&job.rec, &job.weights, &mut symbolizer, &Filter::default());
-                    let ids = job.container_ids;
+                    let attrs = job.container_attrs;
                     let mut request = otlp::request(&profile, &origin, &|cgroup| {
-                        ids.get(&cgroup).cloned().flatten()
+                        attrs.get(&cgroup).cloned().unwrap_or_default()
                     });
                     otlp::add_attributed(&mut request, &job.attributed_uj);
                     exporter.push(request);
@@ -92,8 +97,38 @@ impl OtlpSink {
             jit_symbols: HashMap::new(),
             pending: None,
             attributed_uj: BTreeMap::new(),
-            container_ids: HashMap::new(),
+            containers: HashMap::new(),
+            names: None,
         })
+    }
+
+    /// Adds `k8s.namespace.name`, `k8s.pod.name` and `k8s.container.name` to the samples
+    /// of processes in pods `names` knows.
+    pub fn with_names(mut self, names: Option<Arc<crate::kube::Resolver>>) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// Sample attributes of every cgroup seen, names as of now.
+    fn container_attrs(&self) -> HashMap<u64, otlp::ContainerAttrs> {
+        self.containers
+            .iter()
+            .filter(|(_, c)| !c.is_empty())
+            .map(|(&cgroup, c)| {
+                let mut attrs = Vec::new();
+                if let Some(id) = &c.container_id {
+                    attrs.push(("container.id", id.clone()));
+                }
+                if let Some(n) = self.names.as_ref().and_then(|r| r.names(c)) {
+                    attrs.push(("k8s.namespace.name", n.namespace));
+                    attrs.push(("k8s.pod.name", n.pod));
+                    if !n.container.is_empty() {
+                        attrs.push(("k8s.container.name", n.container));
+                    }
+                }
+                (cgroup, attrs)
+            })
+            .collect()
     }
 
     /// The exporter's counters (the self-metrics read them).
@@ -109,7 +144,7 @@ impl OtlpSink {
             rec,
             weights,
             attributed_uj: std::mem::take(&mut self.attributed_uj),
-            container_ids: self.container_ids.clone(),
+            container_attrs: self.container_attrs(),
         };
         if self.jobs.try_send(job).is_err() {
             // The encoder is behind (or gone): this profile is dropped and counted.
@@ -149,9 +184,9 @@ impl Sink for OtlpSink {
                 .find(|t| t.tgid == p.pid)
                 && t.cgroup_id != 0
             {
-                self.container_ids
+                self.containers
                     .entry(t.cgroup_id)
-                    .or_insert_with(|| crate::container::parse(&p.cgroup).container_id);
+                    .or_insert_with(|| crate::container::parse(&p.cgroup));
             }
         }
         let mut rec = Recording {
@@ -216,8 +251,8 @@ impl Sink for OtlpSink {
                 }
             }
         }
-        if self.container_ids.len() > 4096 {
-            self.container_ids.clear();
+        if self.containers.len() > 4096 {
+            self.containers.clear();
         }
         Ok(())
     }

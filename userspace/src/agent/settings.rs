@@ -25,6 +25,8 @@ pub struct Settings {
     pub otlp: Option<OtlpSettings>,
     /// Where state that outlives a restart is kept (the learned static power).
     pub state_dir: PathBuf,
+    /// Where pod names come from, when asked for.
+    pub kube: Option<crate::kube::KubeSettings>,
 }
 
 /// `--otlp-endpoint URL --otlp-header K=V --otlp-insecure --profile-interval SECS`.

@@ -27,11 +27,15 @@ pub fn uname() -> (String, String) {
 /// What stops capture before it starts; each says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum PreflightError {
-    /// Neither root nor the capabilities needed to load and attach probes.
+    /// Neither root nor the capabilities needed to load and attach probes; names the
+    /// capabilities that are missing.
     #[error(
-        "permission denied: loading eBPF probes needs root or CAP_BPF+CAP_PERFMON (or CAP_SYS_ADMIN); run with sudo"
+        "permission denied: loading eBPF probes needs root or CAP_BPF+CAP_PERFMON (or CAP_SYS_ADMIN); missing {missing}; run with sudo or add the capability"
     )]
-    NotPrivileged,
+    NotPrivileged {
+        /// `CAP_BPF`, `CAP_PERFMON` or both, joined with `+`.
+        missing: String,
+    },
     /// The kernel exposes no BTF.
     #[error(
         "this kernel has no BTF ({0} is missing): energy-bpf needs a kernel built with CONFIG_DEBUG_INFO_BTF=y"
@@ -43,8 +47,17 @@ pub enum PreflightError {
 }
 
 const CAP_SYS_ADMIN: u32 = 21;
+/// Read other users' /proc/<pid>/maps and /proc/<pid>/root (unwind tables, symbols).
+pub const CAP_SYS_PTRACE: u32 = 19;
+/// Read files whatever their mode (powercap `energy_uj` is 0400 root).
+pub const CAP_DAC_READ_SEARCH: u32 = 2;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
+
+/// Whether this process holds capability `cap` (a `CAP_*` number) in its effective set.
+pub fn has_capability(cap: u32) -> bool {
+    cap < 64 && effective_caps() & (1 << cap) != 0
+}
 
 /// Effective capability bits of this process.
 fn effective_caps() -> u64 {
@@ -63,7 +76,14 @@ pub fn preflight(btf_path: &Path) -> Result<(), PreflightError> {
     let caps = effective_caps();
     let has = |cap: u32| caps & (1 << cap) != 0;
     if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
-        return Err(PreflightError::NotPrivileged);
+        let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+            .into_iter()
+            .filter(|&(cap, _)| !has(cap))
+            .map(|(_, name)| name)
+            .collect();
+        return Err(PreflightError::NotPrivileged {
+            missing: missing.join("+"),
+        });
     }
     let (release, _) = uname();
     if !kernel_at_least(&release, (5, 8)) {
@@ -122,8 +142,23 @@ pub fn cgroup(tgid: u32, tid: u32) -> Option<(u64, String)> {
         .lines()
         .find_map(|l| l.strip_prefix("0::"))?
         .trim_end();
-    let dir = format!("{}{path}", cgroup2_mount());
-    fs::metadata(dir).ok().map(|m| (m.ino(), path.to_string()))
+    let view = cgroup2_view();
+    let path = super::cgroupns::host_path(&view.ns_root, path)?;
+    let dir = format!("{}{path}", view.mount);
+    fs::metadata(dir).ok().map(|m| (m.ino(), path))
+}
+
+/// The cgroup v2 mount and, inside a cgroup namespace, the host path of its root
+/// ([`super::cgroupns`]; read once).
+fn cgroup2_view() -> &'static super::cgroupns::View {
+    static VIEW: std::sync::OnceLock<super::cgroupns::View> = std::sync::OnceLock::new();
+    VIEW.get_or_init(|| {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        super::cgroupns::view(&mountinfo, &|p| {
+            use std::os::unix::fs::MetadataExt as _;
+            fs::metadata(p).ok().map(|m| m.ino())
+        })
+    })
 }
 
 /// Where the cgroup v2 hierarchy is mounted: `/sys/fs/cgroup` on unified systems,

@@ -9,6 +9,7 @@
 pub mod activity;
 mod bpf_sys;
 pub mod btf;
+pub mod cgroupns;
 pub mod host;
 pub mod jit;
 pub mod live;

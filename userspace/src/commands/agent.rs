@@ -94,6 +94,17 @@ pub struct Args {
     /// learned from (`static-learned.json`, mode 0600).
     #[arg(long, value_name = "DIR", default_value = crate::agent::learn::store::DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
+    /// Name pods, namespaces and containers from this pod list: the API server's
+    /// `https://kubernetes.default.svc/api/v1/pods?fieldSelector=spec.nodeName%3DNODE`
+    /// (RBAC: list pods) or the kubelet's `https://NODE_IP:10250/pods`.
+    #[arg(long, value_name = "URL", requires = "kube_ca")]
+    pub kube_pods_url: Option<String>,
+    /// PEM file of the CA that signed the pod list server's certificate.
+    #[arg(long, value_name = "FILE")]
+    pub kube_ca: Option<PathBuf>,
+    /// File holding the bearer token sent with the request (the service account's).
+    #[arg(long, value_name = "FILE")]
+    pub kube_token: Option<PathBuf>,
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -146,6 +157,13 @@ impl Args {
             },
             socket: self.socket.clone(),
             state_dir: self.state_dir.clone(),
+            kube: self.kube_pods_url.as_ref().and_then(|url| {
+                Some(crate::kube::KubeSettings {
+                    pods_url: url.clone(),
+                    ca: self.kube_ca.clone()?,
+                    token: self.kube_token.clone(),
+                })
+            }),
             otlp: self
                 .otlp_endpoint
                 .as_ref()

@@ -157,7 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Format::Otlp => Box::new(otlp::Otlp {
             origin: otlp_origin(&rec),
             // Recordings keep cgroup ids, not paths: no container ids offline.
-            container_of: &|_| None,
+            container_of: &|_| Vec::new(),
         }),
     };
     if rec.truncated && !rec.damage.end_damaged {

@@ -17,8 +17,8 @@ use super::{EnergyError, EnergySource, RawSample, SourceKind, read_text, read_u6
 use crate::pb::v1 as pb;
 
 /// Why `energy_uj` is unreadable, and the fix.
-pub const PERMISSION_HINT: &str = "energy_uj is root-only since CVE-2020-8694; run as root, or \
-     grant read access (e.g. `sudo chmod o+r /sys/class/powercap/intel-rapl:*/energy_uj`)";
+pub const PERMISSION_HINT: &str = "energy_uj is root-only since CVE-2020-8694; run as root, \
+     add CAP_DAC_READ_SEARCH (missing), or grant read access (e.g. `sudo chmod o+r /sys/class/powercap/intel-rapl:*/energy_uj`)";
 
 /// One powercap zone.
 #[derive(Debug)]

@@ -33,6 +33,9 @@ use crate::pb::otlp::{
 };
 use crate::profile::{CPU, Profile, SAMPLES};
 
+/// Sample attributes of a container: (key, value) pairs.
+pub type ContainerAttrs = Vec<(&'static str, String)>;
+
 /// Who produced the profiles: resource attributes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Origin {
@@ -48,8 +51,9 @@ pub struct Origin {
 pub struct Otlp<'a> {
     /// Resource attributes.
     pub origin: Origin,
-    /// Container id of a cgroup id, where one is known.
-    pub container_of: &'a dyn Fn(u64) -> Option<String>,
+    /// Attributes of the container a cgroup id belongs to (`container.id`, and in
+    /// Kubernetes `k8s.namespace.name`, `k8s.pod.name`, `k8s.container.name`).
+    pub container_of: &'a dyn Fn(u64) -> ContainerAttrs,
 }
 
 impl ProfileSink for Otlp<'_> {
@@ -133,7 +137,7 @@ fn kv(key: &str, value: Value) -> KeyValue {
 pub fn request(
     profile: &Profile,
     origin: &Origin,
-    container_of: &dyn Fn(u64) -> Option<String>,
+    container_of: &dyn Fn(u64) -> ContainerAttrs,
 ) -> ExportProfilesServiceRequest {
     let mut dict = Dictionary::new();
     // Functions: one per interned frame, at index frame id + 1.
@@ -221,8 +225,10 @@ pub fn request(
                     ),
                 ),
             ];
-            if let Some(id) = (l.cgroup != 0).then(|| container_of(l.cgroup)).flatten() {
-                attrs.push(dict.attribute("container.id", Value::StringValue(id)));
+            if l.cgroup != 0 {
+                for (key, value) in container_of(l.cgroup) {
+                    attrs.push(dict.attribute(key, Value::StringValue(value)));
+                }
             }
             if let Some(cpu) = l.cpu {
                 attrs.push(dict.attribute("cpu.logical_number", Value::IntValue(i64::from(cpu))));
@@ -402,7 +408,10 @@ mod tests {
             host_id: Some("abc".into()),
             kernel: "6.18.0".into(),
         };
-        (request(&p, &origin, &|_| Some("c0ffee".into())), attributed)
+        (
+            request(&p, &origin, &|_| vec![("container.id", "c0ffee".into())]),
+            attributed,
+        )
     }
 
     fn string(req: &ExportProfilesServiceRequest, i: i32) -> &str {

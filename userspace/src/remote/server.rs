@@ -142,10 +142,19 @@ impl Drop for Server {
 /// Group `energy-bpf` and 0660 when the group exists, else 0600.
 fn restrict(path: &Path) -> std::io::Result<()> {
     match group_id(GROUP) {
-        Some(gid) => {
-            std::os::unix::fs::chown(path, None, Some(gid))?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        }
+        Some(gid) => match std::os::unix::fs::chown(path, None, Some(gid)) {
+            Ok(()) => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)),
+            // Not root nor in the group (an agent running as a service user without
+            // CAP_CHOWN): the socket stays this user's alone.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(
+                    "cannot give {} to group {GROUP} ({e}); only this user can connect",
+                    path.display()
+                );
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            }
+            Err(e) => Err(e),
+        },
         None => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)),
     }
 }
