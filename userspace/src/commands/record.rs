@@ -1,5 +1,6 @@
 //! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
-//! Ctrl-C/SIGTERM. Every drain becomes one flushed chunk, so nothing recorded is lost if
+//! Ctrl-C/SIGTERM. With `--repeat N` the command runs N times in a row, each run marked in
+//! the recording (`RunMarker`: start, end, exit code). Every drain becomes one flushed chunk, so nothing recorded is lost if
 //! the recorder is killed; a clean stop adds a trailer.
 
 use std::{
@@ -20,7 +21,7 @@ use crate::{
         Probes, host,
         session::{Session, Targets},
     },
-    pb::v1::{Header, Trailer},
+    pb::v1::{Header, RunMarker, Trailer},
     record::{WriteError, Writer},
 };
 
@@ -55,9 +56,96 @@ pub struct Args {
     /// How user stacks are walked.
     #[command(flatten)]
     pub unwind: super::args::UnwindArgs,
-    /// Command to run; recording stops when it exits.
+    /// Run the command this many times, one after the other, into one recording; each run
+    /// is marked (start, end, exit code), so `energy-bpf diff` sees a distribution of runs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub repeat: u32,
+    /// Command to run; recording stops when it exits (after its last run with `--repeat`).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// The runs of the recorded command: which one is running, and the markers of those done.
+struct Runs {
+    program: String,
+    rest: Vec<String>,
+    left: u32,
+    index: u32,
+    current: Option<(Child, u64)>,
+    done: Vec<RunMarker>,
+}
+
+impl Runs {
+    /// Starts the next run; its process joins the targets.
+    fn start(&mut self, session: &mut Session) -> anyhow::Result<()> {
+        let start_ns = crate::clock::monotonic_ns();
+        let child = Command::new(&self.program)
+            .args(&self.rest)
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.program))?;
+        session.targets_mut().add(child.id());
+        if session.probes().unwind_stats().is_some() && wait_for_exec(child.id()) {
+            // Tables from the first milliseconds, not after the first drain; libraries
+            // the dynamic loader maps later are picked up at the first walk that meets
+            // them.
+            session.load_unwind_tables(child.id());
+        }
+        self.left -= 1;
+        self.current = Some((child, start_ns));
+        Ok(())
+    }
+
+    /// Marks the current run done if it exited; returns its status.
+    fn reap(&mut self) -> Option<std::process::ExitStatus> {
+        let (child, start_ns) = self.current.as_mut()?;
+        let status = child.try_wait().ok()??;
+        let end_ns = crate::clock::monotonic_ns();
+        self.done.push(RunMarker {
+            index: self.index,
+            start_ns: *start_ns,
+            end_ns,
+            pid: child.id(),
+            exit_code: status
+                .code()
+                .or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| -s))
+                .unwrap_or(0),
+        });
+        self.index += 1;
+        self.current = None;
+        Some(status)
+    }
+
+    fn child(&mut self) -> Option<&mut Child> {
+        self.current.as_mut().map(|(c, _)| c)
+    }
+}
+
+/// Sleeps for one drain tick, watching the command in 1 ms steps so a run's end is marked
+/// within a millisecond and the next run starts at once. Returns the status of the last
+/// run when the command is done (its runs all ran, or one failed).
+fn tick(
+    runs: &mut Option<Runs>,
+    session: &mut Session,
+    tick: Duration,
+) -> anyhow::Result<Option<std::process::ExitStatus>> {
+    let Some(r) = runs.as_mut() else {
+        thread::sleep(tick);
+        return Ok(None);
+    };
+    let until = Instant::now() + tick;
+    loop {
+        if let Some(status) = r.reap() {
+            if r.left == 0 || !status.success() {
+                return Ok(Some(status));
+            }
+            r.start(session)?;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Ok(None);
+        }
+        thread::sleep((until - now).min(Duration::from_millis(1)));
+    }
 }
 
 /// Runs the command.
@@ -101,23 +189,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         // Build-ids too, so symbolization finds the same binary after it is gone.
         crate::symbolize::process_mappings,
     );
-    let mut child = match args.command.as_slice() {
+    let mut runs = match args.command.as_slice() {
         [] => None,
         [program, rest @ ..] => {
-            let child = Command::new(program)
-                .args(rest)
-                .spawn()
-                .with_context(|| format!("cannot run {program}"))?;
-            session.targets_mut().add(child.id());
-            if session.probes().unwind_stats().is_some() && wait_for_exec(child.id()) {
-                // Tables from the first milliseconds, not after the first drain; libraries
-                // the dynamic loader maps later are picked up at the first walk that meets
-                // them.
-                session.load_unwind_tables(child.id());
-            }
-            Some(child)
+            let mut runs = Runs {
+                program: program.clone(),
+                rest: rest.to_vec(),
+                left: args.repeat,
+                index: 0,
+                current: None,
+                done: Vec::new(),
+            };
+            runs.start(&mut session)?;
+            Some(runs)
         }
     };
+    if runs.is_none() && args.repeat > 1 {
+        anyhow::bail!("--repeat needs a command to run: energy-bpf record --repeat N -- CMD");
+    }
     let unwind = if session.probes().unwind_stats().is_some() {
         "unwind tables, frame pointers where a PC has none"
     } else {
@@ -140,8 +229,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut sources = Some(energy.sources());
     let mut faults_seen = 0;
     let stop_reason = loop {
-        thread::sleep(tick);
+        let exited = match self::tick(&mut runs, &mut session, tick) {
+            Ok(exited) => exited,
+            Err(err) => {
+                kill(&mut runs);
+                return Err(err);
+            }
+        };
         let mut chunk = session.poll();
+        if let Some(r) = runs.as_mut() {
+            chunk.runs = std::mem::take(&mut r.done);
+        }
         chunk.sources = sources.take().unwrap_or_default();
         chunk.readings = energy.drain();
         let faults = energy.faults();
@@ -150,7 +248,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         faults_seen = faults.len();
         if let Err(err) = writer.chunk(chunk) {
-            kill(&mut child);
+            kill(&mut runs);
             return Err(stopped_early(writer, err, &header, &args.output));
         }
         if stop.load(Ordering::Relaxed) {
@@ -159,14 +257,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break "duration".to_string();
         }
-        if let Some(c) = child.as_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
+        if let Some(status) = exited {
             child_status = Some(status);
-            break format!("command exited ({status})");
+            let n = runs.as_ref().map_or(0, |r| r.index);
+            break if args.repeat > 1 {
+                format!("command exited ({status}) after {n} of {} runs", args.repeat)
+            } else {
+                format!("command exited ({status})")
+            };
         }
     };
-    kill(&mut child);
+    kill(&mut runs);
     // A last sweep pins down who is on each CPU at the end of the window.
     let mut last = session.finish();
     if let Some(u) = session.probes().unwind_stats() {
@@ -184,6 +285,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     last.readings = energy.stop();
+    if let Some(r) = runs.as_mut() {
+        last.runs = std::mem::take(&mut r.done);
+    }
     let losses = last.losses;
     if let Err(err) = writer.chunk(last) {
         return Err(stopped_early(writer, err, &header, &args.output));
@@ -258,8 +362,8 @@ fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) 
     anyhow::Error::new(err).context(format!("recording stopped early because {why}; {kept}"))
 }
 
-fn kill(child: &mut Option<Child>) {
-    if let Some(c) = child.as_mut()
+fn kill(runs: &mut Option<Runs>) {
+    if let Some(c) = runs.as_mut().and_then(Runs::child)
         && matches!(c.try_wait(), Ok(None))
     {
         let _ = c.kill();

@@ -12,7 +12,7 @@ use std::mem::size_of;
 
 use crate::pb::v1::{
     CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, Mapping, ProcessEvent,
-    Sample, SwitchEvent, ThreadInfo,
+    RunMarker, Sample, SwitchEvent, ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the
@@ -149,6 +149,10 @@ static SOURCE: Msg = Msg {
     size: size::<EnergySource>(),
     fields: &[(2, Field::Bytes), (5, Field::Bytes), (11, Field::Bytes)],
 };
+static RUN: Msg = Msg {
+    size: size::<RunMarker>(),
+    fields: &[],
+};
 static CHUNK: Msg = Msg {
     size: 0,
     fields: &[
@@ -161,6 +165,7 @@ static CHUNK: Msg = Msg {
         (7, Field::Many(&READING)),
         (8, Field::Many(&SOURCE)),
         (9, Field::One(&COLUMNS)),
+        (10, Field::Many(&RUN)),
     ],
 };
 static TRAILER: Msg = Msg {

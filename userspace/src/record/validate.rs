@@ -12,7 +12,9 @@
 //!   chunk's earlier timestamps included);
 //! - no switch or sample on a CPU the header does not list;
 //! - the trailer's end time lies within [`MAX_QUIET_NS`] of the last data;
-//! - an energy source is listed once, and there are at most [`MAX_SOURCES`].
+//! - an energy source is listed once, and there are at most [`MAX_SOURCES`];
+//! - a run marker (`record --repeat`) ends no earlier than it starts, lies in the window like
+//!   any timestamp, and there are at most [`MAX_RUNS`] (each costs `diff` an analysis).
 //!
 //! The capture window is thus at most [`MAX_QUIET_NS`] per timestamp in the file: bounded
 //! by the file's size.
@@ -34,8 +36,14 @@ pub const MAX_CPUS: usize = 8192;
 /// and each source costs every later stage work per reading.
 pub const MAX_SOURCES: usize = 4096;
 
+/// The most run markers a recording may hold: `record --repeat` takes a few to a few
+/// hundred; each costs `diff` one analysis of its slice, so a damaged count is not believed.
+pub const MAX_RUNS: usize = 10_000;
+
 /// The window admitted so far.
 pub(super) struct Window {
+    /// Run markers admitted so far.
+    runs: usize,
     /// Ids of the energy sources admitted: a source is listed once (the first listing wins).
     source_ids: std::collections::HashSet<u32>,
     lower: u64,
@@ -53,6 +61,7 @@ impl Window {
         cpus.dedup();
         let start = header.start_ns;
         Self {
+            runs: 0,
             source_ids: std::collections::HashSet::new(),
             lower: start.saturating_sub(PRE_START_NS),
             frontier: (start != 0).then_some(start),
@@ -96,6 +105,7 @@ impl Window {
             )
             .chain(chunk.readings.iter().map(|r| r.ts_ns))
             .chain(chunk.process_events.iter().map(|p| p.ts_ns))
+            .chain(chunk.runs.iter().flat_map(|r| [r.start_ns, r.end_ns]))
             .filter(|&t| t >= self.lower)
             .collect();
         times.sort_unstable();
@@ -120,6 +130,13 @@ impl Window {
         chunk.samples.retain(|s| ok(s.ts_ns) && known(s.cpu));
         chunk.readings.retain(|r| ok(r.ts_ns));
         chunk.process_events.retain(|p| ok(p.ts_ns));
+        let runs = &mut self.runs;
+        chunk.runs.retain(|r| {
+            let keep =
+                r.start_ns <= r.end_ns && ok(r.start_ns) && ok(r.end_ns) && *runs < MAX_RUNS;
+            *runs += usize::from(keep);
+            keep
+        });
         before - counts(chunk)
     }
 
@@ -129,6 +146,7 @@ impl Window {
         chunk.samples.clear();
         chunk.readings.clear();
         chunk.process_events.clear();
+        chunk.runs.clear();
         n
     }
 
@@ -149,7 +167,11 @@ impl Window {
 }
 
 fn counts(chunk: &Chunk) -> u64 {
-    (chunk.switches.len() + chunk.samples.len() + chunk.readings.len() + chunk.process_events.len())
+    (chunk.switches.len()
+        + chunk.samples.len()
+        + chunk.readings.len()
+        + chunk.process_events.len()
+        + chunk.runs.len())
         as u64
 }
 
