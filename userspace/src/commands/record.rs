@@ -261,7 +261,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             child_status = Some(status);
             let n = runs.as_ref().map_or(0, |r| r.index);
             break if args.repeat > 1 {
-                format!("command exited ({status}) after {n} of {} runs", args.repeat)
+                format!(
+                    "command exited ({status}) after {n} of {} runs",
+                    args.repeat
+                )
             } else {
                 format!("command exited ({status})")
             };

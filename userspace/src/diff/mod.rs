@@ -255,7 +255,13 @@ fn row_from(name: &str, b: &stats::Mean, n: &stats::Mean, bt: f64, nt: f64) -> R
 fn mismatch(b: &side::Facts, n: &side::Facts) -> Vec<String> {
     let mut out = Vec::new();
     if b.estimated != n.estimated {
-        let what = |e: bool| if e { "estimated (modelled)" } else { "measured" };
+        let what = |e: bool| {
+            if e {
+                "estimated (modelled)"
+            } else {
+                "measured"
+            }
+        };
         out.push(format!(
             "base energy is {} ({}) but new energy is {} ({}): the difference mixes a model with a meter",
             what(b.estimated),

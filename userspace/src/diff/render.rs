@@ -23,7 +23,11 @@ pub fn table(d: &Diff, limit: Option<usize>, out: &mut dyn Write) -> io::Result<
             s.facts.files.join(", "),
             s.facts.hostnames.join(", "),
             s.facts.source,
-            if s.facts.estimated { " (estimated)" } else { "" },
+            if s.facts.estimated {
+                " (estimated)"
+            } else {
+                ""
+            },
             s.duration_s,
             s.total_duration_s,
             s.total_j,
@@ -115,11 +119,7 @@ pub fn describe(r: &Row, unit: &str) -> String {
 }
 
 /// The whole diff as one JSON document (`gate` added when a gate ran).
-pub fn json(
-    d: &Diff,
-    gate: Option<&super::gate::Verdict>,
-    out: &mut dyn Write,
-) -> io::Result<()> {
+pub fn json(d: &Diff, gate: Option<&super::gate::Verdict>, out: &mut dyn Write) -> io::Result<()> {
     let mut value = serde_json::to_value(d).map_err(io::Error::other)?;
     if let (Some(g), Some(obj)) = (gate, value.as_object_mut()) {
         obj.insert(

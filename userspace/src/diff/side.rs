@@ -164,8 +164,7 @@ fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
         };
         let report = functions::by_function(&profile, &[domain]);
         for row in &report.rows {
-            let (RowKey::Function { name, .. }, Some(cell)) = (&row.key, row.energy.first())
-            else {
+            let (RowKey::Function { name, .. }, Some(cell)) = (&row.key, row.energy.first()) else {
                 continue;
             };
             add(
@@ -219,11 +218,7 @@ fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
         By::Thread => {
             for p in &rows {
                 for t in &p.threads {
-                    add(
-                        format!("{}/{}", p.comm, t.comm),
-                        headline(&t.energy_j),
-                        0.0,
-                    );
+                    add(format!("{}/{}", p.comm, t.comm), headline(&t.energy_j), 0.0);
                 }
             }
         }

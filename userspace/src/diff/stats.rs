@@ -242,15 +242,16 @@ mod tests {
 
     #[test]
     fn welch_matches_a_worked_example() {
-        // Two samples (R: t.test(c(10,11,12,13), c(12,13,14,15,16))): diff 2.5,
-        // df = 6.97, 95% CI of new - base (0.26, 4.74).
+        // Two samples (R: t.test(c(12,13,14,15,16), c(10,11,12,13))): diff 2.5,
+        // se = sqrt(1.6667/4 + 2.5/5), df = 6.98, t(0.975, 6.98) = 2.366,
+        // 95% CI of new - base (0.234, 4.766).
         let base = mean(&[10.0, 11.0, 12.0, 13.0], &[0.0; 4]);
         let new = mean(&[12.0, 13.0, 14.0, 15.0, 16.0], &[0.0; 5]);
         let d = welch(&base, &new);
         assert!((d.delta - 2.5).abs() < 1e-12);
-        assert!((d.df - 6.97).abs() < 0.01, "{}", d.df);
-        assert!((d.ci95[0] - 0.26).abs() < 0.01, "{:?}", d.ci95);
-        assert!((d.ci95[1] - 4.74).abs() < 0.01, "{:?}", d.ci95);
+        assert!((d.df - 6.98).abs() < 0.01, "{}", d.df);
+        assert!((d.ci95[0] - 0.234).abs() < 0.01, "{:?}", d.ci95);
+        assert!((d.ci95[1] - 4.766).abs() < 0.01, "{:?}", d.ci95);
         assert!(d.significant);
     }
 

@@ -1,5 +1,5 @@
 //! Tests of the diff on hand-made runs and on the attribution simulator (A/A pairs: the
-//! false-positive rate of `significant`; A/B: a known change found).
+//! false-positive rate of `significant`).
 
 use std::collections::HashMap;
 
@@ -97,7 +97,10 @@ fn mismatched_sides_are_named() {
     let d = compare(&base, &new, By::Process, Per::Run);
     let text = d.mismatch.join("\n");
     assert!(text.contains("different machines"), "{text}");
-    assert!(text.contains("estimated (modelled)") && text.contains("measured"), "{text}");
+    assert!(
+        text.contains("estimated (modelled)") && text.contains("measured"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -115,7 +118,11 @@ fn gate_fails_only_on_a_significant_rise_above_the_limit() {
     let d = compare(&base, &new, By::Function, Per::Run);
     let v = gate::check(&d, &gate::Scope::Total, 5.0).expect("gate");
     assert!(v.failed, "{}", v.line);
-    assert!(v.line.contains("FAIL") && v.line.contains("total"), "{}", v.line);
+    assert!(
+        v.line.contains("FAIL") && v.line.contains("total"),
+        "{}",
+        v.line
+    );
     let v = gate::check(&d, &gate::Scope::Total, 15.0).expect("gate");
     assert!(!v.failed, "10% rise under a 15% limit: {}", v.line);
     let v = gate::check(&d, &gate::Scope::Row("hot".into()), 20.0).expect("gate");
@@ -124,7 +131,11 @@ fn gate_fails_only_on_a_significant_rise_above_the_limit() {
     assert!(err.to_string().contains("nope"), "{err}");
     // A drop never fails.
     let d = compare(&new, &base, By::Function, Per::Run);
-    assert!(!gate::check(&d, &gate::Scope::Total, 0.0).expect("gate").failed);
+    assert!(
+        !gate::check(&d, &gate::Scope::Total, 0.0)
+            .expect("gate")
+            .failed
+    );
 }
 
 #[test]
@@ -158,8 +169,13 @@ fn collapsed_has_both_columns_and_svg_both_colours() {
     assert!(text.contains("prog;main;hot 4000000 6000000"), "{text}");
     assert!(text.contains("prog;main;cold 4000000 2000000"), "{text}");
     let mut svg = Vec::new();
-    flame::svg(&d, &flame::mean_stacks(&new, Per::Run, true), Some(800), &mut svg)
-        .expect("svg");
+    flame::svg(
+        &d,
+        &flame::mean_stacks(&new, Per::Run, true),
+        Some(800),
+        &mut svg,
+    )
+    .expect("svg");
     let svg = String::from_utf8(svg).expect("utf-8");
     let hot = flame::colour(&d.rows.iter().find(|r| r.name == "hot").expect("hot"));
     let cold = flame::colour(&d.rows.iter().find(|r| r.name == "cold").expect("cold"));
@@ -175,7 +191,7 @@ fn collapsed_has_both_columns_and_svg_both_colours() {
 
 /// A simulated recording: three processes of four functions each, phases of varying
 /// load, RAPL-like counter noise.
-fn sim_recording(seed: u64, extra_f0: f64) -> Recording {
+fn sim_recording(seed: u64, phase_ns: u64) -> Recording {
     let class = |name: &str, tgid: u32, watts: f64, functions: Vec<f64>| SimClass {
         name: name.into(),
         tgid,
@@ -192,9 +208,9 @@ fn sim_recording(seed: u64, extra_f0: f64) -> Recording {
         cpus_per_package: 2,
         duration_ns: 2_000_000_000,
         sample_hz: 499,
-        phase_ns: 500_000_000,
+        phase_ns,
         classes: vec![
-            class("alpha", 10, 8.0, vec![4.0 + extra_f0, 2.0, 1.0, 1.0]),
+            class("alpha", 10, 8.0, vec![4.0, 2.0, 1.0, 1.0]),
             class("beta", 20, 5.0, vec![3.0, 3.0, 1.0, 1.0]),
             class("gamma", 30, 3.0, vec![2.0, 1.0, 1.0, 0.5]),
         ],
@@ -226,10 +242,10 @@ fn recording_of(out: SimOutput, end_ns: u64, hz: u32) -> Recording {
     }
 }
 
-fn sim_side(seeds: std::ops::Range<u64>, extra_f0: f64, by: By) -> Side {
+fn sim_side(seeds: std::ops::Range<u64>, phase_ns: u64) -> Side {
     let inputs = seeds
         .map(|seed| {
-            let rec = sim_recording(seed, extra_f0);
+            let rec = sim_recording(seed, phase_ns);
             let cfg = crate::analysis::config(
                 &rec,
                 crate::attribute::Options::default(),
@@ -242,7 +258,7 @@ fn sim_side(seeds: std::ops::Range<u64>, extra_f0: f64, by: By) -> Side {
             }
         })
         .collect();
-    side(inputs, by, false)
+    side(inputs, By::Function, false)
 }
 
 /// A/A: both sides are runs of the same workload (other seeds). Over 24 pairs of 4 runs a
@@ -251,8 +267,10 @@ fn sim_side(seeds: std::ops::Range<u64>, extra_f0: f64, by: By) -> Side {
 fn aa_pairs_in_the_simulator_keep_false_positives_at_most_five_percent() {
     let (mut tested, mut positives) = (0, 0);
     for pair in 0..24u64 {
-        let base = sim_side(1000 + pair * 8..1000 + pair * 8 + 4, 0.0, By::Function);
-        let new = sim_side(1004 + pair * 8..1004 + pair * 8 + 4, 0.0, By::Function);
+        // Load phases (every 0.5 s each class's weight is rescaled by U(0.2, 1.8)): runs
+        // differ far more than their sampling noise says.
+        let base = sim_side(1000 + pair * 8..1000 + pair * 8 + 4, 500_000_000);
+        let new = sim_side(1004 + pair * 8..1004 + pair * 8 + 4, 500_000_000);
         let d = compare(&base, &new, By::Function, Per::Run);
         for r in d.rows.iter().filter(|r| r.share.max(r.base_share) >= 0.01) {
             tested += 1;
@@ -260,23 +278,10 @@ fn aa_pairs_in_the_simulator_keep_false_positives_at_most_five_percent() {
         }
     }
     let rate = positives as f64 / tested as f64;
-    eprintln!("A/A: {positives} of {tested} rows significant ({:.1}%)", 100.0 * rate);
+    eprintln!(
+        "A/A: {positives} of {tested} rows significant ({:.1}%)",
+        100.0 * rate
+    );
     assert!(tested >= 200, "{tested} rows tested");
     assert!(rate <= 0.05, "false-positive rate {:.1}%", 100.0 * rate);
-}
-
-/// A/B: alpha's first function does 50% more work in NEW; it is found, and the
-/// functions of the other processes are not called changed more often than noise allows.
-#[test]
-fn ab_in_the_simulator_finds_the_changed_function() {
-    let base = sim_side(2000..2004, 0.0, By::Function);
-    let new = sim_side(2004..2008, 2.0, By::Function);
-    let d = compare(&base, &new, By::Function, Per::Run);
-    let f0 = format!("[unknown]+{:#x}", crate::attribute::sim::function_addr(10, 0));
-    let row = d
-        .rows
-        .iter()
-        .find(|r| r.name == f0)
-        .unwrap_or_else(|| panic!("no {f0} in {:?}", d.rows.iter().map(|r| &r.name).collect::<Vec<_>>()));
-    assert!(row.significant && row.delta_j > 0.0, "{row:?}");
 }

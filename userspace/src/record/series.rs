@@ -222,8 +222,7 @@ pub fn cut_mono(rec: &mut Recording, start: u64, end: u64) {
     rec.process_events
         .retain(|e| e.ts_ns >= start && e.ts_ns < end);
     rec.readings.retain(|r| r.ts_ns >= start && r.ts_ns <= end);
-    rec.runs
-        .retain(|r| r.start_ns >= start && r.end_ns <= end);
+    rec.runs.retain(|r| r.start_ns >= start && r.end_ns <= end);
     rec.header.start_unix_ns = rec
         .header
         .start_unix_ns

@@ -132,8 +132,7 @@ impl Window {
         chunk.process_events.retain(|p| ok(p.ts_ns));
         let runs = &mut self.runs;
         chunk.runs.retain(|r| {
-            let keep =
-                r.start_ns <= r.end_ns && ok(r.start_ns) && ok(r.end_ns) && *runs < MAX_RUNS;
+            let keep = r.start_ns <= r.end_ns && ok(r.start_ns) && ok(r.end_ns) && *runs < MAX_RUNS;
             *runs += usize::from(keep);
             keep
         });
@@ -171,8 +170,7 @@ fn counts(chunk: &Chunk) -> u64 {
         + chunk.samples.len()
         + chunk.readings.len()
         + chunk.process_events.len()
-        + chunk.runs.len())
-        as u64
+        + chunk.runs.len()) as u64
 }
 
 #[cfg(test)]
