@@ -177,8 +177,8 @@ fn collapsed_has_both_columns_and_svg_both_colours() {
     )
     .expect("svg");
     let svg = String::from_utf8(svg).expect("utf-8");
-    let hot = flame::colour(&d.rows.iter().find(|r| r.name == "hot").expect("hot"));
-    let cold = flame::colour(&d.rows.iter().find(|r| r.name == "cold").expect("cold"));
+    let hot = flame::colour(d.rows.iter().find(|r| r.name == "hot").expect("hot"));
+    let cold = flame::colour(d.rows.iter().find(|r| r.name == "cold").expect("cold"));
     assert_eq!((hot.r, hot.b > 200), (255, false), "red: {hot:?}");
     assert_eq!((cold.b, cold.r > 200), (255, false), "blue: {cold:?}");
     for c in [hot, cold] {
