@@ -179,6 +179,8 @@ pub fn compare(base: &Side, new: &Side, by: By, per: Per) -> Diff {
     let mut rows: Vec<Row> = names
         .into_iter()
         .map(|name| row(name, &b, &n, bt.mean, nt.mean))
+        // A function whose samples all carried no energy (e.g. before the first reading).
+        .filter(|r| r.base_j != 0.0 || r.new_j != 0.0)
         .collect();
     rows.sort_by(|x, y| {
         y.delta_j

@@ -234,6 +234,31 @@ mod tests {
     }
 
     #[test]
+    fn run_markers_must_end_after_they_start_inside_the_window() {
+        use crate::pb::v1::RunMarker;
+        let mut w = Window::new(&header(100 * S, &[0]));
+        let run = |start_ns: u64, end_ns: u64| RunMarker {
+            start_ns,
+            end_ns,
+            ..RunMarker::default()
+        };
+        let mut c = chunk(&[(100 * S, 0), (101 * S, 0)], &[]);
+        c.runs = vec![
+            run(100 * S, 101 * S),
+            run(101 * S, 100 * S),
+            run(100 * S, u64::MAX),
+            run(1, 100 * S),
+        ];
+        assert_eq!(w.admit(&mut c), 3);
+        assert_eq!(c.runs, vec![run(100 * S, 101 * S)]);
+        // At most MAX_RUNS over the whole recording.
+        let mut c = chunk(&[(101 * S, 0)], &[]);
+        c.runs = vec![run(100 * S, 101 * S); MAX_RUNS + 5];
+        assert_eq!(w.admit(&mut c), 6);
+        assert_eq!(c.runs.len(), MAX_RUNS - 1);
+    }
+
+    #[test]
     fn leaps_into_the_future_and_the_past_are_dropped() {
         let mut w = Window::new(&header(100 * S, &[0]));
         let far = u64::MAX - 5;
