@@ -29,6 +29,9 @@ mod pipeline;
 mod calibrate;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
+// `diff`: an A/B of a fixed-work C program through the real probes, `record --repeat`,
+// the differential flamegraph in Chromium, the CI gate, bad input.
+mod diff;
 // OTLP profiles, decoded by a receiver built from the official definitions.
 mod otlp;
 // JIT code (Node, Java) named from perf maps after the process and its map are gone.

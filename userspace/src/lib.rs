@@ -36,6 +36,7 @@ pub mod capture;
 pub mod clock;
 pub mod commands;
 pub mod container;
+pub mod diff;
 pub mod energy;
 pub mod exporter;
 pub mod feed;

@@ -28,6 +28,9 @@ enum Command {
     Agent(commands::agent::Args),
     /// Measure static (all-idle) power per energy source on a quiet machine.
     Calibrate(commands::calibrate::Args),
+    /// Compare two versions: energy per function (or process) with 95% intervals and
+    /// significance; differential flamegraph; CI gate.
+    Diff(commands::diff::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Flamegraph(args) => commands::flamegraph::run(args),
         Command::Agent(args) => commands::agent::run(args),
         Command::Calibrate(args) => commands::calibrate::run(args),
+        Command::Diff(args) => commands::diff::run(args),
     };
     match result {
         Ok(code) => code,

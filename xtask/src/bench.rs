@@ -8,6 +8,9 @@
 //! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
 //! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
 //!   `report` and `flamegraph` (every format) on that real recording (best of 3).
+//! - `diff`: records `burn` twice (60 s at 999 Hz on both CPUs each), then times
+//!   `energy-bpf diff` of the two (table, SVG, by process) against the two `report --by
+//!   function` runs a user would otherwise read side by side (best of 3, ratio).
 //! - `top`: CPU used by `energy-bpf top` itself at the default 1 s refresh.
 //! - `agent SECS`: the agent's CPU and RSS, quiet and under process churn ([`agent`]).
 //! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent, `record` and
@@ -40,6 +43,7 @@ pub fn run(args: &[String]) -> Result {
         ]),
         Some("outputs") => outputs(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
         Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
+        Some("diff") => diff(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
         Some("top") => top(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30)),
         Some("agent") => agent::run(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(600)),
         Some("server") => server::run(
@@ -47,7 +51,7 @@ pub fn run(args: &[String]) -> Result {
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1_000_000),
         ),
         Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale".into()),
     }
 }
 
@@ -480,8 +484,8 @@ fn release_bin() -> Result<std::path::PathBuf> {
     Ok(util::root().join("target/release/energy-bpf"))
 }
 
-fn outputs(secs: u64) -> Result {
-    let bin = release_bin()?;
+/// Records `burn` on both CPUs for `secs` at 999 Hz into `file`.
+fn record_burn(bin: &Path, secs: u64, file: &Path) -> Result {
     let out = util::root().join("bench-out");
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let burn = out.join("burn");
@@ -491,7 +495,6 @@ fn outputs(secs: u64) -> Result {
             .arg(&burn)
             .arg(util::root().join("tests/workloads/burn.c")),
     )?;
-    let file = out.join("outputs.ebpr");
     let burns: Vec<Child> = (0..2)
         .map(|cpu| {
             Command::new("taskset")
@@ -503,15 +506,75 @@ fn outputs(secs: u64) -> Result {
                 .map_err(|e| format!("burn: {e}"))
         })
         .collect::<Result<_>>()?;
-    util::status(
-        Command::new(&bin)
+    let status = util::status(
+        Command::new(bin)
             .args(["record", "-F", "999", "-d", &secs.to_string(), "-o"])
-            .arg(&file),
-    )?;
+            .arg(file),
+    );
     for mut b in burns {
         let _ = b.kill();
         let _ = b.wait();
     }
+    status
+}
+
+/// Best wall-clock time of 3 runs of `bin args`, s.
+fn best_of_3(bin: &Path, name: &str, args: &[&str]) -> std::result::Result<f64, String> {
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let status = Command::new(bin)
+            .args(args)
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| format!("{name}: {e}"))?;
+        if !status.success() {
+            return Err(format!("{name} failed: {status}"));
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+fn diff(secs: u64) -> Result {
+    let bin = release_bin()?;
+    let out = util::root().join("bench-out");
+    let (base, new) = (out.join("diff-base.ebpr"), out.join("diff-new.ebpr"));
+    record_burn(&bin, secs, &base)?;
+    record_burn(&bin, secs, &new)?;
+    let (b, n) = (base.to_string_lossy(), new.to_string_lossy());
+    println!(
+        "# bench diff: two {secs} s recordings at 999 Hz on 2 CPUs ({} + {} MiB); best of 3 wall-clock runs",
+        std::fs::metadata(&base).map(|m| m.len()).unwrap_or(0) >> 20,
+        std::fs::metadata(&new).map(|m| m.len()).unwrap_or(0) >> 20
+    );
+    let reports = best_of_3(&bin, "report base", &["report", "--by", "function", &b])?
+        + best_of_3(&bin, "report new", &["report", "--by", "function", &n])?;
+    println!("{:<40} {:>8} {:>8}", "command", "best s", "ratio");
+    println!(
+        "{:<40} {reports:>8.3} {:>8}",
+        "report --by function, base + new", "1.00"
+    );
+    let cases: [(&str, Vec<&str>); 3] = [
+        ("diff (table, by function)", vec!["diff", &b, &n]),
+        (
+            "diff --format svg",
+            vec!["diff", &b, &n, "--format", "svg", "-o", "/dev/null"],
+        ),
+        ("diff --by process", vec!["diff", &b, &n, "--by", "process"]),
+    ];
+    for (name, args) in cases {
+        let t = best_of_3(&bin, name, &args)?;
+        println!("{name:<40} {t:>8.3} {:>8.2}", t / reports);
+    }
+    Ok(())
+}
+
+fn outputs(secs: u64) -> Result {
+    let bin = release_bin()?;
+    let out = util::root().join("bench-out");
+    let file = out.join("outputs.ebpr");
+    record_burn(&bin, secs, &file)?;
     let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
     println!(
         "# bench outputs: {secs} s recording at 999 Hz on 2 CPUs ({} MiB); best of 3 wall-clock runs",

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod args;
 pub mod calibrate;
+pub mod diff;
 pub mod flamegraph;
 pub mod record;
 pub mod report;

@@ -1,5 +1,6 @@
 //! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
-//! Ctrl-C/SIGTERM. Every drain becomes one flushed chunk, so nothing recorded is lost if
+//! Ctrl-C/SIGTERM. With `--repeat N` the command runs N times in a row, each run marked in
+//! the recording (`RunMarker`: start, end, exit code). Every drain becomes one flushed chunk, so nothing recorded is lost if
 //! the recorder is killed; a clean stop adds a trailer.
 
 use std::{
@@ -17,7 +18,7 @@ use anyhow::Context as _;
 
 use crate::{
     capture::{Live, LiveOptions, host, session::Targets},
-    pb::v1::{Header, Trailer},
+    pb::v1::{Header, RunMarker, Trailer},
     record::{WriteError, Writer},
 };
 
@@ -52,9 +53,103 @@ pub struct Args {
     /// How user stacks are walked.
     #[command(flatten)]
     pub unwind: super::args::UnwindArgs,
-    /// Command to run; recording stops when it exits.
+    /// Run the command this many times, one after the other, into one recording; each run
+    /// is marked (start, end, exit code), so `energy-bpf diff` sees a distribution of runs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub repeat: u32,
+    /// Command to run; recording stops when it exits (after its last run with `--repeat`).
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+/// The runs of the recorded command: which one is running, and the markers of those done.
+struct Runs {
+    program: String,
+    rest: Vec<String>,
+    left: u32,
+    index: u32,
+    current: Option<(Child, u64)>,
+    done: Vec<RunMarker>,
+}
+
+impl Runs {
+    /// Starts the next run; its process joins the targets.
+    fn start(&mut self, live: &mut Live) -> anyhow::Result<()> {
+        let start_ns = crate::clock::monotonic_ns();
+        let child = Command::new(&self.program)
+            .args(&self.rest)
+            .spawn()
+            .with_context(|| format!("cannot run {}", self.program))?;
+        live.targets_mut().add(child.id());
+        let tables = live.unwind_stats().is_some();
+        let python = live.python_on();
+        if (tables || python) && wait_for_exec(child.id()) {
+            // Tables from the first milliseconds, not after the first drain; libraries
+            // the dynamic loader maps later are picked up at the first walk that meets
+            // them.
+            if tables {
+                live.load_unwind_tables(child.id());
+            }
+            // Likewise the interpreter of a CPython command (a shared build's libpython,
+            // if not mapped yet, is found at a later sample).
+            live.load_python(child.id());
+        }
+        self.left -= 1;
+        self.current = Some((child, start_ns));
+        Ok(())
+    }
+
+    /// Marks the current run done if it exited; returns its status.
+    fn reap(&mut self) -> Option<std::process::ExitStatus> {
+        let (child, start_ns) = self.current.as_mut()?;
+        let status = child.try_wait().ok()??;
+        let end_ns = crate::clock::monotonic_ns();
+        self.done.push(RunMarker {
+            index: self.index,
+            start_ns: *start_ns,
+            end_ns,
+            pid: child.id(),
+            exit_code: status
+                .code()
+                .or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| -s))
+                .unwrap_or(0),
+        });
+        self.index += 1;
+        self.current = None;
+        Some(status)
+    }
+
+    fn child(&mut self) -> Option<&mut Child> {
+        self.current.as_mut().map(|(c, _)| c)
+    }
+}
+
+/// Sleeps for one drain tick, watching the command in 1 ms steps so a run's end is marked
+/// within a millisecond and the next run starts at once. Returns the status of the last
+/// run when the command is done (its runs all ran, or one failed).
+fn tick(
+    runs: &mut Option<Runs>,
+    live: &mut Live,
+    tick: Duration,
+) -> anyhow::Result<Option<std::process::ExitStatus>> {
+    let Some(r) = runs.as_mut() else {
+        thread::sleep(tick);
+        return Ok(None);
+    };
+    let until = Instant::now() + tick;
+    loop {
+        if let Some(status) = r.reap() {
+            if r.left == 0 || !status.success() {
+                return Ok(Some(status));
+            }
+            r.start(live)?;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Ok(None);
+        }
+        thread::sleep((until - now).min(Duration::from_millis(1)));
+    }
 }
 
 /// Runs the command.
@@ -98,30 +193,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     header.activity_event = activity_event.unwrap_or_default().into();
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
-    let mut child = match args.command.as_slice() {
+    let mut runs = match args.command.as_slice() {
         [] => None,
         [program, rest @ ..] => {
-            let child = Command::new(program)
-                .args(rest)
-                .spawn()
-                .with_context(|| format!("cannot run {program}"))?;
-            live.targets_mut().add(child.id());
-            let tables = live.unwind_stats().is_some();
-            let python = live.python_on();
-            if (tables || python) && wait_for_exec(child.id()) {
-                // Tables from the first milliseconds, not after the first drain; libraries
-                // the dynamic loader maps later are picked up at the first walk that meets
-                // them.
-                if tables {
-                    live.load_unwind_tables(child.id());
-                }
-                // Likewise the interpreter of a CPython command (a shared build's
-                // libpython, if not mapped yet, is found at a later sample).
-                live.load_python(child.id());
-            }
-            Some(child)
+            let mut runs = Runs {
+                program: program.clone(),
+                rest: rest.to_vec(),
+                left: args.repeat,
+                index: 0,
+                current: None,
+                done: Vec::new(),
+            };
+            runs.start(&mut live)?;
+            Some(runs)
         }
     };
+    if runs.is_none() && args.repeat > 1 {
+        anyhow::bail!("--repeat needs a command to run: energy-bpf record --repeat N -- CMD");
+    }
     let unwind = if live.unwind_stats().is_some() {
         "unwind tables, frame pointers where a PC has none"
     } else {
@@ -142,13 +231,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let tick = Duration::from_millis(args.drain_ms);
     let mut child_status = None;
     let stop_reason = loop {
-        thread::sleep(tick);
-        let chunk = live.poll();
+        let exited = match self::tick(&mut runs, &mut live, tick) {
+            Ok(exited) => exited,
+            Err(err) => {
+                kill(&mut runs);
+                return Err(err);
+            }
+        };
+        let mut chunk = live.poll();
+        if let Some(r) = runs.as_mut() {
+            chunk.runs = std::mem::take(&mut r.done);
+        }
         for fault in live.new_faults() {
             eprintln!("energy-bpf: warning: {fault}; recording goes on with the other sources");
         }
         if let Err(err) = writer.chunk(chunk) {
-            kill(&mut child);
+            kill(&mut runs);
             return Err(stopped_early(writer, err, &header, &args.output));
         }
         if stop.load(Ordering::Relaxed) {
@@ -157,16 +255,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break "duration".to_string();
         }
-        if let Some(c) = child.as_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
+        if let Some(status) = exited {
             child_status = Some(status);
-            break format!("command exited ({status})");
+            let n = runs.as_ref().map_or(0, |r| r.index);
+            break if args.repeat > 1 {
+                format!(
+                    "command exited ({status}) after {n} of {} runs",
+                    args.repeat
+                )
+            } else {
+                format!("command exited ({status})")
+            };
         }
     };
-    kill(&mut child);
+    kill(&mut runs);
     // A last sweep pins down who is on each CPU at the end of the window.
-    let (last, unwind_stats) = live.finish();
+    let (mut last, unwind_stats) = live.finish();
     if let Some(u) = unwind_stats {
         eprintln!(
             "energy-bpf: unwind tables: {} processes, {} files, {} of {} rows ({:.1} of {} MiB \
@@ -180,6 +284,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             u.failed,
             u.load_ms
         );
+    }
+    if let Some(r) = runs.as_mut() {
+        last.runs = std::mem::take(&mut r.done);
     }
     let losses = last.losses;
     if let Err(err) = writer.chunk(last) {
@@ -255,8 +362,8 @@ fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) 
     anyhow::Error::new(err).context(format!("recording stopped early because {why}; {kept}"))
 }
 
-fn kill(child: &mut Option<Child>) {
-    if let Some(c) = child.as_mut()
+fn kill(runs: &mut Option<Runs>) {
+    if let Some(c) = runs.as_mut().and_then(Runs::child)
         && matches!(c.try_wait(), Ok(None))
     {
         let _ = c.kill();

@@ -12,7 +12,7 @@ use std::mem::size_of;
 
 use crate::pb::v1::{
     CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, JitSymbol, Mapping,
-    ProcessEvent, PythonFrame, PythonProcess, Sample, SwitchEvent, ThreadInfo,
+    ProcessEvent, PythonFrame, PythonProcess, RunMarker, Sample, SwitchEvent, ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the
@@ -166,6 +166,10 @@ static SOURCE: Msg = Msg {
     size: size::<EnergySource>(),
     fields: &[(2, Field::Bytes), (5, Field::Bytes), (11, Field::Bytes)],
 };
+static RUN: Msg = Msg {
+    size: size::<RunMarker>(),
+    fields: &[],
+};
 static CHUNK: Msg = Msg {
     size: 0,
     fields: &[
@@ -181,6 +185,7 @@ static CHUNK: Msg = Msg {
         (10, Field::Many(&JIT_SYMBOL)),
         (11, Field::Many(&PYTHON_FRAME)),
         (12, Field::Many(&PYTHON_PROCESS)),
+        (13, Field::Many(&RUN)),
     ],
 };
 static TRAILER: Msg = Msg {

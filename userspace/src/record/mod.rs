@@ -27,7 +27,7 @@ pub use reader::{ReadError, read_file, read_from};
 pub use series::{TimeRange, read_path};
 pub use switch_log::{CpuOrders, SwitchLog};
 pub use unwind_counts::{UnwindCounts, python_stop_name, stop_name};
-pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_SOURCES, PRE_START_NS};
+pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_RUNS, MAX_SOURCES, PRE_START_NS};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
@@ -94,6 +94,9 @@ pub struct Recording {
     pub samples: Vec<Sample>,
     /// Lifecycle events.
     pub process_events: Vec<ProcessEvent>,
+    /// Runs of the recorded command (`record --repeat N`), in order; empty when none were
+    /// marked.
+    pub runs: Vec<crate::pb::v1::RunMarker>,
     /// Latest known info per thread id.
     pub threads: HashMap<u32, ThreadInfo>,
     /// Executable mappings per process id, in the order they were recorded.

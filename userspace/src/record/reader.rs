@@ -380,6 +380,7 @@ fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
     rec.switches.push(&chunk.switches);
     rec.samples.extend(chunk.samples);
     rec.process_events.extend(chunk.process_events);
+    rec.runs.extend(chunk.runs);
     for t in chunk.threads {
         super::merge_thread(&mut rec.threads, t);
     }

@@ -147,6 +147,8 @@ fn append(into: &mut Recording, next: Recording) {
     into.switches.append(next.switches);
     into.samples.extend(next.samples);
     into.process_events.extend(next.process_events);
+    into.runs.extend(next.runs);
+    into.runs.truncate(super::MAX_RUNS);
     for t in next.threads.into_values() {
         merge_thread(&mut into.threads, t);
     }
@@ -200,6 +202,14 @@ fn cut(rec: &mut Recording, range: &TimeRange) {
         .to_unix_ns
         .map_or(rec.end_ns, |u| to_mono(u).min(rec.end_ns));
     let end = end.max(start);
+    cut_mono(rec, start, end);
+}
+
+/// Cuts a recording to the CLOCK_MONOTONIC span `[start, end)` (clamped to the
+/// recording's): what runs before it only says who was on each CPU at `start`.
+pub fn cut_mono(rec: &mut Recording, start: u64, end: u64) {
+    let start = start.max(rec.header.start_ns);
+    let end = end.min(rec.end_ns).max(start);
     // Switches before the start only say who was running at it: keep each CPU's last.
     let mut last_before: std::collections::BTreeMap<u32, crate::pb::v1::SwitchEvent> =
         std::collections::BTreeMap::new();
@@ -215,6 +225,7 @@ fn cut(rec: &mut Recording, range: &TimeRange) {
     rec.process_events
         .retain(|e| e.ts_ns >= start && e.ts_ns < end);
     rec.readings.retain(|r| r.ts_ns >= start && r.ts_ns <= end);
+    rec.runs.retain(|r| r.start_ns >= start && r.end_ns <= end);
     rec.header.start_unix_ns = rec
         .header
         .start_unix_ns

@@ -12,7 +12,9 @@
 //!   chunk's earlier timestamps included);
 //! - no switch or sample on a CPU the header does not list;
 //! - the trailer's end time lies within [`MAX_QUIET_NS`] of the last data;
-//! - an energy source is listed once, and there are at most [`MAX_SOURCES`].
+//! - an energy source is listed once, and there are at most [`MAX_SOURCES`];
+//! - a run marker (`record --repeat`) ends no earlier than it starts, lies in the window like
+//!   any timestamp, and there are at most [`MAX_RUNS`] (each costs `diff` an analysis).
 //!
 //! The capture window is thus at most [`MAX_QUIET_NS`] per timestamp in the file: bounded
 //! by the file's size.
@@ -34,8 +36,14 @@ pub const MAX_CPUS: usize = 8192;
 /// and each source costs every later stage work per reading.
 pub const MAX_SOURCES: usize = 4096;
 
+/// The most run markers a recording may hold: `record --repeat` takes a few to a few
+/// hundred; each costs `diff` one analysis of its slice, so a damaged count is not believed.
+pub const MAX_RUNS: usize = 10_000;
+
 /// The window admitted so far.
 pub(super) struct Window {
+    /// Run markers admitted so far.
+    runs: usize,
     /// Ids of the energy sources admitted: a source is listed once (the first listing wins).
     source_ids: std::collections::HashSet<u32>,
     lower: u64,
@@ -53,6 +61,7 @@ impl Window {
         cpus.dedup();
         let start = header.start_ns;
         Self {
+            runs: 0,
             source_ids: std::collections::HashSet::new(),
             lower: start.saturating_sub(PRE_START_NS),
             frontier: (start != 0).then_some(start),
@@ -96,6 +105,7 @@ impl Window {
             )
             .chain(chunk.readings.iter().map(|r| r.ts_ns))
             .chain(chunk.process_events.iter().map(|p| p.ts_ns))
+            .chain(chunk.runs.iter().flat_map(|r| [r.start_ns, r.end_ns]))
             .filter(|&t| t >= self.lower)
             .collect();
         times.sort_unstable();
@@ -120,6 +130,12 @@ impl Window {
         chunk.samples.retain(|s| ok(s.ts_ns) && known(s.cpu));
         chunk.readings.retain(|r| ok(r.ts_ns));
         chunk.process_events.retain(|p| ok(p.ts_ns));
+        let runs = &mut self.runs;
+        chunk.runs.retain(|r| {
+            let keep = r.start_ns <= r.end_ns && ok(r.start_ns) && ok(r.end_ns) && *runs < MAX_RUNS;
+            *runs += usize::from(keep);
+            keep
+        });
         before - counts(chunk)
     }
 
@@ -129,6 +145,7 @@ impl Window {
         chunk.samples.clear();
         chunk.readings.clear();
         chunk.process_events.clear();
+        chunk.runs.clear();
         n
     }
 
@@ -149,8 +166,11 @@ impl Window {
 }
 
 fn counts(chunk: &Chunk) -> u64 {
-    (chunk.switches.len() + chunk.samples.len() + chunk.readings.len() + chunk.process_events.len())
-        as u64
+    (chunk.switches.len()
+        + chunk.samples.len()
+        + chunk.readings.len()
+        + chunk.process_events.len()
+        + chunk.runs.len()) as u64
 }
 
 #[cfg(test)]
@@ -211,6 +231,31 @@ mod tests {
         assert_eq!(w.end(Some(106 * S)), (106 * S, false));
         // A trailer stamped before the last data is not damage.
         assert_eq!(w.end(Some(101 * S)), (w.frontier(), false));
+    }
+
+    #[test]
+    fn run_markers_must_end_after_they_start_inside_the_window() {
+        use crate::pb::v1::RunMarker;
+        let mut w = Window::new(&header(100 * S, &[0]));
+        let run = |start_ns: u64, end_ns: u64| RunMarker {
+            start_ns,
+            end_ns,
+            ..RunMarker::default()
+        };
+        let mut c = chunk(&[(100 * S, 0), (101 * S, 0)], &[]);
+        c.runs = vec![
+            run(100 * S, 101 * S),
+            run(101 * S, 100 * S),
+            run(100 * S, u64::MAX),
+            run(1, 100 * S),
+        ];
+        assert_eq!(w.admit(&mut c), 3);
+        assert_eq!(c.runs, vec![run(100 * S, 101 * S)]);
+        // At most MAX_RUNS over the whole recording.
+        let mut c = chunk(&[(101 * S, 0)], &[]);
+        c.runs = vec![run(100 * S, 101 * S); MAX_RUNS + 5];
+        assert_eq!(w.admit(&mut c), 6);
+        assert_eq!(c.runs.len(), MAX_RUNS - 1);
     }
 
     #[test]

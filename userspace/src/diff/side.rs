@@ -1,0 +1,228 @@
+//! One side of a diff: its recordings cut into runs (a recording's `RunMarker`s from
+//! `record --repeat`, else the whole recording is one run), each run analysed by the same
+//! pipeline as `report` ([`crate::analysis::analyze`]) and rolled up by its rollup
+//! (`pipeline::rows`/`group` for processes, `output::functions::by_function` for
+//! functions). This module only reads those rows into per-run values.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::{
+    analysis,
+    attribute::domain_name,
+    output::{collapsed, functions, table::RowKey},
+    pipeline::{self, Config, GroupBy},
+    profile::Filter,
+    record::Recording,
+};
+
+use super::stats::Z95;
+
+/// What a row of the diff is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum By {
+    /// A function (self energy: samples whose leaf it is).
+    #[default]
+    Function,
+    /// A process, matched across recordings by command line (pids differ between runs).
+    Process,
+    /// A command name (`comm`): its processes summed.
+    Command,
+    /// A thread, as `process/thread` names.
+    Thread,
+    /// A container or pod (`[host]` for the rest).
+    Container,
+}
+
+/// One recording given to a side, with the pipeline configuration it is analysed with.
+pub struct Input {
+    /// How the user named it (the path).
+    pub label: String,
+    /// The recording.
+    pub rec: Recording,
+    /// Its configuration (`analysis::config`).
+    pub cfg: Config,
+}
+
+/// One run's figures, in J (not yet normalised).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Run {
+    /// Length, s.
+    pub duration_s: f64,
+    /// Measured energy of the run (headline domains), J.
+    pub total_j: f64,
+    /// Idle/static energy, J.
+    pub idle_j: f64,
+    /// Energy per row name, J, with its within-run sampling variance, J².
+    pub rows: HashMap<String, (f64, f64)>,
+    /// Folded stacks (`comm;root;...;leaf`) with their energy, J (functions only, when
+    /// asked for).
+    pub stacks: BTreeMap<String, f64>,
+}
+
+/// What a side is made of, for the header.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Facts {
+    /// The recordings given.
+    pub files: Vec<String>,
+    /// Host names recorded on (sorted, unique).
+    pub hostnames: Vec<String>,
+    /// True when any energy is modelled: every figure of the side is then estimated.
+    pub estimated: bool,
+    /// Kinds of sources, e.g. `powercap`, `model`.
+    pub source: String,
+    /// Sampling rates, Hz (sorted, unique).
+    pub sample_hz: Vec<u32>,
+    /// Runs marked by `record --repeat` (0 when the recordings are the runs).
+    pub marked_runs: usize,
+    /// Events the kernel dropped, all recordings.
+    pub lost_events: u64,
+    /// Notes about damaged or cut-short recordings.
+    pub warnings: Vec<String>,
+}
+
+/// A side: its facts and its runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Side {
+    /// Where it came from.
+    pub facts: Facts,
+    /// One entry per run.
+    pub runs: Vec<Run>,
+}
+
+/// Reads `inputs` into a side with rows of `by` (and folded stacks when `stacks`).
+pub fn side(inputs: Vec<Input>, by: By, stacks: bool) -> Side {
+    let mut facts = Facts::default();
+    let mut runs = Vec::new();
+    let mut sources = Vec::new();
+    for input in inputs {
+        let rec = &input.rec;
+        facts.files.push(input.label.clone());
+        facts.hostnames.push(rec.header.hostname.clone());
+        facts.sample_hz.push(rec.header.sample_hz);
+        facts.lost_events += crate::record::lost_events(&rec.losses);
+        facts.estimated |= rec.sources.iter().any(|s| s.estimated);
+        sources.extend(input.cfg.sources.iter().cloned());
+        if rec.truncated && !rec.damage.end_damaged {
+            facts
+                .warnings
+                .push(format!("{} was cut short (no trailer)", input.label));
+        }
+        if let Some(note) = rec.damage.note() {
+            facts
+                .warnings
+                .push(format!("{} is damaged: {note}", input.label));
+        }
+        if rec.runs.is_empty() {
+            runs.push(run(rec, &input.cfg, by, stacks));
+        } else {
+            facts.marked_runs += rec.runs.len();
+            for marker in &rec.runs {
+                let mut slice = rec.clone();
+                crate::record::series::cut_mono(&mut slice, marker.start_ns, marker.end_ns);
+                runs.push(run(&slice, &input.cfg, by, stacks));
+            }
+        }
+    }
+    facts.hostnames.sort();
+    facts.hostnames.dedup();
+    facts.sample_hz.sort_unstable();
+    facts.sample_hz.dedup();
+    facts.source = pipeline::source_label(&sources);
+    Side { facts, runs }
+}
+
+/// Variance from a 95% interval (half its width is z·σ).
+fn variance(lo: f64, hi: f64) -> f64 {
+    let sd = (hi - lo).max(0.0) / (2.0 * Z95);
+    sd * sd
+}
+
+/// One run through the pipeline, read into rows.
+fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
+    let a = analysis::analyze(rec, cfg);
+    let totals = a.totals();
+    let mut out = Run {
+        duration_s: totals.duration_ns as f64 / 1e9,
+        total_j: totals.total_j,
+        idle_j: totals.idle_j.max(0.0),
+        ..Run::default()
+    };
+    let mut add = |key: String, j: f64, var: f64| {
+        let e = out.rows.entry(key).or_insert((0.0, 0.0));
+        e.0 += j;
+        e.1 += var;
+    };
+    if by == By::Function {
+        let profile = analysis::profile(rec, &a, &Filter::default());
+        let Some((idx, domain)) = profile
+            .value_types
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| v.name.strip_prefix("energy_").map(|d| (i, d.to_string())))
+        else {
+            return out;
+        };
+        let report = functions::by_function(&profile, &[domain]);
+        for row in &report.rows {
+            let (RowKey::Function { name, .. }, Some(cell)) = (&row.key, row.energy.first()) else {
+                continue;
+            };
+            add(
+                name.clone(),
+                cell.joules,
+                variance(cell.ci_low, cell.ci_high),
+            );
+        }
+        if want_stacks {
+            out.stacks = collapsed::fold(&profile, idx)
+                .into_iter()
+                .map(|(k, uj)| (k, uj * 1e-6))
+                .collect();
+        }
+        return out;
+    }
+    let names = pipeline::recorded_cgroup_names(rec);
+    let rows = pipeline::rows(&rec.window(), &a, &rec.threads, &names);
+    let headline = |e: &pipeline::DomainJoules| -> f64 {
+        a.attribution
+            .headline
+            .iter()
+            .map(|&d| e.get(domain_name(d)).copied().unwrap_or(0.0))
+            .sum()
+    };
+    match by {
+        By::Process => {
+            for p in &rows {
+                let key = if p.cmdline.is_empty() {
+                    p.comm.clone()
+                } else {
+                    p.cmdline.clone()
+                };
+                add(key, headline(&p.energy_j), variance(p.ci_j[0], p.ci_j[1]));
+            }
+        }
+        By::Command | By::Container => {
+            let group = if by == By::Command {
+                GroupBy::Command
+            } else {
+                GroupBy::Container
+            };
+            for g in pipeline::group(&rows, group) {
+                add(
+                    g.comm.clone(),
+                    headline(&g.energy_j),
+                    variance(g.ci_j[0], g.ci_j[1]),
+                );
+            }
+        }
+        By::Thread => {
+            for p in &rows {
+                for t in &p.threads {
+                    add(format!("{}/{}", p.comm, t.comm), headline(&t.energy_j), 0.0);
+                }
+            }
+        }
+        By::Function => {}
+    }
+    out
+}
