@@ -37,6 +37,8 @@ mod tests;
 #[cfg(test)]
 mod tests_activity;
 #[cfg(test)]
+mod tests_idle;
+#[cfg(test)]
 mod tests_static;
 
 use std::collections::{BTreeMap, HashMap};

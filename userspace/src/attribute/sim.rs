@@ -85,6 +85,23 @@ pub struct SimConfig {
     /// Extra core power when k > 1 siblings are busy, as a fraction of one thread's power
     /// per extra sibling: each busy sibling then draws `(1 + extra·(k−1)) / k` of its watts.
     pub smt_extra: f64,
+    /// CPUs whose load follows a busy/sleep duty cycle instead of random idle stretches.
+    pub duty_cycles: Vec<DutyCycle>,
+}
+
+/// A busy/sleep loop on one CPU (a process that spins `on_ns`, then sleeps `off_ns`): the
+/// CPU's classes run for `on_ns ± jitter_ns`, then it idles `off_ns ± jitter_ns`, so the
+/// phase drifts against the counter's reads as a real sleep's overshoot makes it drift.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DutyCycle {
+    /// The CPU.
+    pub cpu: u32,
+    /// Busy stretch, ns.
+    pub on_ns: u64,
+    /// Idle stretch, ns.
+    pub off_ns: u64,
+    /// Uniform jitter of each stretch, ± ns.
+    pub jitter_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -109,6 +126,7 @@ impl Default for SimConfig {
             never_idle_cpus: Vec::new(),
             threads_per_core: 1,
             smt_extra: 0.2,
+            duty_cycles: Vec::new(),
         }
     }
 }
@@ -165,6 +183,12 @@ struct Seg {
 fn exp_ns(rng: &mut ChaCha8Rng, mean_ns: u64) -> u64 {
     let u: f64 = rng.random_range(f64::EPSILON..1.0);
     ((-u.ln() * mean_ns as f64) as u64).max(10_000)
+}
+
+fn jittered(rng: &mut ChaCha8Rng, mean_ns: u64, jitter_ns: u64) -> u64 {
+    (mean_ns + rng.random_range(0..=2 * jitter_ns))
+        .saturating_sub(jitter_ns)
+        .max(1)
 }
 
 fn gauss(rng: &mut ChaCha8Rng) -> f64 {
@@ -262,7 +286,24 @@ fn schedule_cpu(
     let mut segs = Vec::new();
     let mut funcs = Vec::new();
     let mut t = 0u64;
+    let duty = cfg.duty_cycles.iter().find(|d| d.cpu == cpu).copied();
+    // End of the current busy stretch of a duty cycle: runs stop there, then the CPU idles.
+    let mut on_until = duty.map(|d| t + jittered(rng, d.on_ns, d.jitter_ns));
     while t < cfg.duration_ns {
+        if let (Some(d), Some(until)) = (duty, on_until)
+            && t >= until
+        {
+            let end = (t + jittered(rng, d.off_ns, d.jitter_ns)).min(cfg.duration_ns);
+            segs.push(Seg {
+                start: t,
+                end,
+                class: None,
+                tid: IDLE_TID,
+            });
+            t = end;
+            on_until = Some(t + jittered(rng, d.on_ns, d.jitter_ns));
+            continue;
+        }
         let phase = t.checked_div(cfg.phase_ns).unwrap_or(0) as usize;
         let mut weights: Vec<f64> = cfg
             .classes
@@ -276,7 +317,7 @@ fn schedule_cpu(
                 }
             })
             .collect();
-        weights.push(if cfg.never_idle_cpus.contains(&cpu) {
+        weights.push(if duty.is_some() || cfg.never_idle_cpus.contains(&cpu) {
             0.0
         } else {
             cfg.idle_weight
@@ -297,7 +338,9 @@ fn schedule_cpu(
             t = end;
             continue;
         };
-        let end = (t + exp_ns(rng, class.mean_run_ns)).min(cfg.duration_ns);
+        let end = (t + exp_ns(rng, class.mean_run_ns))
+            .min(cfg.duration_ns)
+            .min(on_until.unwrap_or(u64::MAX));
         let tid = class.tgid * 100 + cpu % class.threads.max(1);
         segs.push(Seg {
             start: t,
