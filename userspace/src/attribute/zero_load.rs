@@ -124,6 +124,64 @@ pub fn merge_spans(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> V
     rows
 }
 
+/// Counter updates a zero-load row spans at least. A reading sees the counter's last update,
+/// so a row's energy is off by up to one update at each end: ±20% of a 5-update row, noise
+/// that hundreds of rows average out, where longer rows would average away the load's own
+/// variation (a 10 ms duty cycle is a flat 1.5 busy CPUs in 50 ms rows). RAPL's ~1 ms
+/// updates give rows of one 10 ms read interval; a counter updating every 3 ms, 15 ms rows.
+pub const FIT_UPDATES: u64 = 5;
+
+/// Rows for the zero-load fit, as short as the counter resolves: intervals merged to at
+/// least `row_ns`, each row's busy CPUs counted over the time its energy covers. A reading
+/// at `r` holds the last update before it, on average half an update old, so the energy of
+/// `[r_a, r_b)` was drawn over `[r_a − lag, r_b − lag)` with `lag` = half the update period:
+/// busy time is taken there (`busy_ns(a, b)`: busy CPU-ns of the domain over `[a, b)`).
+pub fn fit_rows(
+    intervals: &[Interval],
+    row_ns: u64,
+    lag_ns: u64,
+    busy_ns: &dyn Fn(u64, u64) -> f64,
+) -> Vec<PowerRow> {
+    merge_spans(intervals, &[], row_ns)
+        .iter()
+        .map(|span| {
+            let (a, b) = (
+                span.start_ns.saturating_sub(lag_ns),
+                span.end_ns.saturating_sub(lag_ns),
+            );
+            Span {
+                busy_ns: busy_ns(a, b),
+                ..*span
+            }
+            .power_row()
+        })
+        .collect()
+}
+
+/// Windows sampled for [`fine_spread`].
+const FINE_WINDOWS: u64 = 4000;
+
+/// Standard deviation of busy CPUs over windows of `window_ns` across the intervals (up to
+/// [`FINE_WINDOWS`] of them, evenly spaced): whether the load varies at all at a time scale
+/// the fit's rows cannot see.
+pub fn fine_spread(
+    intervals: &[Interval],
+    window_ns: u64,
+    busy_ns: &dyn Fn(u64, u64) -> f64,
+) -> f64 {
+    let window_ns = window_ns.max(1);
+    let total: u64 = intervals.iter().map(|iv| iv.len_ns() / window_ns).sum();
+    // Every k-th interval, whole, so a long recording is sampled from end to end.
+    let stride = total.div_ceil(FINE_WINDOWS).max(1) as usize;
+    let busy: Vec<f64> = intervals
+        .iter()
+        .step_by(stride)
+        .flat_map(|iv| (0..iv.len_ns() / window_ns).map(move |k| iv.start_ns + k * window_ns))
+        .map(|a| busy_ns(a, a + window_ns) / window_ns as f64)
+        .collect();
+    if busy.is_empty() { 0.0 } else { std_dev(&busy) }
+}
+
 pub type FitError = (Unidentified, Option<ZeroLoadFit>);
 
 /// Huber-weighted least squares of power on busy CPUs, outliers (beyond 3.5 robust sigmas)
