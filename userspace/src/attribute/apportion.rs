@@ -44,27 +44,27 @@ pub(super) fn run_source(
     };
     let activity = |cpu: u32, run: &Run| input.activity.map_or(1.0, |w| w.weight(cpu, run));
     let cores = smt::cores(input.cpus, &cpus);
+    // Who ran over `[a, b)` on the domain's CPUs, activity-weighted, SMT siblings shared.
+    let occupancy = |a: u64, b: u64| {
+        let mut occ = Occupancy::tally(input.timeline, &cpus, a, b, &activity);
+        if !cores.is_empty() {
+            smt::apply(
+                &mut occ,
+                input.timeline,
+                &cores,
+                a,
+                b,
+                opts.smt_sibling_extra,
+            );
+        }
+        occ
+    };
     let occs: Vec<Occupancy> = if is_gpu {
         Vec::new()
     } else {
         intervals
             .iter()
-            .map(|iv| {
-                let mut occ =
-                    Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity);
-                if !cores.is_empty() {
-                    let (a, b) = (iv.start_ns, iv.end_ns);
-                    smt::apply(
-                        &mut occ,
-                        input.timeline,
-                        &cores,
-                        a,
-                        b,
-                        opts.smt_sibling_extra,
-                    );
-                }
-                occ
-            })
+            .map(|iv| occupancy(iv.start_ns, iv.end_ns))
             .collect()
     };
     // Busy CPU-ns of the domain over any span, for the zero-load fit's own rows.
@@ -114,6 +114,7 @@ pub(super) fn run_source(
         opts,
         &intervals,
         &occs,
+        &occupancy,
         static_w,
         by_activity,
         &mut report,
@@ -255,6 +256,7 @@ fn plan_model(
     opts: &Options,
     intervals: &[Interval],
     occs: &[Occupancy],
+    occupancy: &dyn Fn(u64, u64) -> Occupancy,
     static_w: f64,
     by_activity: bool,
     report: &mut SourceAttribution,
@@ -275,13 +277,37 @@ fn plan_model(
     let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let other = ranked.len();
     let k = other + 1;
+    // Rows as short as the counter resolves, as the zero-load fit's: a fair scheduler
+    // rotating always-runnable processes leaves each row's shares within about one slice
+    // of the mean whatever the row's length, so shorter rows carry more of what tells the
+    // classes apart (5 updates: 10 ms reads of RAPL; 50 ms at most).
+    let row_ns = match source.update_period_ns {
+        0 => opts.regression_row_ns,
+        u => opts
+            .regression_row_ns
+            .min(super::zero_load::FIT_UPDATES.saturating_mul(u)),
+    };
+    // A reading holds the counter's last update, on average half an update old: each
+    // interval's energy was drawn over its span shifted back by that much, and so is the
+    // time its columns count (in short rows a slice's edge on the wrong side of a row's
+    // end is a visible share of it).
+    let lag = source.update_period_ns / 2;
+    let lagged: Vec<Occupancy> = intervals
+        .iter()
+        .map(|iv| {
+            occupancy(
+                iv.start_ns.saturating_sub(lag),
+                iv.end_ns.saturating_sub(lag),
+            )
+        })
+        .collect();
     let rows = build_rows(
         intervals,
-        occs,
+        &lagged,
         static_w,
         &class_of,
         other,
-        opts.regression_row_ns,
+        row_ns,
         by_activity,
     );
     let global = regression::fit(&rows, k, &opts.fit);

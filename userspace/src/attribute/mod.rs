@@ -120,7 +120,8 @@ pub struct Options {
     pub power_model: PowerModel,
     /// Regression classes: this many busiest processes per source, plus "other".
     pub regression_classes: usize,
-    /// Regression rows are intervals merged to at least this long, ns (seed 003: 50 ms).
+    /// Regression rows are intervals merged to at least this long, ns (seed 003: 50 ms), or
+    /// to five counter updates where that is shorter (see `zero_load::FIT_UPDATES`).
     pub regression_row_ns: u64,
     /// Sliding window of the regression, ns, and the stride at which it is refitted.
     pub regression_window_ns: u64,

@@ -149,8 +149,9 @@ pub fn duty_cycle_beside_spinner(seed: u64, update_period_ns: u64) -> SimConfig 
 }
 
 /// Three always-runnable processes of 15, 5 and 10 W sharing 2 CPUs (every CPU always
-/// busy), 6 W static, 10 s: per-class watts come only from how the three shares vary
-/// between rows, as the scheduler rotates them.
+/// busy), 6 W static, 10 s, rotated fairly in 3 ms slices as a fair scheduler does: each
+/// process gets 2/3 of a CPU and a row's shares differ from that by about one slice, so
+/// per-class watts come only from that small variation.
 pub fn three_always_runnable(seed: u64) -> SimConfig {
     let spin = |name: &str, tgid: u32, watts: f64| SimClass {
         mean_run_ns: 3_000_000,
@@ -162,6 +163,7 @@ pub fn three_always_runnable(seed: u64) -> SimConfig {
         duration_ns: 10_000_000_000,
         static_w: 6.0,
         phase_ns: 0,
+        rotation_slice_ns: 3_000_000,
         never_idle_cpus: vec![0, 1],
         classes: vec![
             spin("w15", 1, 15.0),

@@ -87,6 +87,11 @@ pub struct SimConfig {
     pub smt_extra: f64,
     /// CPUs whose load follows a busy/sleep duty cycle instead of random idle stretches.
     pub duty_cycles: Vec<DutyCycle>,
+    /// Fair rotation instead of random picks: every CPU switches at the same slice
+    /// boundaries (`slice_ns ± 20%`), and in slice k CPU c runs class `(k + c) mod n`, as a
+    /// fair scheduler rotates n always-runnable processes over fewer CPUs: each gets the
+    /// same share and a row's share differs from the mean by at most about one slice.
+    pub rotation_slice_ns: u64,
 }
 
 /// A busy/sleep loop on one CPU (a process that spins `on_ns`, then sleeps `off_ns`): the
@@ -127,6 +132,7 @@ impl Default for SimConfig {
             threads_per_core: 1,
             smt_extra: 0.2,
             duty_cycles: Vec::new(),
+            rotation_slice_ns: 0,
         }
     }
 }
@@ -283,6 +289,9 @@ fn schedule_cpu(
     rng: &mut ChaCha8Rng,
     truth: &mut Truth,
 ) -> (Vec<Seg>, Vec<(u64, u64, u64)>) {
+    if cfg.rotation_slice_ns > 0 && !cfg.classes.is_empty() {
+        return rotate_cpu(cfg, cpu, rng, truth);
+    }
     let mut segs = Vec::new();
     let mut funcs = Vec::new();
     let mut t = 0u64;
@@ -364,6 +373,41 @@ fn schedule_cpu(
             f_start = f_end;
         }
         t = end;
+    }
+    (segs, funcs)
+}
+
+/// One CPU's schedule under [`SimConfig::rotation_slice_ns`]. The slice boundaries come
+/// from their own generator seeded by the run's seed, so every CPU switches at the same
+/// times; `rng` only draws the function stretches.
+fn rotate_cpu(
+    cfg: &SimConfig,
+    cpu: u32,
+    rng: &mut ChaCha8Rng,
+    truth: &mut Truth,
+) -> (Vec<Seg>, Vec<(u64, u64, u64)>) {
+    let mut slices = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x0051_1ce5);
+    let slice = cfg.rotation_slice_ns;
+    let n = cfg.classes.len() as u64;
+    let (mut segs, mut funcs) = (Vec::new(), Vec::new());
+    let (mut t, mut k) = (0u64, 0u64);
+    while t < cfg.duration_ns {
+        let end = (t + jittered(&mut slices, slice, slice / 5)).min(cfg.duration_ns);
+        let choice = ((k + u64::from(cpu)) % n) as usize;
+        let class = &cfg.classes[choice];
+        segs.push(Seg {
+            start: t,
+            end,
+            class: Some(choice),
+            tid: class.tgid * 100 + cpu % class.threads.max(1),
+        });
+        *truth.class_cpu_ns.entry(class.tgid).or_insert(0) += end - t;
+        let addr = function_addr(class.tgid, 0);
+        funcs.push((t, end, addr));
+        *truth.function_uj.entry(addr).or_insert(0.0) += class.watts * (end - t) as f64 * 1e-3;
+        let _ = rng;
+        t = end;
+        k += 1;
     }
     (segs, funcs)
 }
