@@ -277,16 +277,6 @@ fn plan_model(
     let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let other = ranked.len();
     let k = other + 1;
-    // Rows as short as the counter resolves, as the zero-load fit's: a fair scheduler
-    // rotating always-runnable processes leaves each row's shares within about one slice
-    // of the mean whatever the row's length, so shorter rows carry more of what tells the
-    // classes apart (5 updates: 10 ms reads of RAPL; 50 ms at most).
-    let row_ns = match source.update_period_ns {
-        0 => opts.regression_row_ns,
-        u => opts
-            .regression_row_ns
-            .min(super::zero_load::FIT_UPDATES.saturating_mul(u)),
-    };
     // A reading holds the counter's last update, on average half an update old: each
     // interval's energy was drawn over its span shifted back by that much, and so is the
     // time its columns count (in short rows a slice's edge on the wrong side of a row's
@@ -301,16 +291,40 @@ fn plan_model(
             )
         })
         .collect();
-    let rows = build_rows(
-        intervals,
-        &lagged,
-        static_w,
-        &class_of,
-        other,
-        row_ns,
-        by_activity,
+    // Two row lengths, and the one whose fit pins the classes' watts down better (the
+    // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
+    // resolves (5 updates, as the zero-load fit's) see a fair scheduler's rotation:
+    // always-runnable processes sharing the CPUs hold shares within about one slice of
+    // the mean in a row of any length, so shorter rows carry more of what tells them
+    // apart. Load that changes over seconds is measured better by the long rows, where a
+    // counter update at either end is a smaller part of the row.
+    let long_ns = opts.regression_row_ns;
+    let short_ns = long_ns.min(
+        super::zero_load::FIT_UPDATES
+            .saturating_mul(source.update_period_ns)
+            .max(1),
     );
-    let global = regression::fit(&rows, k, &opts.fit);
+    let candidates = if short_ns < long_ns {
+        vec![short_ns, long_ns]
+    } else {
+        vec![long_ns]
+    };
+    let (rows, global, row_ns) = candidates
+        .into_iter()
+        .map(|row_ns| {
+            let rows = build_rows(
+                intervals,
+                &lagged,
+                static_w,
+                &class_of,
+                other,
+                row_ns,
+                by_activity,
+            );
+            let fit = regression::fit(&rows, k, &opts.fit);
+            (rows, fit, row_ns)
+        })
+        .min_by(|a, b| weighted_se(&a.1).total_cmp(&weighted_se(&b.1)))?;
     let (sse_time, sse_reg) = regression::heldout_sse(&rows, k, 5, &opts.fit);
     let mut labels: Vec<ClassLabel> = ranked.iter().map(|&t| ClassLabel::Process(t)).collect();
     labels.push(ClassLabel::Other);
@@ -366,6 +380,7 @@ fn plan_model(
         prior_w: global.prior_w,
         condition: global.condition,
         rows: global.rows,
+        row_ns,
         heldout_sse_time: sse_time,
         heldout_sse_regression: sse_reg,
         windows: windows.len(),
@@ -386,6 +401,17 @@ fn plan_model(
         windows,
         interval_start: intervals.iter().map(|iv| iv.start_ns).collect(),
     })
+}
+
+/// Occupancy-weighted standard error of a fit's watts, W: how well its rows pin the busy
+/// classes down (infinite when a fitted class has no finite error).
+fn weighted_se(fit: &regression::Fit) -> f64 {
+    fit.classes
+        .iter()
+        .filter(|c| c.not_identifiable.is_none())
+        .map(|c| c.occupancy * c.se_w)
+        .sum::<f64>()
+        .max(0.0)
 }
 
 /// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the

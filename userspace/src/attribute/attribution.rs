@@ -121,6 +121,9 @@ pub struct RegressionReport {
     pub condition: f64,
     /// Rows (merged intervals) in the fit.
     pub rows: usize,
+    /// Their length (at least), ns: the shorter of the counter's 5 updates and
+    /// `regression_row_ns` where the fit over it pins the classes down better.
+    pub row_ns: u64,
     /// Held-out squared error of the time model and of the regression, J².
     pub heldout_sse_time: f64,
     /// See `heldout_sse_time`.
