@@ -15,13 +15,15 @@ use super::regression::{self, Row};
 use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, ThreadKey};
 use super::{Input, Options, PowerModel};
-use super::{smt, static_power};
+use super::{smt, static_power, uncertainty};
 
 /// What one source contributes.
 pub(super) struct SourceOutcome {
     pub report: SourceAttribution,
     pub sample_uj: Vec<(usize, f64)>,
     pub residual: BTreeMap<ThreadKey, f64>,
+    /// Relative standard error of each process's energy on this source.
+    pub relative_error: uncertainty::RelativeError,
 }
 
 pub(super) fn run_source(
@@ -106,6 +108,7 @@ pub(super) fn run_source(
             report,
             sample_uj: Vec::new(),
             residual: splitter.residual,
+            relative_error: uncertainty::RelativeError::default(),
         };
     }
     let by_activity = input.activity.is_some();
@@ -154,10 +157,18 @@ pub(super) fn run_source(
         book(&mut report, iv, &s);
     }
     splitter.flush();
+    let mut class_tgid: Vec<(usize, u32)> = plan
+        .as_ref()
+        .map(|p| p.class_of.iter().map(|(&t, &k)| (k, t)).collect())
+        .unwrap_or_default();
+    class_tgid.sort_unstable();
+    let class_tgid: Vec<u32> = class_tgid.into_iter().map(|(_, t)| t).collect();
+    let relative_error = uncertainty::relative_error(&report, &class_tgid, opts.idle);
     SourceOutcome {
         report,
         sample_uj: splitter.sample_uj,
         residual: splitter.residual,
+        relative_error,
     }
 }
 

@@ -211,6 +211,9 @@ pub struct ThreadEnergy {
     /// Energy no stack sample could carry (no sample in its window, or GPU energy), µJ:
     /// flamegraphs show it as a `[no stack sample]` frame under the thread.
     pub no_stack: PerDomain,
+    /// Standard error of `energy` from the model (fitted per-class watts, estimated static
+    /// power), µJ ([`super::uncertainty`]); threads of one process err together.
+    pub model_sd: PerDomain,
 }
 
 /// The whole attribution.

@@ -30,6 +30,7 @@ pub mod sim;
 pub mod smt;
 pub mod split;
 pub mod static_power;
+pub mod uncertainty;
 pub mod zero_load;
 
 #[cfg(test)]
@@ -178,16 +179,16 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
         measured.add(d, out.report.measured_uj);
         for (idx, uj) in out.sample_uj {
             sample_energy[idx].add(d, uj);
-            threads
-                .entry(sample_thread[idx])
-                .or_default()
-                .energy
-                .add(d, uj);
+            let t = threads.entry(sample_thread[idx]).or_default();
+            t.energy.add(d, uj);
+            t.model_sd
+                .add(d, uj * out.relative_error.of(sample_thread[idx].0));
         }
         for (key, uj) in out.residual {
             let t = threads.entry(key).or_default();
             t.energy.add(d, uj);
             t.no_stack.add(d, uj);
+            t.model_sd.add(d, uj * out.relative_error.of(key.0));
         }
         sources.push(out.report);
     }

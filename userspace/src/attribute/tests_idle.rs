@@ -139,3 +139,59 @@ fn three_always_runnable_classes_calibrated() {
         );
     }
 }
+
+/// Each process's energy and the half-width of its 95% interval, µJ.
+fn with_ci(attr: &Attribution, tgid: u32) -> (f64, f64) {
+    let mine = attr.threads.iter().filter(|t| t.tgid == tgid);
+    let e: f64 = mine.clone().map(|t| attr.headline_uj(&t.energy)).sum();
+    let sd: f64 = mine.map(|t| attr.headline_uj(&t.model_sd)).sum();
+    (e, 1.96 * sd)
+}
+
+/// The 95% interval of each process's absolute joules holds the truth in at least 90% of
+/// (process, seed) pairs, on the saturated machine (fitted watts) and beside the duty
+/// cycle (extrapolated static power), and is never wider than ±25%: soft where it should
+/// be, not useless.
+#[test]
+fn per_process_intervals_cover_the_truth() {
+    let (mut inside, mut total, mut widest) = (0, 0, 0.0f64);
+    for seed in 1..=10 {
+        let cases = [
+            (three_always_runnable(seed), true),
+            (duty_cycle_beside_spinner(seed, MS), false),
+        ];
+        for (cfg, calibrated) in cases {
+            let out = simulate(&cfg);
+            let mut opts = Options::default();
+            if calibrated {
+                opts.calibrated = [(
+                    source_key(&out.sources[0]),
+                    Calibrated {
+                        watts: 6.2,
+                        date: "2026-11-26T10:00:00Z".into(),
+                        file: String::new(),
+                    },
+                )]
+                .into();
+            }
+            let attr = attribute_sim(&out, &opts);
+            for (&tgid, &truth) in &out.truth.class_uj {
+                let (e, half) = with_ci(&attr, tgid);
+                total += 1;
+                inside += usize::from((e - truth).abs() <= half);
+                widest = widest.max(half / e);
+                eprintln!(
+                    "seed {seed} tgid {tgid}: {:.2} J ± {:.2} J, truth {:.2} J",
+                    e * 1e-6,
+                    half * 1e-6,
+                    truth * 1e-6
+                );
+            }
+        }
+    }
+    assert!(
+        inside * 10 >= total * 9,
+        "intervals hold the truth in {inside} of {total}"
+    );
+    assert!(widest < 0.25, "widest interval ±{:.1}%", widest * 100.0);
+}

@@ -289,17 +289,32 @@ fn std_dev(x: &[f64]) -> f64 {
     (x.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / n).sqrt()
 }
 
-/// 2.5th and 97.5th percentiles of the intercept over row resamples, with the robust
-/// weights held fixed. Seeded: the same input gives the same interval (the core is pure).
+/// Rows per block of the bootstrap. Neighbouring rows are not independent: the counter
+/// update one row's end misses is the next row's, and a load's cycle spans rows. Blocks of
+/// consecutive rows keep that (a row-by-row bootstrap gave 95% intervals that held the
+/// true static power of a 10 ms duty cycle in 16 of 20 runs).
+const BLOCK: usize = 8;
+
+/// 2.5th and 97.5th percentiles of the intercept over moving-block resamples of the rows
+/// (in time order), with the robust weights held fixed. Seeded: the same input gives the
+/// same interval (the core is pure).
 fn bootstrap(x: &[f64], y: &[f64], w: &[f64]) -> (f64, f64) {
     let mut rng = ChaCha8Rng::seed_from_u64(0x5747_1c00 ^ x.len() as u64);
     let n = x.len();
+    let block = BLOCK.min(n).max(1);
     let mut intercepts = Vec::with_capacity(BOOTSTRAP);
     let (mut bx, mut by, mut bw) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     for _ in 0..BOOTSTRAP {
-        for i in 0..n {
-            let j = rng.random_range(0..n);
-            (bx[i], by[i], bw[i]) = (x[j], y[j], w[j]);
+        let mut i = 0;
+        while i < n {
+            let start = rng.random_range(0..=n - block);
+            for j in start..start + block {
+                if i == n {
+                    break;
+                }
+                (bx[i], by[i], bw[i]) = (x[j], y[j], w[j]);
+                i += 1;
+            }
         }
         if let Some((a, _)) = wls(&bx, &by, &bw) {
             intercepts.push(a);
