@@ -189,6 +189,10 @@ pub fn fit(rows: &[Row], k: usize, opts: &FitOptions) -> Fit {
             classes[c].not_identifiable = Some(NotIdentifiable::Collinear);
         }
     }
+    // One group left (everything merged into it) is a single column: nothing to condition.
+    if groups.len() == 1 {
+        condition = 1.0;
+    }
     if condition > opts.max_condition {
         for &c in groups.iter().flatten() {
             classes[c].not_identifiable = Some(NotIdentifiable::IllConditioned);

@@ -85,8 +85,8 @@ impl Unidentified {
         match self {
             Self::NoSpread => "utilisation never varied: every CPU was always busy",
             Self::LoadTooFast => {
-                "load varies faster than the counter resolves: every row the counter can \
-                 measure sees the same average load"
+                "load varies faster than the counter resolves (counter too slow for this \
+                 load): every row the counter can measure sees the same average load"
             }
             Self::FewLevels => "utilisation took too few distinct levels",
             Self::TooFewIntervals => "too few intervals on a busy machine",
@@ -384,8 +384,34 @@ pub fn describe(sources: &[super::SourceAttribution]) -> Vec<String> {
             s.name, s.static_w
         ));
         lines.extend(s.static_origin.warning());
+        lines.extend(collinear_warning(s));
     }
     lines
+}
+
+/// The warning when the regression found classes whose watts it cannot tell apart: they
+/// always ran together (classes never mix), so only their combined power is known.
+fn collinear_warning(s: &super::SourceAttribution) -> Option<String> {
+    use super::regression::NotIdentifiable;
+    let reg = s.regression.as_ref()?;
+    let names: Vec<String> = reg
+        .classes
+        .iter()
+        .filter(|c| c.fit.not_identifiable == Some(NotIdentifiable::Collinear))
+        .map(|c| match c.label {
+            super::ClassLabel::Process(pid) => format!("pid {pid}"),
+            super::ClassLabel::Other => "other processes".into(),
+        })
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "per-class watts not identifiable on {} for {}: they always ran together (the \
+             classes never mix), so they share one fitted power per CPU-second; run them \
+             apart for part of the recording to tell their watts apart",
+            s.name,
+            names.join(", ")
+        )
+    })
 }
 
 /// A time span in words: `40 s`, `12 min`, `3.5 h`, `2.0 d`.

@@ -195,3 +195,28 @@ fn per_process_intervals_cover_the_truth() {
     );
     assert!(widest < 0.25, "widest interval ±{:.1}%", widest * 100.0);
 }
+
+/// Two always-runnable processes on 2 CPUs always run together: the regression cannot
+/// tell their watts apart, and the warning says so, with what to do.
+#[test]
+fn classes_that_never_mix_are_named_in_a_warning() {
+    let mut cfg = three_always_runnable(1);
+    cfg.classes.truncate(2);
+    let out = simulate(&cfg);
+    let opts = Options {
+        static_w: Some(6.0),
+        power_model: PowerModel::Regression,
+        ..Options::default()
+    };
+    let attr = attribute_sim(&out, &opts);
+    let lines = static_power::describe(&attr.sources);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("per-class watts not identifiable")
+                && l.contains("never mix")
+                && l.contains("run them apart")),
+        "{lines:?} {:?}",
+        attr.sources[0].regression
+    );
+}
