@@ -15,13 +15,15 @@ use super::regression::{self, Row};
 use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, ThreadKey};
 use super::{Input, Options, PowerModel};
-use super::{smt, static_power};
+use super::{smt, static_power, uncertainty};
 
 /// What one source contributes.
 pub(super) struct SourceOutcome {
     pub report: SourceAttribution,
     pub sample_uj: Vec<(usize, f64)>,
     pub residual: BTreeMap<ThreadKey, f64>,
+    /// Relative standard error of each process's energy on this source.
+    pub relative_error: uncertainty::RelativeError,
 }
 
 pub(super) fn run_source(
@@ -44,30 +46,33 @@ pub(super) fn run_source(
     };
     let activity = |cpu: u32, run: &Run| input.activity.map_or(1.0, |w| w.weight(cpu, run));
     let cores = smt::cores(input.cpus, &cpus);
+    // Who ran over `[a, b)` on the domain's CPUs, activity-weighted, SMT siblings shared.
+    let occupancy = |a: u64, b: u64| {
+        let mut occ = Occupancy::tally(input.timeline, &cpus, a, b, &activity);
+        if !cores.is_empty() {
+            smt::apply(
+                &mut occ,
+                input.timeline,
+                &cores,
+                a,
+                b,
+                opts.smt_sibling_extra,
+            );
+        }
+        occ
+    };
     let occs: Vec<Occupancy> = if is_gpu {
         Vec::new()
     } else {
         intervals
             .iter()
-            .map(|iv| {
-                let mut occ =
-                    Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &activity);
-                if !cores.is_empty() {
-                    let (a, b) = (iv.start_ns, iv.end_ns);
-                    smt::apply(
-                        &mut occ,
-                        input.timeline,
-                        &cores,
-                        a,
-                        b,
-                        opts.smt_sibling_extra,
-                    );
-                }
-                occ
-            })
+            .map(|iv| occupancy(iv.start_ns, iv.end_ns))
             .collect()
     };
-    let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len());
+    // Busy CPU-ns of the domain over any span, for the zero-load fit's own rows.
+    let busy_ns =
+        |a: u64, b: u64| Occupancy::tally(input.timeline, &cpus, a, b, &|_, _| 1.0).busy_ns();
+    let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len(), &busy_ns);
     let static_w = st.watts;
     let mut report = SourceAttribution {
         source_id: source.id,
@@ -103,6 +108,7 @@ pub(super) fn run_source(
             report,
             sample_uj: Vec::new(),
             residual: splitter.residual,
+            relative_error: uncertainty::RelativeError::default(),
         };
     }
     let by_activity = input.activity.is_some();
@@ -111,6 +117,7 @@ pub(super) fn run_source(
         opts,
         &intervals,
         &occs,
+        &occupancy,
         static_w,
         by_activity,
         &mut report,
@@ -150,10 +157,18 @@ pub(super) fn run_source(
         book(&mut report, iv, &s);
     }
     splitter.flush();
+    let mut class_tgid: Vec<(usize, u32)> = plan
+        .as_ref()
+        .map(|p| p.class_of.iter().map(|(&t, &k)| (k, t)).collect())
+        .unwrap_or_default();
+    class_tgid.sort_unstable();
+    let class_tgid: Vec<u32> = class_tgid.into_iter().map(|(_, t)| t).collect();
+    let relative_error = uncertainty::relative_error(&report, &class_tgid, opts.idle);
     SourceOutcome {
         report,
         sample_uj: splitter.sample_uj,
         residual: splitter.residual,
+        relative_error,
     }
 }
 
@@ -252,6 +267,7 @@ fn plan_model(
     opts: &Options,
     intervals: &[Interval],
     occs: &[Occupancy],
+    occupancy: &dyn Fn(u64, u64) -> Occupancy,
     static_w: f64,
     by_activity: bool,
     report: &mut SourceAttribution,
@@ -272,16 +288,54 @@ fn plan_model(
     let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let other = ranked.len();
     let k = other + 1;
-    let rows = build_rows(
-        intervals,
-        occs,
-        static_w,
-        &class_of,
-        other,
-        opts.regression_row_ns,
-        by_activity,
+    // A reading holds the counter's last update, on average half an update old: each
+    // interval's energy was drawn over its span shifted back by that much, and so is the
+    // time its columns count (in short rows a slice's edge on the wrong side of a row's
+    // end is a visible share of it).
+    let lag = source.update_period_ns / 2;
+    let lagged: Vec<Occupancy> = intervals
+        .iter()
+        .map(|iv| {
+            occupancy(
+                iv.start_ns.saturating_sub(lag),
+                iv.end_ns.saturating_sub(lag),
+            )
+        })
+        .collect();
+    // Two row lengths, and the one whose fit pins the classes' watts down better (the
+    // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
+    // resolves (5 updates, as the zero-load fit's) see a fair scheduler's rotation:
+    // always-runnable processes sharing the CPUs hold shares within about one slice of
+    // the mean in a row of any length, so shorter rows carry more of what tells them
+    // apart. Load that changes over seconds is measured better by the long rows, where a
+    // counter update at either end is a smaller part of the row.
+    let long_ns = opts.regression_row_ns;
+    let short_ns = long_ns.min(
+        super::zero_load::FIT_UPDATES
+            .saturating_mul(source.update_period_ns)
+            .max(1),
     );
-    let global = regression::fit(&rows, k, &opts.fit);
+    let candidates = if short_ns < long_ns {
+        vec![short_ns, long_ns]
+    } else {
+        vec![long_ns]
+    };
+    let (rows, global, row_ns) = candidates
+        .into_iter()
+        .map(|row_ns| {
+            let rows = build_rows(
+                intervals,
+                &lagged,
+                static_w,
+                &class_of,
+                other,
+                row_ns,
+                by_activity,
+            );
+            let fit = regression::fit(&rows, k, &opts.fit);
+            (rows, fit, row_ns)
+        })
+        .min_by(|a, b| weighted_se(&a.1).total_cmp(&weighted_se(&b.1)))?;
     let (sse_time, sse_reg) = regression::heldout_sse(&rows, k, 5, &opts.fit);
     let mut labels: Vec<ClassLabel> = ranked.iter().map(|&t| ClassLabel::Process(t)).collect();
     labels.push(ClassLabel::Other);
@@ -337,6 +391,7 @@ fn plan_model(
         prior_w: global.prior_w,
         condition: global.condition,
         rows: global.rows,
+        row_ns,
         heldout_sse_time: sse_time,
         heldout_sse_regression: sse_reg,
         windows: windows.len(),
@@ -357,6 +412,17 @@ fn plan_model(
         windows,
         interval_start: intervals.iter().map(|iv| iv.start_ns).collect(),
     })
+}
+
+/// Occupancy-weighted standard error of a fit's watts, W: how well its rows pin the busy
+/// classes down (infinite when a fitted class has no finite error).
+fn weighted_se(fit: &regression::Fit) -> f64 {
+    fit.classes
+        .iter()
+        .filter(|c| c.not_identifiable.is_none())
+        .map(|c| c.occupancy * c.se_w)
+        .sum::<f64>()
+        .max(0.0)
 }
 
 /// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the

@@ -121,6 +121,9 @@ pub struct RegressionReport {
     pub condition: f64,
     /// Rows (merged intervals) in the fit.
     pub rows: usize,
+    /// Their length (at least), ns: the shorter of the counter's 5 updates and
+    /// `regression_row_ns` where the fit over it pins the classes down better.
+    pub row_ns: u64,
     /// Held-out squared error of the time model and of the regression, J².
     pub heldout_sse_time: f64,
     /// See `heldout_sse_time`.
@@ -208,6 +211,9 @@ pub struct ThreadEnergy {
     /// Energy no stack sample could carry (no sample in its window, or GPU energy), µJ:
     /// flamegraphs show it as a `[no stack sample]` frame under the thread.
     pub no_stack: PerDomain,
+    /// Standard error of `energy` from the model (fitted per-class watts, estimated static
+    /// power), µJ ([`super::uncertainty`]); threads of one process err together.
+    pub model_sd: PerDomain,
 }
 
 /// The whole attribution.

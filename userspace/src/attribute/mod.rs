@@ -30,12 +30,15 @@ pub mod sim;
 pub mod smt;
 pub mod split;
 pub mod static_power;
+pub mod uncertainty;
 pub mod zero_load;
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_activity;
+#[cfg(test)]
+mod tests_idle;
 #[cfg(test)]
 mod tests_static;
 
@@ -118,7 +121,8 @@ pub struct Options {
     pub power_model: PowerModel,
     /// Regression classes: this many busiest processes per source, plus "other".
     pub regression_classes: usize,
-    /// Regression rows are intervals merged to at least this long, ns (seed 003: 50 ms).
+    /// Regression rows are intervals merged to at least this long, ns (seed 003: 50 ms), or
+    /// to five counter updates where that is shorter (see `zero_load::FIT_UPDATES`).
     pub regression_row_ns: u64,
     /// Sliding window of the regression, ns, and the stride at which it is refitted.
     pub regression_window_ns: u64,
@@ -175,16 +179,16 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
         measured.add(d, out.report.measured_uj);
         for (idx, uj) in out.sample_uj {
             sample_energy[idx].add(d, uj);
-            threads
-                .entry(sample_thread[idx])
-                .or_default()
-                .energy
-                .add(d, uj);
+            let t = threads.entry(sample_thread[idx]).or_default();
+            t.energy.add(d, uj);
+            t.model_sd
+                .add(d, uj * out.relative_error.of(sample_thread[idx].0));
         }
         for (key, uj) in out.residual {
             let t = threads.entry(key).or_default();
             t.energy.add(d, uj);
             t.no_stack.add(d, uj);
+            t.model_sd.add(d, uj * out.relative_error.of(key.0));
         }
         sources.push(out.report);
     }

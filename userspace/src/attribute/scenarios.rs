@@ -1,7 +1,7 @@
 //! Simulator scenarios of the busy-machine cases (static power, SMT, DVFS) shared by the unit
 //! tests and the accuracy bench, so both measure the same machines.
 
-use super::sim::{SimClass, SimConfig};
+use super::sim::{DutyCycle, SimClass, SimConfig};
 
 fn class(name: &str, tgid: u32, watts: f64, threads: u32, cpus: Vec<u32>) -> SimClass {
     SimClass {
@@ -109,6 +109,66 @@ pub fn dvfs_classes(seed: u64) -> SimConfig {
             at("base-2.0GHz", 2, 2.0, 0.8),
             at("fast-3.0GHz", 3, 3.0, 0.8),
             at("turbo-3.6GHz", 4, 3.6, 0.6),
+        ],
+        ..SimConfig::default()
+    }
+}
+
+/// The never-idle machine of issue 22: 2 CPUs, 6 W static, a spinner pinned to CPU 0 that
+/// never sleeps (10 W) and a process on CPU 1 that spins 10 ms and sleeps 10 ms (10 W), both
+/// stretches ± 1 ms. Every 50 ms row averages about 1.5 busy CPUs: only rows as short as
+/// the counter resolves see the load change. `update_period_ns` is the counter's (RAPL:
+/// 1 ms); the reads come every `max(10 ms, 5 updates)`, as the recorder's.
+pub fn duty_cycle_beside_spinner(seed: u64, update_period_ns: u64) -> SimConfig {
+    SimConfig {
+        seed,
+        cpus_per_package: 2,
+        duration_ns: 10_000_000_000,
+        static_w: 6.0,
+        update_period_ns,
+        read_period_ns: 10_000_000u64.max(5 * update_period_ns),
+        never_idle_cpus: vec![0],
+        duty_cycles: vec![DutyCycle {
+            cpu: 1,
+            on_ns: 10_000_000,
+            off_ns: 10_000_000,
+            jitter_ns: 1_000_000,
+        }],
+        classes: vec![
+            SimClass {
+                mean_run_ns: 4_000_000,
+                ..class("spinner", 1, 10.0, 1, vec![0])
+            },
+            SimClass {
+                mean_run_ns: 10_000_000,
+                ..class("duty-10ms", 2, 10.0, 1, vec![1])
+            },
+        ],
+        ..SimConfig::default()
+    }
+}
+
+/// Three always-runnable processes of 15, 5 and 10 W sharing 2 CPUs (every CPU always
+/// busy), 6 W static, 10 s, rotated fairly in 3 ms slices as a fair scheduler does: each
+/// process gets 2/3 of a CPU and a row's shares differ from that by about one slice, so
+/// per-class watts come only from that small variation.
+pub fn three_always_runnable(seed: u64) -> SimConfig {
+    let spin = |name: &str, tgid: u32, watts: f64| SimClass {
+        mean_run_ns: 3_000_000,
+        ..class(name, tgid, watts, 2, Vec::new())
+    };
+    SimConfig {
+        seed,
+        cpus_per_package: 2,
+        duration_ns: 10_000_000_000,
+        static_w: 6.0,
+        phase_ns: 0,
+        rotation_slice_ns: 3_000_000,
+        never_idle_cpus: vec![0, 1],
+        classes: vec![
+            spin("w15", 1, 15.0),
+            spin("w5", 2, 5.0),
+            spin("w10", 3, 10.0),
         ],
         ..SimConfig::default()
     }

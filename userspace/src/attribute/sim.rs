@@ -85,6 +85,28 @@ pub struct SimConfig {
     /// Extra core power when k > 1 siblings are busy, as a fraction of one thread's power
     /// per extra sibling: each busy sibling then draws `(1 + extra·(k−1)) / k` of its watts.
     pub smt_extra: f64,
+    /// CPUs whose load follows a busy/sleep duty cycle instead of random idle stretches.
+    pub duty_cycles: Vec<DutyCycle>,
+    /// Fair rotation instead of random picks: every CPU switches at the same slice
+    /// boundaries (`slice_ns ± 20%`), and in slice k CPU c runs class `(k + c) mod n`, as a
+    /// fair scheduler rotates n always-runnable processes over fewer CPUs: each gets the
+    /// same share and a row's share differs from the mean by at most about one slice.
+    pub rotation_slice_ns: u64,
+}
+
+/// A busy/sleep loop on one CPU (a process that spins `on_ns`, then sleeps `off_ns`): the
+/// CPU's classes run for `on_ns ± jitter_ns`, then it idles `off_ns ± jitter_ns`, so the
+/// phase drifts against the counter's reads as a real sleep's overshoot makes it drift.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DutyCycle {
+    /// The CPU.
+    pub cpu: u32,
+    /// Busy stretch, ns.
+    pub on_ns: u64,
+    /// Idle stretch, ns.
+    pub off_ns: u64,
+    /// Uniform jitter of each stretch, ± ns.
+    pub jitter_ns: u64,
 }
 
 impl Default for SimConfig {
@@ -109,6 +131,8 @@ impl Default for SimConfig {
             never_idle_cpus: Vec::new(),
             threads_per_core: 1,
             smt_extra: 0.2,
+            duty_cycles: Vec::new(),
+            rotation_slice_ns: 0,
         }
     }
 }
@@ -165,6 +189,12 @@ struct Seg {
 fn exp_ns(rng: &mut ChaCha8Rng, mean_ns: u64) -> u64 {
     let u: f64 = rng.random_range(f64::EPSILON..1.0);
     ((-u.ln() * mean_ns as f64) as u64).max(10_000)
+}
+
+fn jittered(rng: &mut ChaCha8Rng, mean_ns: u64, jitter_ns: u64) -> u64 {
+    (mean_ns + rng.random_range(0..=2 * jitter_ns))
+        .saturating_sub(jitter_ns)
+        .max(1)
 }
 
 fn gauss(rng: &mut ChaCha8Rng) -> f64 {
@@ -259,10 +289,30 @@ fn schedule_cpu(
     rng: &mut ChaCha8Rng,
     truth: &mut Truth,
 ) -> (Vec<Seg>, Vec<(u64, u64, u64)>) {
+    if cfg.rotation_slice_ns > 0 && !cfg.classes.is_empty() {
+        return rotate_cpu(cfg, cpu, rng, truth);
+    }
     let mut segs = Vec::new();
     let mut funcs = Vec::new();
     let mut t = 0u64;
+    let duty = cfg.duty_cycles.iter().find(|d| d.cpu == cpu).copied();
+    // End of the current busy stretch of a duty cycle: runs stop there, then the CPU idles.
+    let mut on_until = duty.map(|d| t + jittered(rng, d.on_ns, d.jitter_ns));
     while t < cfg.duration_ns {
+        if let (Some(d), Some(until)) = (duty, on_until)
+            && t >= until
+        {
+            let end = (t + jittered(rng, d.off_ns, d.jitter_ns)).min(cfg.duration_ns);
+            segs.push(Seg {
+                start: t,
+                end,
+                class: None,
+                tid: IDLE_TID,
+            });
+            t = end;
+            on_until = Some(t + jittered(rng, d.on_ns, d.jitter_ns));
+            continue;
+        }
         let phase = t.checked_div(cfg.phase_ns).unwrap_or(0) as usize;
         let mut weights: Vec<f64> = cfg
             .classes
@@ -276,7 +326,7 @@ fn schedule_cpu(
                 }
             })
             .collect();
-        weights.push(if cfg.never_idle_cpus.contains(&cpu) {
+        weights.push(if duty.is_some() || cfg.never_idle_cpus.contains(&cpu) {
             0.0
         } else {
             cfg.idle_weight
@@ -297,7 +347,9 @@ fn schedule_cpu(
             t = end;
             continue;
         };
-        let end = (t + exp_ns(rng, class.mean_run_ns)).min(cfg.duration_ns);
+        let end = (t + exp_ns(rng, class.mean_run_ns))
+            .min(cfg.duration_ns)
+            .min(on_until.unwrap_or(u64::MAX));
         let tid = class.tgid * 100 + cpu % class.threads.max(1);
         segs.push(Seg {
             start: t,
@@ -321,6 +373,41 @@ fn schedule_cpu(
             f_start = f_end;
         }
         t = end;
+    }
+    (segs, funcs)
+}
+
+/// One CPU's schedule under [`SimConfig::rotation_slice_ns`]. The slice boundaries come
+/// from their own generator seeded by the run's seed, so every CPU switches at the same
+/// times; `rng` only draws the function stretches.
+fn rotate_cpu(
+    cfg: &SimConfig,
+    cpu: u32,
+    rng: &mut ChaCha8Rng,
+    truth: &mut Truth,
+) -> (Vec<Seg>, Vec<(u64, u64, u64)>) {
+    let mut slices = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x0051_1ce5);
+    let slice = cfg.rotation_slice_ns;
+    let n = cfg.classes.len() as u64;
+    let (mut segs, mut funcs) = (Vec::new(), Vec::new());
+    let (mut t, mut k) = (0u64, 0u64);
+    while t < cfg.duration_ns {
+        let end = (t + jittered(&mut slices, slice, slice / 5)).min(cfg.duration_ns);
+        let choice = ((k + u64::from(cpu)) % n) as usize;
+        let class = &cfg.classes[choice];
+        segs.push(Seg {
+            start: t,
+            end,
+            class: Some(choice),
+            tid: class.tgid * 100 + cpu % class.threads.max(1),
+        });
+        *truth.class_cpu_ns.entry(class.tgid).or_insert(0) += end - t;
+        let addr = function_addr(class.tgid, 0);
+        funcs.push((t, end, addr));
+        *truth.function_uj.entry(addr).or_insert(0.0) += class.watts * (end - t) as f64 * 1e-3;
+        let _ = rng;
+        t = end;
+        k += 1;
     }
     (segs, funcs)
 }

@@ -16,10 +16,17 @@ use super::Options;
 use super::interval::Interval;
 use super::split::Occupancy;
 
-use super::zero_load::{PowerRow, ZeroLoadFit, fit_zero_load, merge_rows};
+use super::zero_load::{
+    FIT_UPDATES, ZeroLoadFit, fine_spread, fit_rows, fit_zero_load, merge_rows,
+};
 
 /// Counter updates a row spans at least for the static bound (see [`estimate`]).
 const BOUND_UPDATES: u64 = 20;
+/// Standard deviation of busy CPUs in [`FINE_WINDOW_NS`] windows above which flat fit rows
+/// mean the load varies too fast for the counter, not that it never varies.
+const FINE_SPREAD_CPUS: f64 = 0.1;
+/// Window of the timeline in which load variation is looked for when the rows are flat.
+const FINE_WINDOW_NS: u64 = 1_000_000;
 
 /// A static power measured by `energy-bpf calibrate` on this machine for one source.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -59,6 +66,9 @@ pub fn source_key(source: &EnergySource) -> String {
 pub enum Unidentified {
     /// Utilisation never varied (e.g. every CPU always busy): no intercept to extrapolate.
     NoSpread,
+    /// Utilisation varies, but only faster than the counter resolves: rows long enough to
+    /// measure power all see the same average load.
+    LoadTooFast,
     /// Utilisation took too few distinct levels to fit a line through.
     FewLevels,
     /// Too few intervals to fit (a short recording on a busy machine).
@@ -73,11 +83,35 @@ impl Unidentified {
     /// Words for outputs.
     pub fn describe(self) -> &'static str {
         match self {
-            Self::NoSpread => "utilisation never varied (every CPU always busy?)",
+            Self::NoSpread => "utilisation never varied: every CPU was always busy",
+            Self::LoadTooFast => {
+                "load varies faster than the counter resolves (counter too slow for this \
+                 load): every row the counter can measure sees the same average load"
+            }
             Self::FewLevels => "utilisation took too few distinct levels",
             Self::TooFewIntervals => "too few intervals on a busy machine",
             Self::NoSlope => "power did not rise with load",
             Self::Uncertain => "the extrapolation to zero load is too uncertain",
+        }
+    }
+}
+
+impl Unidentified {
+    /// What a user can do about it, for the warning line.
+    pub fn remedy(self) -> &'static str {
+        const CALIBRATE: &str =
+            "run `energy-bpf calibrate` on a quiet machine or pass --static-power-w";
+        match self {
+            Self::TooFewIntervals => {
+                "record longer, or run `energy-bpf calibrate` on a quiet machine or pass \
+                 --static-power-w"
+            }
+            Self::LoadTooFast => {
+                "run `energy-bpf calibrate` on a quiet machine or pass --static-power-w (a \
+                 counter that updates faster, such as RAPL's ~1 ms, resolves loads that change \
+                 every ~10 ms)"
+            }
+            _ => CALIBRATE,
         }
     }
 }
@@ -155,8 +189,9 @@ impl StaticOrigin {
         match self {
             Self::Unidentified { reason, .. } => Some(format!(
                 "static power unidentified ({}): process rows include their share of static \
-                 power; run `energy-bpf calibrate` on a quiet machine or pass --static-power-w",
-                reason.describe()
+                 power; {}",
+                reason.describe(),
+                reason.remedy()
             )),
             _ => None,
         }
@@ -185,9 +220,10 @@ pub fn estimate(
     intervals: &[Interval],
     occs: &[Occupancy],
     n_cpus: usize,
+    busy_ns: &dyn Fn(u64, u64) -> f64,
 ) -> StaticPower {
     let rows = merge_rows(intervals, occs, opts.regression_row_ns);
-    let (watts, origin) = choose(opts, source, intervals, occs, n_cpus, &rows);
+    let (watts, origin) = choose(opts, source, intervals, occs, n_cpus, busy_ns);
     let watts = watts.max(0.0);
     // The bound is a minimum, so noise pulls it down: a row's power is off by up to one
     // counter update over its length (NVML updates every ~100 ms, so a 0.5 s interval reads
@@ -228,7 +264,7 @@ fn choose(
     intervals: &[Interval],
     occs: &[Occupancy],
     n_cpus: usize,
-    rows: &[PowerRow],
+    busy_ns: &dyn Fn(u64, u64) -> f64,
 ) -> (f64, StaticOrigin) {
     if let Some(&w) = opts.static_w_by_source.get(&source.id) {
         return (w, StaticOrigin::Given);
@@ -282,8 +318,30 @@ fn choose(
         idle.sort_by(f64::total_cmp);
         return (idle[idle.len() / 2], StaticOrigin::OnlineIdle);
     }
-    match fit_zero_load(rows) {
+    // Rows as short as the counter resolves (see `FIT_UPDATES`); a counter of unknown
+    // update period keeps the regression's rows.
+    let period = source.update_period_ns;
+    let row_ns = if period > 0 {
+        FIT_UPDATES.saturating_mul(period)
+    } else {
+        opts.regression_row_ns
+    };
+    let rows = fit_rows(intervals, row_ns, period / 2, busy_ns);
+    match fit_zero_load(&rows) {
         Ok(fit) => (fit.intercept_w, StaticOrigin::Extrapolated { fit }),
+        // Flat rows over a load that does vary (in 1 ms windows of the timeline):
+        // say so, rather than blame busy CPUs.
+        Err((Unidentified::NoSpread | Unidentified::FewLevels, fit))
+            if fine_spread(intervals, FINE_WINDOW_NS, busy_ns) >= FINE_SPREAD_CPUS =>
+        {
+            (
+                0.0,
+                StaticOrigin::Unidentified {
+                    reason: Unidentified::LoadTooFast,
+                    fit,
+                },
+            )
+        }
         // Unknown static power stays inside the process rows: the split charges it by busy
         // time, as the `proportional` policy would, and every output says so.
         Err((reason, fit)) => (0.0, StaticOrigin::Unidentified { reason, fit }),
@@ -326,8 +384,34 @@ pub fn describe(sources: &[super::SourceAttribution]) -> Vec<String> {
             s.name, s.static_w
         ));
         lines.extend(s.static_origin.warning());
+        lines.extend(collinear_warning(s));
     }
     lines
+}
+
+/// The warning when the regression found classes whose watts it cannot tell apart: they
+/// always ran together (classes never mix), so only their combined power is known.
+fn collinear_warning(s: &super::SourceAttribution) -> Option<String> {
+    use super::regression::NotIdentifiable;
+    let reg = s.regression.as_ref()?;
+    let names: Vec<String> = reg
+        .classes
+        .iter()
+        .filter(|c| c.fit.not_identifiable == Some(NotIdentifiable::Collinear))
+        .map(|c| match c.label {
+            super::ClassLabel::Process(pid) => format!("pid {pid}"),
+            super::ClassLabel::Other => "other processes".into(),
+        })
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "per-class watts not identifiable on {} for {}: they always ran together (the \
+             classes never mix), so they share one fitted power per CPU-second; run them \
+             apart for part of the recording to tell their watts apart",
+            s.name,
+            names.join(", ")
+        )
+    })
 }
 
 /// A time span in words: `40 s`, `12 min`, `3.5 h`, `2.0 d`.
@@ -373,7 +457,7 @@ mod tests {
             static_w: Some(75.0),
             ..Options::default()
         };
-        let s = estimate(&opts, &gpu, &intervals, &[], 0);
+        let s = estimate(&opts, &gpu, &intervals, &[], 0, &|_, _| 0.0);
         assert!(
             (s.bound_w - 75.0).abs() < 0.05 * 75.0,
             "bound {} W",
@@ -384,7 +468,7 @@ mod tests {
             update_period_ns: MS,
             ..gpu
         };
-        let s = estimate(&opts, &rapl, &intervals, &[], 0);
+        let s = estimate(&opts, &rapl, &intervals, &[], 0, &|_, _| 0.0);
         assert!((s.bound_w - 60.0).abs() < 1e-9, "bound {} W", s.bound_w);
     }
 }

@@ -160,6 +160,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
         .into_iter()
         .map(|((pid, instance), threads)| {
             let mut e_proc = PerDomain::default();
+            let mut sd_proc = PerDomain::default();
             let mut by_cpu: BTreeMap<u32, u64> = BTreeMap::new();
             let mut cgroup_id = 0;
             let mut thread_rows: Vec<ThreadRow> = threads
@@ -169,6 +170,8 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                     let part = part_of(pid, instance, tid, f.cpu_ns);
                     let e = te.map(|t| scale(&t.energy, part)).unwrap_or_default();
                     e_proc.add_all(&e);
+                    // Threads of one process share its class: their errors add up.
+                    sd_proc.add_all(&te.map(|t| scale(&t.model_sd, part)).unwrap_or_default());
                     for (&c, &ns) in &f.by_cpu {
                         *by_cpu.entry(c).or_default() += ns;
                     }
@@ -235,8 +238,12 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                 share: if total > 0.0 { headline / total } else { 0.0 },
                 // Whole threads carry no sampling error (attribute::ci: a stratum that is
                 // all in or all out of the group adds no variance), so neither do whole
-                // processes; intervals matter for functions, which sample stacks.
-                ci_j: [headline * 1e-6; 2],
+                // processes; what they carry is the model's error (fitted per-class watts,
+                // estimated static power: attribute::uncertainty), as a 95% interval.
+                ci_j: {
+                    let sd = 1.96 * attr.headline_uj(&sd_proc);
+                    [(headline - sd).max(0.0) * 1e-6, (headline + sd) * 1e-6]
+                },
                 threads: thread_rows,
                 cpu_share: cpu_ids
                     .iter()

@@ -1,0 +1,110 @@
+//! How soft a process's absolute joules are: the relative standard error that the fitted
+//! per-class watts (regression) and an estimated static power put on each class's energy.
+//!
+//! PURE. Stack sampling adds no error to whole threads ([`super::ci`]); what does is the
+//! model. With the split renormalised to the measured energy, class k's energy is its share
+//! `s_k = P_k T_k / Σ_j P_j T_j` of the dynamic energy, so an error in `P_k` moves it by
+//! `(1 − s_k)` and an error in another class's `P_j` by `s_j`; with independent class errors
+//! `r = se / P`, `var(δE_k / E_k) = (1 − s_k)² r_k² + Σ_{j≠k} s_j² r_j²`. Static power
+//! estimated from the recording moves `δS × duration` between the idle row and every
+//! process by share (`--idle separate`). Given, calibrated and model static power count as
+//! exact: their error is the user's or the calibration's, not this recording's.
+
+use std::collections::HashMap;
+
+use super::IdlePolicy;
+use super::attribution::{PowerModelUsed, SourceAttribution};
+use super::static_power::StaticOrigin;
+
+/// Relative standard error of a class's energy on one source.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RelativeError {
+    /// Per process of a fitted class.
+    pub by_tgid: HashMap<u32, f64>,
+    /// Every other thread ("other", unknown time, or no fit).
+    pub other: f64,
+}
+
+impl RelativeError {
+    /// The relative standard error of a process's energy.
+    pub fn of(&self, tgid: u32) -> f64 {
+        self.by_tgid.get(&tgid).copied().unwrap_or(self.other)
+    }
+}
+
+/// The relative errors of one source's split. `class_tgid[k]` is the process of fitted
+/// class k (the last class, "other", has none).
+pub fn relative_error(
+    report: &SourceAttribution,
+    class_tgid: &[u32],
+    idle: IdlePolicy,
+) -> RelativeError {
+    let duration_s = report
+        .intervals
+        .iter()
+        .map(|iv| (iv.end_ns - iv.start_ns) as f64 * 1e-9)
+        .sum::<f64>();
+    let dynamic_j = (report.measured_uj - report.idle_uj).max(0.0) * 1e-6;
+    // 95% interval of the extrapolation → one standard error.
+    let static_sd_w = match (&report.static_origin, idle) {
+        (
+            StaticOrigin::Extrapolated { fit } | StaticOrigin::Learned { fit, .. },
+            IdlePolicy::Separate,
+        ) => ((fit.ci_high_w - fit.ci_low_w) / 3.92).max(0.0),
+        _ => 0.0,
+    };
+    let static_rel = if dynamic_j > 0.0 {
+        static_sd_w * duration_s / dynamic_j
+    } else {
+        0.0
+    };
+    let mut out = RelativeError {
+        other: static_rel,
+        ..RelativeError::default()
+    };
+    let Some(reg) = report
+        .regression
+        .as_ref()
+        .filter(|_| report.power_model == PowerModelUsed::Regression)
+    else {
+        for &t in class_tgid {
+            out.by_tgid.insert(t, static_rel);
+        }
+        return out;
+    };
+    let energy: Vec<f64> = reg
+        .classes
+        .iter()
+        .map(|c| (c.fit.watts * c.fit.occupancy).max(0.0))
+        .collect();
+    let total: f64 = energy.iter().sum();
+    if total <= 0.0 {
+        return out;
+    }
+    let share: Vec<f64> = energy.iter().map(|e| e / total).collect();
+    let rel: Vec<f64> = reg
+        .classes
+        .iter()
+        .map(|c| {
+            if c.fit.watts > 0.0 {
+                c.fit.se_w / c.fit.watts
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let class_var = |k: usize| -> f64 {
+        (0..rel.len())
+            .map(|j| {
+                let s = if j == k { 1.0 - share[j] } else { share[j] };
+                (s * rel[j]).powi(2)
+            })
+            .sum()
+    };
+    let total_rel = |k: usize| (class_var(k) + static_rel * static_rel).sqrt();
+    for (k, &t) in class_tgid.iter().enumerate() {
+        out.by_tgid.insert(t, total_rel(k));
+    }
+    out.other = total_rel(reg.classes.len().saturating_sub(1));
+    out
+}
