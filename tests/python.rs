@@ -97,7 +97,7 @@ fn python_functions_get_their_energy_in_every_version() {
             "1",
             python.to_str().expect("path"),
             workload().to_str().expect("path"),
-            "60",
+            "100",
         ]);
         assert!(out.status.success(), "record {name} failed: {}", text(&out));
         // The process has exited: names come from the recording alone.

@@ -128,8 +128,10 @@ impl RecordingFacts {
 
 /// One line per CPython process found: `python: pid 123 (3.11) walked`.
 fn python_notes(rec: &Recording) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
     rec.python_processes
         .iter()
+        .filter(|p| seen.insert((p.tgid, p.status.as_str())))
         .take(20)
         .map(|p| {
             if p.version.is_empty() {

@@ -103,9 +103,11 @@ fn runtime_symbol(path: &Path, start: u64, offset: u64) -> Result<Option<u64>, P
     }
     let data = std::fs::read(path).map_err(io)?;
     let elf = object::File::parse(&*data).map_err(|_| PythonError::Object("not an ELF file"))?;
+    // The dynamic symbols first: a few thousand, where the full table of a static build
+    // has tens of thousands.
     let Some(sym) = elf
-        .symbols()
-        .chain(elf.dynamic_symbols())
+        .dynamic_symbols()
+        .chain(elf.symbols())
         .find(|s| s.name() == Ok("_PyRuntime") && s.is_definition())
     else {
         return Ok(None);
