@@ -144,8 +144,13 @@ impl Session {
                         if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
                             self.remap(&mut chunk, s.tgid, s.ts_ns);
                         }
-                        self.jit
-                            .observe(s.tgid, &s.user_stack, s.ts_ns, &mut chunk.jit_symbols);
+                        self.jit.observe(
+                            s.tgid,
+                            &comm,
+                            &s.user_stack,
+                            s.ts_ns,
+                            &mut chunk.jit_symbols,
+                        );
                         chunk.samples.push(s);
                     }
                 }
