@@ -232,12 +232,16 @@ fn node_functions_are_named_from_its_perf_map_after_it_is_gone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let script = dir.path().join("burn.js");
     std::fs::copy(workload("burn.js"), &script).expect("copy burn.js");
+    // V8's own log (which --perf-basic-prof turns on) goes to the temp dir, not the cwd.
+    let v8_log = format!("--logfile={}", dir.path().join("v8.log").display());
     let file = record(
         dir.path(),
         "node",
         &[
             &node,
             "--perf-basic-prof",
+            "--no-logfile-per-isolate",
+            &v8_log,
             "--no-turbo-inlining",
             script.to_str().expect("path"),
             // Long enough that Node's start (V8 and OpenSSL set-up, ~0.5 s of CPU on a

@@ -3,7 +3,9 @@
 //! hit (`Chunk.jit_symbols`), so reports name that code after the process and its map
 //! are gone. Addresses no entry held yet are kept (bounded) and looked up again when the
 //! process exits and when recording ends: runtimes append to the map as they compile, and
-//! some (Java `-XX:+DumpPerfMapAtExit`) write it only at exit.
+//! some (Java `-XX:+DumpPerfMapAtExit`) write it only at exit. Only processes that have a
+//! map, or whose name is a known runtime's (`node`, `java`, ...), keep addresses: native
+//! code's addresses all miss, and a system-wide recording samples every process.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -11,15 +13,16 @@ use std::time::{Duration, Instant};
 use crate::pb::v1::JitSymbol;
 use std::path::PathBuf;
 
+use crate::symbolize::JitRuntime;
 use crate::symbolize::perf_map::{JitTable, PerfMapError, PerfMapFile, live_path};
 
 /// How often a missing map is looked for again, and a grown one re-read, per process.
 const RETRY: Duration = Duration::from_millis(250);
 /// Most addresses kept per process for a later look-up.
-const MAX_PENDING: usize = 1 << 16;
+const MAX_PENDING: usize = 1 << 14;
 /// Most addresses kept for a later look-up over all processes (native code's addresses
 /// miss too, and every sampled process is followed).
-const MAX_PENDING_TOTAL: usize = 1 << 20;
+const MAX_PENDING_TOTAL: usize = 1 << 18;
 /// Most processes followed at once.
 const MAX_PROCESSES: usize = 4096;
 /// Most entries a process's table holds (entries of code nobody sampled are cheap, but a
@@ -34,6 +37,8 @@ struct Owner {
 }
 
 struct Process {
+    /// Whether the process's name is a known runtime's (it may write its map late).
+    runtime: bool,
     owner: Option<Owner>,
     /// When the process was first sampled: a map file in our `/tmp` older than this is
     /// an earlier process's.
@@ -50,6 +55,7 @@ struct Process {
 impl Default for Process {
     fn default() -> Self {
         Self {
+            runtime: false,
             owner: None,
             first_seen: std::time::SystemTime::now(),
             file: None,
@@ -71,16 +77,31 @@ pub struct JitMaps {
 
 impl JitMaps {
     /// Looks up a sample's user addresses; entries hit for the first time go to `out`.
-    pub fn observe(&mut self, tgid: u32, user_stack: &[u64], ts_ns: u64, out: &mut Vec<JitSymbol>) {
+    pub fn observe(
+        &mut self,
+        tgid: u32,
+        comm: &super::Comm,
+        user_stack: &[u64],
+        ts_ns: u64,
+        out: &mut Vec<JitSymbol>,
+    ) {
         if user_stack.is_empty() {
             return;
         }
         if !self.procs.contains_key(&tgid) && self.procs.len() >= MAX_PROCESSES {
             return;
         }
-        let p = self.procs.entry(tgid).or_default();
+        let p = self.procs.entry(tgid).or_insert_with(|| Process {
+            runtime: is_runtime(&super::comm_string(comm))
+                || super::host::thread_comm(tgid, tgid).is_some_and(|c| is_runtime(&c)),
+            ..Process::default()
+        });
         let before = p.pending.len();
-        let mut room = MAX_PENDING_TOTAL.saturating_sub(self.pending);
+        let mut room = if p.runtime || p.file.is_some() {
+            MAX_PENDING_TOTAL.saturating_sub(self.pending)
+        } else {
+            0
+        };
         let mut missed = false;
         for &addr in user_stack {
             if !p.lookup(tgid, addr, ts_ns, out, &mut room) {
@@ -223,6 +244,12 @@ impl Process {
     }
 }
 
+/// Whether a thread or process name is a known JIT runtime's (a JVM's compiler threads
+/// have names of their own: the process's main thread is asked too).
+fn is_runtime(name: &str) -> bool {
+    JitRuntime::of_process(name) != JitRuntime::Other
+}
+
 /// The process's real uid and its pid in its own namespace, from `/proc/PID/status`.
 fn owner_of(tgid: u32) -> Option<Owner> {
     let status = std::fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
@@ -244,6 +271,12 @@ fn owner_of(tgid: u32) -> Option<Owner> {
 mod tests {
     use super::*;
 
+    fn comm(name: &[u8]) -> crate::capture::Comm {
+        let mut c = [0; energy_bpf_abi::COMM_LEN];
+        c[..name.len()].copy_from_slice(name);
+        c
+    }
+
     #[test]
     fn own_process_has_an_owner() {
         let me = std::process::id();
@@ -261,8 +294,8 @@ mod tests {
         std::fs::write(&path, "1000 100 first\n").expect("write own perf map");
         let mut maps = JitMaps::default();
         let mut out = Vec::new();
-        maps.observe(me, &[0x1010, 0x1020, 0x5000], 1, &mut out);
-        maps.observe(me, &[0x1050], 2, &mut out);
+        maps.observe(me, &comm(b"node"), &[0x1010, 0x1020, 0x5000], 1, &mut out);
+        maps.observe(me, &comm(b"node"), &[0x1050], 2, &mut out);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(
             (out[0].start, out[0].size, out[0].name.as_str()),
@@ -279,5 +312,19 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert_eq!(out.len(), 1, "{out:?}");
         assert_eq!(out[0].name, "later");
+    }
+
+    #[test]
+    fn native_processes_without_a_map_keep_no_addresses() {
+        let mut maps = JitMaps::default();
+        let mut out = Vec::new();
+        // No such process: no map, and `cc1` is no runtime.
+        maps.observe(u32::MAX - 1, &comm(b"cc1"), &[0x1000, 0x2000], 1, &mut out);
+        assert_eq!(maps.pending, 0);
+        maps.observe(u32::MAX - 2, &comm(b"java"), &[0x1000, 0x2000], 1, &mut out);
+        assert_eq!(maps.pending, 2, "a JVM may write its map at exit");
+        maps.exited(u32::MAX - 2, 2, &mut out);
+        assert_eq!(maps.pending, 0);
+        assert!(out.is_empty());
     }
 }

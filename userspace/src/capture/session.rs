@@ -155,8 +155,13 @@ impl Session {
                         if let Some(p) = self.probes.python_mut() {
                             p.on_sample(&py, &mut s, &mut chunk.python_frames);
                         }
-                        self.jit
-                            .observe(s.tgid, &s.user_stack, s.ts_ns, &mut chunk.jit_symbols);
+                        self.jit.observe(
+                            s.tgid,
+                            &comm,
+                            &s.user_stack,
+                            s.ts_ns,
+                            &mut chunk.jit_symbols,
+                        );
                         chunk.samples.push(s);
                     }
                 }
