@@ -163,7 +163,7 @@ pub fn fit_rows(
 const FINE_WINDOWS: u64 = 4000;
 
 /// Standard deviation of busy CPUs over windows of `window_ns` across the intervals (up to
-/// [`FINE_WINDOWS`] of them, evenly spaced): whether the load varies at all at a time scale
+/// `FINE_WINDOWS` of them, evenly spaced): whether the load varies at all at a time scale
 /// the fit's rows cannot see.
 pub fn fine_spread(
     intervals: &[Interval],

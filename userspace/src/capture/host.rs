@@ -47,7 +47,7 @@ pub enum PreflightError {
 }
 
 const CAP_SYS_ADMIN: u32 = 21;
-/// Read other users' /proc/<pid>/maps and /proc/<pid>/root (unwind tables, symbols).
+/// Read other users' `/proc/<pid>/maps` and `/proc/<pid>/root` (unwind tables, symbols).
 pub const CAP_SYS_PTRACE: u32 = 19;
 /// Read files whatever their mode (powercap `energy_uj` is 0400 root).
 pub const CAP_DAC_READ_SEARCH: u32 = 2;

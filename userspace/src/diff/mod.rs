@@ -3,7 +3,7 @@
 //! thread or container — with a 95% interval of each difference and whether it is
 //! significant.
 //!
-//! - [`side`]: recordings into runs, each through the same pipeline and rollup as
+//! - [`mod@side`]: recordings into runs, each through the same pipeline and rollup as
 //!   `report` (no rollup of its own);
 //! - [`stats`]: the Welch interval over runs, sampling variance within a run;
 //! - [`render`]: table, JSON and CSV; [`flame`]: the differential flamegraph (SVG) and

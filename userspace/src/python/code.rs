@@ -15,6 +15,7 @@ pub struct CodeInfo {
     pub name: String,
     /// `co_filename`.
     pub file: String,
+    /// `co_firstlineno`: the line the line table counts from.
     pub firstlineno: u32,
     /// The line table's bytes.
     pub lines: Vec<u8>,

@@ -18,6 +18,7 @@ const MAX_ELF: u64 = 512 << 20;
 pub struct Interpreter {
     /// The file defining `_PyRuntime`.
     pub path: String,
+    /// The offsets of its version.
     pub table: Table,
     /// Runtime address of `_PyRuntime`.
     pub runtime: u64,

@@ -32,12 +32,14 @@ impl Memory {
             .map_err(|_| PythonError::Fault(addr))
     }
 
+    /// The little-endian u64 at `addr`.
     pub fn u64(&self, addr: u64) -> Result<u64, PythonError> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b)?;
         Ok(u64::from_le_bytes(b))
     }
 
+    /// The little-endian u32 at `addr`.
     pub fn u32(&self, addr: u64) -> Result<u32, PythonError> {
         let mut b = [0u8; 4];
         self.read(addr, &mut b)?;

@@ -28,7 +28,9 @@ pub enum PythonError {
     /// A file or the process's memory could not be opened.
     #[error("cannot read {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// What the OS said.
         source: std::io::Error,
     },
     /// Reading the process's memory faulted.

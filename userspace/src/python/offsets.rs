@@ -13,7 +13,9 @@ use super::linetable::LineFormat;
 /// A CPython version, `major.minor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {
+    /// 3.
     pub major: u8,
+    /// 9 to 13 are walked.
     pub minor: u8,
 }
 
@@ -43,6 +45,7 @@ impl Version {
 /// How a version's objects are laid out, for the walker and the symbolizer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Table {
+    /// The version the offsets are for.
     pub version: Version,
     /// What the probe reads (its `runtime` is left 0: it is per process).
     pub walk: PyProcess,
@@ -62,6 +65,7 @@ pub struct Table {
 
 /// Oldest and newest minor versions of Python 3 walked.
 pub const OLDEST: u8 = 9;
+/// Newest minor version of Python 3 walked.
 pub const NEWEST: u8 = 13;
 
 #[allow(clippy::too_many_arguments)]

@@ -74,19 +74,33 @@ pub fn parse_line(line: &str) -> Option<PerfMapLine<'_>> {
 pub enum PerfMapError {
     /// No map file (the runtime writes none, or not yet).
     #[error("no perf map at {path}")]
-    Missing { path: PathBuf },
+    Missing {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
     /// Opening or reading failed.
     #[error("cannot read perf map {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
     /// A symlink, FIFO, device or directory where the map should be.
     #[error("perf map {path} is not a regular file")]
-    NotRegular { path: PathBuf },
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+    },
     /// Someone other than the process's user (or root) owns the file: it could name
     /// another program's code.
     #[error("perf map {path} belongs to uid {owner}, not to the process's uid {expected}")]
     WrongOwner {
+        /// The file.
         path: PathBuf,
+        /// Its owner.
         owner: u32,
+        /// The process's uid.
         expected: u32,
     },
 }

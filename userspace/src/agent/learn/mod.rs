@@ -5,7 +5,7 @@
 //! gives a [`Learned`] static power with the same identifiability checks (spread, levels,
 //! residual, bootstrap interval), never above the lowest kept interval power. Without a
 //! calibration file it becomes the static power of later windows (origin `learned`).
-//! The kept rows are [`keeper`]'s; persistence is [`store`]'s.
+//! The kept rows are `keeper`'s; persistence is [`store`]'s.
 
 mod keeper;
 pub mod store;
