@@ -532,7 +532,7 @@ fn median_worst(mut v: Vec<f64>) -> (f64, f64) {
     (median, v.last().copied().unwrap_or(0.0))
 }
 
-/// Never-idle machines (issue 22), 10 seeds each, absolute joules per process: a 10 ms duty
+/// Never-idle machines, 10 seeds each, absolute joules per process: a 10 ms duty
 /// cycle beside a pinned spinner with no calibration (1 ms and 3 ms counters), and three
 /// always-runnable classes of 15, 5 and 10 W on 2 CPUs with static power calibrated at
 /// 6.2 W (true 6 W). The 95% intervals of per-process joules (`ci_j`) are checked too.

@@ -166,6 +166,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
+    // A bad output path is said before the probes and counters start (and warn).
+    crate::output::file::refuse_symlink(&args.output)
+        .with_context(|| "choose a writable path with -o FILE".to_string())?;
     let mut live = Live::start(LiveOptions {
         sample_hz: args.freq,
         activity: args.activity.event,

@@ -29,6 +29,18 @@ pub enum CreateError {
     },
 }
 
+/// Refuses `path` early when it is a symbolic link, before a command spends time starting
+/// up (probes, counters) only to be refused by [`create_private`], which still decides
+/// (`O_NOFOLLOW`: a link planted after this check is refused there too).
+pub fn refuse_symlink(path: &Path) -> Result<(), CreateError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            Err(CreateError::Symlink { path: path.into() })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Creates or truncates `path` for writing with mode 0600. An existing regular file is
 /// tightened to 0600 too (the mode given to open applies only at creation); a device or
 /// pipe (`/dev/null`, `/dev/stdout`) is written as is, its mode untouched.
