@@ -25,7 +25,7 @@ fn main() -> ExitCode {
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | test | fuzz [SECS] | run ARGS... | bench overhead|accuracy|outputs|top|agent"
+            "usage: cargo xtask setup | test | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
                 .into(),
         ),
     };
