@@ -356,28 +356,10 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     let event = entry.as_mut_ptr();
-    const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
     // SAFETY: `event` points at a reservation of size_of::<SampleEvent>() owned by us until
-    // submit; bpf_get_stack writes at most STACK_BYTES into each array.
+    // submit.
     unsafe {
-        fill_sample_header(event, pid_tgid, unwind_method::FP | (stop << 8));
-        let k = bpf_get_stack(
-            ctx.as_ptr(),
-            (*event).kernel_stack.as_mut_ptr().cast(),
-            STACK_BYTES,
-            0,
-        );
-        let u = bpf_get_stack(
-            ctx.as_ptr(),
-            (*event).user_stack.as_mut_ptr().cast(),
-            STACK_BYTES,
-            BPF_F_USER_STACK as u64,
-        );
-        if k < 0 || u < 0 {
-            bump(counter::STACK_ERRORS);
-        }
-        (*event).kernel_depth = if k > 0 { (k as u32) / 8 } else { 0 };
-        (*event).user_depth = if u > 0 { (u as u32) / 8 } else { 0 };
+        fill_fp_stacks(&ctx, event, pid_tgid, stop);
     }
     entry.submit(BPF_RB_NO_WAKEUP);
     0
@@ -403,17 +385,21 @@ unsafe fn fill_sample_header(event: *mut SampleEvent, pid_tgid: u64, unwind: u32
     }
 }
 
-/// A CPython process under frame pointers: builds the sample in this CPU's slot, with the
-/// kernel's frame-pointer walk of the user stack, and hands it to the Python walker, which
-/// sends it. Returns only when the walker could not be entered.
+/// The sample header and both stacks by the kernel's frame-pointer walk (`bpf_get_stack`),
+/// with `stop` saying why the table walker did not take the user stack.
+///
+/// # Safety
+/// `event` points at a whole `SampleEvent` this program owns (a ring-buffer reservation
+/// or this CPU's slot); `bpf_get_stack` writes at most `STACK_BYTES` into each array.
 #[inline(always)]
-fn start_python_fp(ctx: &PerfEventContext, pid_tgid: u64, stop: u32) {
-    let Some(event) = WALK_SAMPLE.get_ptr_mut(0) else {
-        return;
-    };
+unsafe fn fill_fp_stacks(
+    ctx: &PerfEventContext,
+    event: *mut SampleEvent,
+    pid_tgid: u64,
+    stop: u32,
+) {
     const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
-    // SAFETY: this CPU's slot; a perf_event program does not nest on one CPU, and
-    // bpf_get_stack writes at most STACK_BYTES into each array.
+    // SAFETY: as the function's contract says.
     unsafe {
         fill_sample_header(event, pid_tgid, unwind_method::FP | (stop << 8));
         let k = bpf_get_stack(
@@ -433,6 +419,20 @@ fn start_python_fp(ctx: &PerfEventContext, pid_tgid: u64, stop: u32) {
         }
         (*event).kernel_depth = if k > 0 { (k as u32) / 8 } else { 0 };
         (*event).user_depth = if u > 0 { (u as u32) / 8 } else { 0 };
+    }
+}
+
+/// A CPython process under frame pointers: builds the sample in this CPU's slot, with the
+/// kernel's frame-pointer walk of the user stack, and hands it to the Python walker, which
+/// sends it. Returns only when the walker could not be entered.
+#[inline(always)]
+fn start_python_fp(ctx: &PerfEventContext, pid_tgid: u64, stop: u32) {
+    let Some(event) = WALK_SAMPLE.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; a perf_event program does not nest on one CPU.
+    unsafe {
+        fill_fp_stacks(ctx, event, pid_tgid, stop);
     }
     python::enter(ctx);
 }
