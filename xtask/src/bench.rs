@@ -219,22 +219,12 @@ fn overhead(rounds: usize) -> Result {
 /// --unwind fp -F 99` with the walker off (`ENERGY_BPF_PYTHON=0`), and with it on; rounds
 /// rotate the order, slowdowns are against the same round's run alone.
 fn python(rounds: usize) -> Result {
-    util::cargo(&[
-        "build",
-        "--locked",
-        "--release",
-        "-p",
-        "energy-bpf",
-        "--bin",
-        "energy-bpf",
-    ])?;
+    let recorder = release_bin()?;
     let python = Path::new("/usr/bin/python3");
     if !python.exists() {
         return Err("bench python needs /usr/bin/python3".into());
     }
-    let root = util::root();
-    let recorder = root.join("target/release/energy-bpf");
-    let out = root.join("bench-out");
+    let out = util::root().join("bench-out");
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     // About 1.5 s alone; nested calls so every sample has a few Python frames.
     let script = "def leaf(n):\n    t = 0\n    for i in range(n):\n        t += i * i % 7\n    return t\n\
@@ -409,6 +399,17 @@ fn one_run(
 }
 
 fn start_recorder(cmd: &mut Command, ready_line: Option<&str>) -> Result<Child> {
+    // perf prints nothing when ready; give both the same settling time.
+    start_tool(cmd, ready_line, Duration::from_millis(1000))
+}
+
+/// Starts a tool, waits for its ready line on stderr (a tool that exits first is an error,
+/// and is reaped), then `settle` more; the rest of stderr is drained so it never blocks.
+pub(super) fn start_tool(
+    cmd: &mut Command,
+    ready: Option<&str>,
+    settle: Duration,
+) -> Result<Child> {
     let mut child = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -416,19 +417,21 @@ fn start_recorder(cmd: &mut Command, ready_line: Option<&str>) -> Result<Child> 
         .map_err(|e| format!("{cmd:?}: {e}"))?;
     let stderr = child.stderr.take().ok_or("no stderr")?;
     let mut lines = BufReader::new(stderr).lines();
-    if let Some(ready) = ready_line {
+    if let Some(ready) = ready {
         loop {
             match lines.next() {
                 Some(Ok(line)) if line.contains(ready) => break,
                 Some(Ok(_)) => {}
-                _ => return Err(format!("{cmd:?} exited before it was ready")),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{cmd:?} exited before it was ready"));
+                }
             }
         }
     }
-    // Drain the rest so the recorder never blocks on a full pipe.
     thread::spawn(move || lines.for_each(drop));
-    // perf prints nothing when ready; give both the same settling time.
-    thread::sleep(Duration::from_millis(1000));
+    thread::sleep(settle);
     Ok(child)
 }
 

@@ -9,7 +9,6 @@
 //! Self-contained: starts its own redis on a free loopback port with persistence off, in a
 //! private directory, and stops everything it started (also on error).
 use std::{
-    io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
@@ -227,29 +226,7 @@ fn tracing_line(mode: Mode, wall: Duration, switches: u64) {
 
 /// Starts a tool and waits for its ready line (then 2 s more for the first windows).
 fn start(cmd: &mut Command, ready: Option<&str>) -> Result<Child> {
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{cmd:?}: {e}"))?;
-    let stderr = child.stderr.take().ok_or("no stderr")?;
-    let mut lines = BufReader::new(stderr).lines();
-    if let Some(ready) = ready {
-        loop {
-            match lines.next() {
-                Some(Ok(line)) if line.contains(ready) => break,
-                Some(Ok(_)) => {}
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(format!("{cmd:?} exited before it was ready"));
-                }
-            }
-        }
-    }
-    thread::spawn(move || lines.for_each(drop));
-    thread::sleep(Duration::from_secs(2));
-    Ok(child)
+    super::start_tool(cmd, ready, Duration::from_secs(2))
 }
 
 fn free_port() -> Result<u16> {
