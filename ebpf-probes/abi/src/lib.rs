@@ -81,6 +81,40 @@ pub const SWITCH_BATCH_HEADER: usize = 8;
 /// A batch whose first event is older than this is sent at the next switch on its CPU.
 pub const SWITCH_BATCH_MAX_AGE_NS: u64 = 20_000_000;
 
+/// Counters `sched_switch` reads per run besides the activity counter (`record
+/// --activity-events`): instructions, cycles and LLC misses for the per-function roofline,
+/// or software events standing in for them.
+pub const RUN_COUNTERS: usize = 3;
+
+/// The run counters' counts over one run: the run of `tid` on the batch's CPU that ends at
+/// `ts_ns` (the same `ts_ns` as that switch's [`SwitchEvent`]). Sent only while userspace
+/// asked for run counters, on a ring buffer of its own, so switch events keep their size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CountEvent {
+    /// End of the run (`bpf_ktime_get_ns()` at the switch).
+    pub ts_ns: u64,
+    /// Thread id of the task whose run ended (0: the idle task).
+    pub tid: u32,
+    /// Bit k set: `counts[k]` holds counter k's count over the run (read at this switch and
+    /// at the previous one on this CPU).
+    pub valid: u32,
+    /// Counts, in the order userspace installed the counters.
+    pub counts: [u64; RUN_COUNTERS],
+}
+
+/// Count events of one CPU, batched like [`SwitchBatch`] (same length, same reasons).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CountBatch {
+    /// Valid events.
+    pub len: u32,
+    /// CPU of every event in the batch.
+    pub cpu: u32,
+    /// Events, oldest first.
+    pub events: [CountEvent; SWITCH_BATCH],
+}
+
 /// One timer-driven stack sample.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -273,8 +307,10 @@ pub mod counter {
     pub const STACK_ERRORS: u32 = 3;
     /// Samples taken while the CPU was idle (not recorded; idle time comes from switches).
     pub const IDLE_SAMPLES: u32 = 4;
+    /// Run-counter events ([`super::CountEvent`]) dropped because their ring buffer was full.
+    pub const COUNT_DROPPED: u32 = 5;
     /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 6;
 }
 
 /// How a sample's user stack was walked (low byte of [`SampleEvent::unwind`]).
@@ -412,6 +448,10 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::SwitchBatch {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::CountEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CountBatch {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::SampleEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}
@@ -434,6 +474,9 @@ pub fn comm_bytes(comm: &[u8; COMM_LEN]) -> &[u8] {
 const _: () = assert!(core::mem::size_of::<SwitchEvent>() == 40);
 const _: () = assert!(core::mem::offset_of!(SwitchEvent, activity) == 32);
 const _: () = assert!(core::mem::offset_of!(SwitchBatch, events) == SWITCH_BATCH_HEADER);
+// The same size as a switch event, so the probe's bounds on a batch hold for both.
+const _: () = assert!(core::mem::size_of::<CountEvent>() == 40);
+const _: () = assert!(core::mem::offset_of!(CountBatch, events) == SWITCH_BATCH_HEADER);
 const _: () = assert!(core::mem::size_of::<UnwindRow>() == 16);
 const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
 const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * UNWIND_MAPPINGS);

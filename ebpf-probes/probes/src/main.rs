@@ -6,7 +6,8 @@
 //! Entry points are thin; each fills one ABI struct from `energy-bpf-abi` straight into a
 //! ring buffer reservation. Every submit passes `BPF_RB_NO_WAKEUP`: userspace drains on a
 //! timer, because waking the reader per event is itself a context switch that feeds back
-//! into `sched_switch` (docs/ARCHITECTURE.md, "Capture").
+//! into `sched_switch` (docs/ARCHITECTURE.md, "Capture"). Run counters (`record --activity-events`) are
+//! read at the same switch ([`run_counts`]).
 #![no_std]
 #![no_main]
 
@@ -34,6 +35,7 @@ use energy_bpf_abi::{
 };
 
 mod python;
+mod run_counts;
 mod walk;
 
 /// `BPF_RB_NO_WAKEUP`: never wake the consumer from the probe (see module docs).
@@ -286,6 +288,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
                 (pid_tgid as u32, (pid_tgid >> 32) as u32, 0, 0, 0)
             }
         };
+    run_counts::on_switch(ts_ns, prev_tid);
     // SAFETY: `batch` is this CPU's slot, and nothing else runs on this CPU meanwhile (see
     // flush_switches); the index is bounds-checked before the write.
     unsafe {

@@ -183,7 +183,7 @@ const PINNED: u64 = 1 << 2;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 
 /// A counting event on every task of `cpu`.
-fn perf_event_open(kind: u32, config: u64, cpu: u32) -> io::Result<OwnedFd> {
+pub(super) fn perf_event_open(kind: u32, config: u64, cpu: u32) -> io::Result<OwnedFd> {
     let attr = PerfEventAttr {
         kind,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
@@ -211,7 +211,7 @@ fn perf_event_open(kind: u32, config: u64, cpu: u32) -> io::Result<OwnedFd> {
 }
 
 /// `BPF_MAP_UPDATE_ELEM` of one `u32 → fd` entry.
-fn map_update(map_fd: libc::c_int, key: u32, value: libc::c_int) -> io::Result<()> {
+pub(super) fn map_update(map_fd: libc::c_int, key: u32, value: libc::c_int) -> io::Result<()> {
     super::bpf_sys::update_elem(map_fd, &key, &(value as u32))
 }
 

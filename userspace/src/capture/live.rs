@@ -99,6 +99,15 @@ impl Live {
         self.session.probes().activity_event()
     }
 
+    /// Turns run counters on for `events` (`record --activity-events`): each asked-for
+    /// event with whether it counts on this machine (see [`super::run_counts`]).
+    pub fn count_runs(
+        &mut self,
+        events: &[super::run_counts::RunEvent],
+    ) -> Result<Vec<super::run_counts::RunCounterStatus>, super::run_counts::RunCountsError> {
+        self.session.count_runs(events).map(<[_]>::to_vec)
+    }
+
     /// What the unwind tables hold, when user stacks are walked with them.
     pub fn unwind_stats(&self) -> Option<UnwindStats> {
         self.session.probes().unwind_stats()

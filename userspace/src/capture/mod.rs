@@ -15,6 +15,7 @@ pub mod jit;
 pub mod live;
 mod probes;
 pub mod python;
+pub mod run_counts;
 pub mod session;
 pub mod unwinder;
 

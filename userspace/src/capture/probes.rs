@@ -127,6 +127,8 @@ pub struct Probes {
     unwinder: Option<Unwinder>,
     /// The CPython frame walker's process map and namer, when it is loaded.
     python: Option<super::python::PythonWalker>,
+    /// Run counters (`record --activity-events`), once turned on.
+    run_counts: Option<super::run_counts::RunCounters>,
 }
 
 /// A stack-sample ring buffer that holds `margin` of samples at `sample_hz` on `cpus` CPUs:
@@ -298,9 +300,36 @@ impl Probes {
             next_known: pid_off != 0,
             unwinder,
             python,
+            run_counts: None,
         };
         probes.sweep_cpus();
         Ok(probes)
+    }
+
+    /// Opens and turns on run counters for `events` (at most three; see
+    /// [`super::run_counts`]). An event this machine cannot count is listed as unavailable,
+    /// not an error.
+    pub fn count_runs(
+        &mut self,
+        events: &[super::run_counts::RunEvent],
+    ) -> Result<&[super::run_counts::RunCounterStatus], super::run_counts::RunCountsError> {
+        let counters = super::run_counts::RunCounters::start(&mut self._ebpf, &self.cpus, events)?;
+        Ok(self.run_counts.insert(counters).statuses())
+    }
+
+    /// The run counts sent since the last call (with `last`, those still batched in the
+    /// kernel too) and the count events dropped so far; `None` without run counters.
+    pub fn drain_run_counts(
+        &mut self,
+        last: bool,
+    ) -> Option<(Vec<crate::record::run_counts::CountedRun>, u64)> {
+        let runs = self.run_counts.as_mut()?.drain(last);
+        let dropped = self
+            .counters
+            .get(&counter::COUNT_DROPPED, 0)
+            .map(|values| values.iter().sum::<u64>())
+            .unwrap_or(0);
+        Some((runs, dropped))
     }
 
     /// The activity event counted per run, or `None` (split by time).

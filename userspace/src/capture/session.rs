@@ -86,6 +86,14 @@ impl Session {
         }
     }
 
+    /// Turns run counters on (see [`Probes::count_runs`]).
+    pub fn count_runs(
+        &mut self,
+        events: &[super::run_counts::RunEvent],
+    ) -> Result<&[super::run_counts::RunCounterStatus], super::run_counts::RunCountsError> {
+        self.probes.count_runs(events)
+    }
+
     /// The probes (for CPU list and sweeps).
     pub fn probes(&self) -> &Probes {
         &self.probes
@@ -173,6 +181,9 @@ impl Session {
         }
         if let Some(p) = self.probes.python_mut() {
             chunk.python_processes = p.take_found();
+        }
+        if let Some((runs, dropped)) = self.probes.drain_run_counts(last) {
+            chunk.run_counts = Some(crate::record::run_counts::to_columns(&runs, dropped));
         }
         if last {
             self.jit

@@ -9,5 +9,6 @@ pub mod flamegraph;
 pub mod record;
 pub mod report;
 mod roofline;
+mod run_counters;
 pub mod sources;
 pub mod top;

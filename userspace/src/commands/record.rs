@@ -50,6 +50,12 @@ pub struct Args {
     /// The per-run activity counter, stored with every switch event.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
+    /// Also count these events per run, for `report --by function --roofline`: up to three
+    /// of instructions, cycles, llc-misses (hardware), task-clock, cpu-clock, page-faults,
+    /// context-switches (software). An event this machine cannot count is said and left out;
+    /// recording goes on.
+    #[arg(long = "activity-events", value_name = "EVENTS", value_parser = crate::capture::run_counts::parse_run_events)]
+    pub activity_events: Option<crate::capture::run_counts::RunEvents>,
     /// How user stacks are walked.
     #[command(flatten)]
     pub unwind: super::args::UnwindArgs,
@@ -180,6 +186,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         read_mappings: crate::symbolize::process_mappings,
     })?;
     let activity_event = live.activity_event().map(|e| e.name());
+    let run_counters = match &args.activity_events {
+        Some(events) => super::run_counters::start(&mut live, &events.0)?,
+        None => Vec::new(),
+    };
     let cpus = live.cpus().to_vec();
     let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
     let calibration = args
@@ -194,6 +204,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     header.calibration = crate::calibration::to_header(&calibration);
     header.activity_event = activity_event.unwrap_or_default().into();
+    header.run_counters = run_counters;
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
     let mut runs = match args.command.as_slice() {

@@ -12,7 +12,7 @@ use std::mem::size_of;
 
 use crate::pb::v1::{
     CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, JitSymbol, Mapping,
-    ProcessEvent, PythonFrame, PythonProcess, RunMarker, Sample, SwitchEvent, ThreadInfo,
+    ProcessEvent, PythonFrame, PythonProcess, RunCounter, RunMarker, Sample, SwitchEvent, ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the
@@ -93,8 +93,25 @@ static HEADER: Msg = Msg {
         (11, Field::Numbers(4)),
         (12, Field::Many(&CALIBRATED)),
         (13, Field::Bytes),
+        (14, Field::Many(&RUN_COUNTER)),
     ],
 };
+static RUN_COUNTER: Msg = Msg {
+    size: size::<RunCounter>(),
+    fields: &[(1, Field::Bytes), (2, Field::Bytes)],
+};
+/// `RunCounts`; field 2 (`ts_delta_ns`) has one entry per run.
+static RUN_COUNTS: Msg = Msg {
+    size: 0,
+    fields: &[
+        (1, Field::Numbers(4)),
+        (2, Field::Numbers(8)),
+        (3, Field::Numbers(4)),
+        (4, Field::Numbers(4)),
+        (5, Field::Numbers(8)),
+    ],
+};
+const RUN_COUNTS_RUNS: usize = 2;
 static SWITCH: Msg = Msg {
     size: size::<SwitchEvent>(),
     fields: &[],
@@ -186,6 +203,7 @@ static CHUNK: Msg = Msg {
         (11, Field::Many(&PYTHON_FRAME)),
         (12, Field::Many(&PYTHON_PROCESS)),
         (13, Field::Many(&RUN)),
+        (14, Field::One(&RUN_COUNTS)),
     ],
 };
 static TRAILER: Msg = Msg {
@@ -257,13 +275,19 @@ pub fn cost(record: &[u8]) -> Result<Cost, Malformed> {
     if messages > 0 && from_columns > 0 {
         events_bytes += capacity(messages + from_columns, 56) * size::<SwitchEvent>();
     }
-    let kept = tally.total(&RECORD) - column_bytes + events_bytes;
+    // Run counts are unpacked twice, to check them and to merge them (one run at a time
+    // each: the columns stay until merged).
+    let runs = chunk
+        .and_then(|c| c.children[14].as_deref())
+        .map_or(0, |c| c.counts[RUN_COUNTS_RUNS]);
+    let runs_bytes = runs * size::<super::run_counts::CountedRun>();
+    let kept = tally.total(&RECORD) - column_bytes + events_bytes + runs_bytes;
     // Validation collects a timestamp per switch, sample, process event and reading.
     let timestamps =
         from_columns + chunk.map_or(0, |c| c.counts[1] + c.counts[2] + c.counts[3] + c.counts[7]);
     Ok(Cost {
         kept,
-        peak: kept + column_bytes + capacity(timestamps, 8) * 8,
+        peak: kept + column_bytes + runs_bytes + capacity(timestamps, 8) * 8,
     })
 }
 

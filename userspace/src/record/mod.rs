@@ -17,6 +17,7 @@ mod damage_tests;
 pub mod frame;
 mod reader;
 pub mod rotate;
+pub mod run_counts;
 pub mod series;
 mod switch_log;
 mod unwind_counts;
@@ -97,6 +98,9 @@ pub struct Recording {
     /// Runs of the recorded command (`record --repeat N`), in order; empty when none were
     /// marked.
     pub runs: Vec<crate::pb::v1::RunMarker>,
+    /// What the run counters (`record --activity-events`, `Header.run_counters`) counted
+    /// per run, in file order; empty when none were asked for.
+    pub run_counts: Vec<run_counts::CountedRun>,
     /// Latest known info per thread id.
     pub threads: HashMap<u32, ThreadInfo>,
     /// Executable mappings per process id, in the order they were recorded.

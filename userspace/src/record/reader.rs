@@ -373,6 +373,13 @@ fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
             chunk.switches.extend(events);
         }
     }
+    // Run counts stay columns until merged; unpacked here only to be checked.
+    if let Some(Kind::Chunk(chunk)) = &record.kind
+        && let Some(counts) = &chunk.run_counts
+        && super::run_counts::from_columns(counts).is_err()
+    {
+        return Next::Corrupt;
+    }
     Next::Record(record)
 }
 
@@ -381,6 +388,11 @@ fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
     rec.samples.extend(chunk.samples);
     rec.process_events.extend(chunk.process_events);
     rec.runs.extend(chunk.runs);
+    if let Some(counts) = chunk.run_counts {
+        // Checked in `decode`.
+        rec.run_counts
+            .extend(super::run_counts::from_columns(&counts).unwrap_or_default());
+    }
     for t in chunk.threads {
         super::merge_thread(&mut rec.threads, t);
     }

@@ -1,0 +1,154 @@
+//! Run counts on disk (`RunCounts` in `proto/energy_bpf.proto`): what the run counters
+//! (`record --activity-events`) counted over each run, packed by column. Recordings made
+//! without run counters have none, and read as before.
+
+use crate::pb::v1::RunCounts;
+
+/// Counters per run at most (the probes' `RUN_COUNTERS`).
+pub const MAX_COUNTERS: usize = energy_bpf_abi::RUN_COUNTERS;
+
+/// What the run counters counted over one run: the run of `tid` on `cpu` that ended at
+/// `ts_ns` (the same timestamp as that switch's event).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountedRun {
+    /// End of the run, CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
+    /// CPU it ran on.
+    pub cpu: u32,
+    /// Thread (0: the idle task).
+    pub tid: u32,
+    /// Count of `Header.run_counters[k]`, `None` when that counter did not count this run.
+    pub counts: [Option<u64>; MAX_COUNTERS],
+}
+
+/// Packs `runs` into columns.
+pub fn to_columns(runs: &[CountedRun], dropped: u64) -> RunCounts {
+    let mut c = RunCounts {
+        dropped,
+        ..RunCounts::default()
+    };
+    let mut last = 0u64;
+    for r in runs {
+        c.cpu.push(r.cpu);
+        c.ts_delta_ns.push(r.ts_ns.wrapping_sub(last) as i64);
+        last = r.ts_ns;
+        c.tid.push(r.tid);
+        let mut valid = 0;
+        for (k, count) in r.counts.iter().enumerate() {
+            if let Some(n) = count {
+                valid |= 1 << k;
+                c.count.push(*n);
+            }
+        }
+        c.valid.push(valid);
+    }
+    c
+}
+
+/// Why run-count columns could not be unpacked.
+#[derive(Debug, thiserror::Error)]
+#[error("run count columns are inconsistent: {0}")]
+pub struct RunCountsError(&'static str);
+
+/// Unpacks columns into runs, in their recorded order.
+pub fn from_columns(c: &RunCounts) -> Result<Vec<CountedRun>, RunCountsError> {
+    let n = c.ts_delta_ns.len();
+    if c.cpu.len() != n || c.tid.len() != n || c.valid.len() != n {
+        return Err(RunCountsError("per-run columns differ in length"));
+    }
+    let mut counts = c.count.iter();
+    let mut runs = Vec::with_capacity(n);
+    let mut last = 0u64;
+    for i in 0..n {
+        let valid = c.valid[i];
+        if valid >> MAX_COUNTERS != 0 {
+            return Err(RunCountsError("a run names a counter past the last"));
+        }
+        last = last.wrapping_add(c.ts_delta_ns[i] as u64);
+        let mut run = CountedRun {
+            ts_ns: last,
+            cpu: c.cpu[i],
+            tid: c.tid[i],
+            counts: [None; MAX_COUNTERS],
+        };
+        for (k, slot) in run.counts.iter_mut().enumerate() {
+            if valid & (1 << k) != 0 {
+                *slot = Some(*counts.next().ok_or(RunCountsError("count column ends early"))?);
+            }
+        }
+        runs.push(run);
+    }
+    if counts.next().is_some() {
+        return Err(RunCountsError("count column has entries left over"));
+    }
+    Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn columns_round_trip_with_missing_counts() {
+        let runs = vec![
+            CountedRun {
+                ts_ns: 1_000,
+                cpu: 1,
+                tid: 7,
+                counts: [Some(10), None, Some(3)],
+            },
+            CountedRun {
+                ts_ns: 900,
+                cpu: 0,
+                tid: 0,
+                counts: [None, Some(u64::MAX), None],
+            },
+        ];
+        let c = to_columns(&runs, 4);
+        assert_eq!(c.valid, [0b101, 0b010]);
+        assert_eq!(c.count, [10, 3, u64::MAX]);
+        assert_eq!(c.dropped, 4);
+        assert_eq!(from_columns(&c).expect("unpack"), runs);
+    }
+
+    #[test]
+    fn inconsistent_columns_are_refused() {
+        let good = to_columns(
+            &[CountedRun {
+                ts_ns: 5,
+                cpu: 0,
+                tid: 1,
+                counts: [Some(1), Some(2), None],
+            }],
+            0,
+        );
+        let mut short = good.clone();
+        short.count.pop();
+        assert!(from_columns(&short).is_err());
+        let mut extra = good.clone();
+        extra.count.push(9);
+        assert!(from_columns(&extra).is_err());
+        let mut wide = good.clone();
+        wide.valid[0] = 1 << MAX_COUNTERS;
+        assert!(from_columns(&wide).is_err());
+        let mut ragged = good;
+        ragged.tid.push(3);
+        assert!(from_columns(&ragged).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn any_runs_round_trip(raw in proptest::collection::vec(
+            (any::<u64>(), 0u32..8, any::<u32>(), proptest::array::uniform3(proptest::option::of(any::<u64>()))),
+            0..64,
+        )) {
+            let runs: Vec<CountedRun> = raw
+                .into_iter()
+                .map(|(ts_ns, cpu, tid, counts)| CountedRun { ts_ns, cpu, tid, counts })
+                .collect();
+            prop_assert_eq!(from_columns(&to_columns(&runs, 0)).expect("unpack"), runs);
+        }
+    }
+}
