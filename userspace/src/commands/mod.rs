@@ -8,6 +8,7 @@ pub mod diff;
 pub mod flamegraph;
 pub mod record;
 pub mod report;
+mod report_roofline;
 mod roofline;
 mod run_counters;
 pub mod sources;

@@ -66,6 +66,11 @@ pub struct Args {
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
     pub calibration: crate::calibration::CalibrationArgs,
+    /// With `--by function`: place each function against the machine's balance points
+    /// (the calibration's `roofline`, from `calibrate --roofline`), using the run counts of
+    /// `record --activity-events instructions,cycles,llc-misses`.
+    #[arg(long)]
+    pub roofline: bool,
 }
 
 fn parse_window(text: &str) -> Result<f64, String> {
@@ -177,6 +182,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut options = args.attribute.options();
     options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
     let cfg = analysis::config(&rec, options, &args.model.model());
+    if args.roofline {
+        anyhow::ensure!(
+            args.by == By::Function && args.window.is_none(),
+            "`--roofline` places functions: use it with `--by function` and no `--window`"
+        );
+        let a = analysis::analyze(&rec, &cfg);
+        let text = super::report_roofline::render(
+            &rec,
+            &a,
+            args.calibration.calibration.as_deref(),
+            args.format,
+            render_options(&args).limit,
+        )?;
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(&text)
+            .and_then(|()| stdout.flush())
+            .context("cannot write to standard output")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut stdout = std::io::stdout().lock();
     let text = match args.window {
         Some(secs) => windowed(&args, &rec, &cfg, secs)?,

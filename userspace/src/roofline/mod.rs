@@ -9,6 +9,10 @@
 //! - [`cpufreq`]: pinning CPU frequencies for a DVFS sweep, always restored.
 //! - [`dvfs`]: the thesis's V²-scaling fit over frequencies and the energy-optimal one
 //!   per intensity band (pure).
+//! - [`place`]: a function's intensity proxy (instructions per LLC-miss byte) against the
+//!   balance points: compute- or memory-bound in time and energy, race or slow (pure).
+//! - [`per_function`]: run counts (`record --activity-events`) per stack sample and per
+//!   function.
 //!
 //! This module owns what is stored under `roofline` in the calibration file; measuring
 //! (capture, counters, running kernels in step with readings) is wired in
@@ -19,6 +23,8 @@ pub mod dvfs;
 pub mod fit;
 pub mod kernels;
 pub mod model;
+pub mod per_function;
+pub mod place;
 pub mod plot;
 
 use std::io::Read as _;
