@@ -45,6 +45,9 @@ mod learn;
 // `calibrate --roofline`: the energy roofline fit against an emulated package driven by the
 // kernels' progress, the estimated model, the plot in Chromium, no cpufreq.
 mod roofline;
+// Run counters for the per-function roofline: software events through the real probes,
+// counts per interval and per function; `report --roofline` without a hardware PMU.
+mod run_counts;
 // Kubernetes: manifests pass strict schema validation; the agent as nobody with only the
 // DaemonSet's capabilities; pod names from a fake kubelet.
 mod k8s;

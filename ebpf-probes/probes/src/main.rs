@@ -7,7 +7,7 @@
 //! ring buffer reservation. Every submit passes `BPF_RB_NO_WAKEUP`: userspace drains on a
 //! timer, because waking the reader per event is itself a context switch that feeds back
 //! into `sched_switch` (docs/ARCHITECTURE.md, "Capture"). Run counters (`record --activity-events`) are
-//! read at the same switch ([`run_counts`]).
+//! read at the same switch and at each sampler tick ([`run_counts`]).
 #![no_std]
 #![no_main]
 
@@ -288,7 +288,7 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
                 (pid_tgid as u32, (pid_tgid >> 32) as u32, 0, 0, 0)
             }
         };
-    run_counts::on_switch(ts_ns, prev_tid);
+    run_counts::on_boundary(ts_ns, prev_tid);
     // SAFETY: `batch` is this CPU's slot, and nothing else runs on this CPU meanwhile (see
     // flush_switches); the index is bounds-checked before the write.
     unsafe {
@@ -345,6 +345,9 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
         bump(counter::IDLE_SAMPLES);
         return 0;
     }
+    // Before the sample's own timestamp: the sample opens the next counted interval.
+    // SAFETY: helper with no preconditions.
+    run_counts::on_boundary(unsafe { bpf_ktime_get_ns() }, pid_tgid as u32);
     let mut stop = unwind_stop::OFF;
     if global(&UNWIND_ON) != 0 {
         stop = start_table_walk(&ctx, pid_tgid);

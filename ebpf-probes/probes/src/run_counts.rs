@@ -1,7 +1,10 @@
 //! Run counters (`record --activity-events`): up to [`RUN_COUNTERS`] perf events per CPU,
-//! opened by userspace, read at every `sched_switch` the way the activity counter is, and
-//! sent as [`CountEvent`]s on a ring buffer of their own, so switch events keep their size
-//! and a capture without run counters pays one map lookup per switch.
+//! opened by userspace, read at every `sched_switch` the way the activity counter is and
+//! at every sampler tick, and sent as [`CountEvent`]s on a ring buffer of their own, so
+//! switch events keep their size and a capture without run counters pays one map lookup
+//! per switch. Each event holds the counts of one interval of a thread on a CPU: from the
+//! previous read there to a switch or a tick, at most one sampling period long, so a
+//! stack sample is matched with the counts of the interval it opens.
 
 use aya_ebpf::{
     bindings::{BPF_F_CURRENT_CPU, bpf_perf_event_value},
@@ -72,9 +75,10 @@ fn read(map: &PerfEventArray<u32>) -> Option<u64> {
     (rc == 0).then_some(value.counter)
 }
 
-/// At a switch: the counts of the run of `tid` ending at `ts_ns` on this CPU, batched.
+/// At a switch or a sampler tick: the counts of `tid`'s interval on this CPU ending at
+/// `ts_ns`, batched.
 #[inline(always)]
-pub fn on_switch(ts_ns: u64, tid: u32) {
+pub fn on_boundary(ts_ns: u64, tid: u32) {
     let on = match RUN_COUNTERS_ON.get(0) {
         Some(&n) => n,
         None => return,
@@ -97,8 +101,8 @@ pub fn on_switch(ts_ns: u64, tid: u32) {
         valid: 0,
         counts: [0; RUN_COUNTERS],
     };
-    // SAFETY: this CPU's slots; nothing else runs on this CPU meanwhile (sched_switch runs
-    // with interrupts off, and only sched_switch touches these maps).
+    // SAFETY: this CPU's slots; nothing else runs on this CPU meanwhile: sched_switch runs
+    // with interrupts off and the sampler from the timer interrupt (see flush_switches).
     unsafe {
         let mut known = 0u64;
         for (k, value) in values.iter().enumerate() {

@@ -1,7 +1,8 @@
 //! Run counters (`record --activity-events`): up to three perf events per CPU that
 //! `sched_switch` reads at every switch, like the activity counter
-//! ([`super::activity`]), so each run's instructions, cycles and LLC misses (or software
-//! events standing in for them) are known. They are opened here, stored in the probes'
+//! ([`super::activity`]), and the sampler at every tick, so the instructions, cycles and
+//! LLC misses (or software events standing in for them) of each interval of a run, at most
+//! a sampling period long, are known. They are opened here, stored in the probes'
 //! `RUN_COUNTER_k` maps, turned on through `RUN_COUNTERS_ON`, and their per-run counts come
 //! back on the `RUN_COUNTS` ring buffer as [`CountedRun`]s.
 //!

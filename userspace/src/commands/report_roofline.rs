@@ -280,11 +280,11 @@ fn table(
         s.threads
     );
     t += &format!(
-        "  time balance B_t = {:.3} flop/byte, energy balance B_e = {:.3}, effective B^_e(B_t) = {:.3}, const power {:.2} W\n",
+        "  time balance B_τ = {:.3} flop/byte, energy balance B_ε = {:.3}, effective B̂_ε(B_τ) = {:.3}, constant power {:.2} W\n",
         s.time_balance, s.energy_balance, s.effective_energy_balance, s.constants.const_w
     );
     t += &match (s.race_to_halt, s.balance_gap) {
-        (true, _) => "  race to halt: saves energy on this machine (B_t > B^_e)\n".to_string(),
+        (true, _) => "  race to halt: saves energy on this machine (B_τ > B̂_ε)\n".to_string(),
         (false, Some([lo, hi])) => format!(
             "  race to halt: does not save energy here; balance gap {lo:.3}..{hi:.3} flop/byte (compute-bound in time, memory-bound in energy)\n"
         ),

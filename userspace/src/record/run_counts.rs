@@ -7,17 +7,17 @@ use crate::pb::v1::RunCounts;
 /// Counters per run at most (the probes' `RUN_COUNTERS`).
 pub const MAX_COUNTERS: usize = energy_bpf_abi::RUN_COUNTERS;
 
-/// What the run counters counted over one run: the run of `tid` on `cpu` that ended at
-/// `ts_ns` (the same timestamp as that switch's event).
+/// What the run counters counted over one interval of a run: `tid` on `cpu` from the
+/// previous read there to `ts_ns`, a switch or a sampler tick (`RunCounts` in the proto).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CountedRun {
-    /// End of the run, CLOCK_MONOTONIC ns.
+    /// End of the interval, CLOCK_MONOTONIC ns.
     pub ts_ns: u64,
     /// CPU it ran on.
     pub cpu: u32,
     /// Thread (0: the idle task).
     pub tid: u32,
-    /// Count of `Header.run_counters[k]`, `None` when that counter did not count this run.
+    /// Count of `Header.run_counters[k]`, `None` when that counter did not count it.
     pub counts: [Option<u64>; MAX_COUNTERS],
 }
 

@@ -1,11 +1,12 @@
 //! Run counts per stack sample and per function (`report --by function --roofline`).
 //!
-//! The run counters count per run, as the activity counter does; a run's counts go to the
-//! stack samples taken in it, split evenly (each sample stands for an equal share of the
-//! run), the way a run's energy reaches its samples. A sample lies in the run of its thread
-//! that ends at the first counted switch on its CPU at or after it. Counts of runs with no
-//! sample stay with their thread (`[no stack sample]`), so no count is lost or made up:
-//! per counter, the samples' and residuals' sums equal the counted runs' (idle runs aside).
+//! The probes read the run counters at every switch and every sampler tick, so counts
+//! come per interval of a run, at most one sampling period long. A sample is taken just
+//! after its tick's read, so it opens an interval: it gets the counts of the first
+//! interval on its CPU that ends at or after it, if that interval is its thread's (several
+//! samples in one interval, which only missing reads allow, share it evenly). Counts of
+//! intervals with no sample stay with their thread (`[no stack sample]`), so no count is
+//! lost or made up: per counter, samples plus residuals equal the counted busy intervals.
 //!
 //! PURE but for symbolizing: a function of the recording and its analysis.
 
