@@ -34,7 +34,11 @@ fn record_faults(dir: &Path) -> (std::path::PathBuf, String) {
     let file = dir.join("faults.ebpr");
     let out = Command::new(bin())
         .args(["record", "-F", "199", "--energy-source", "model"])
-        .args(["--activity-events", "page-faults,cpu-clock,instructions", "-o"])
+        .args([
+            "--activity-events",
+            "page-faults,cpu-clock,instructions",
+            "-o",
+        ])
         .arg(&file)
         .arg("--")
         .arg(&prog)
@@ -83,7 +87,11 @@ fn software_run_counters_are_counted_per_interval_and_reach_the_right_function()
         .map(|c| c.event.as_str())
         .collect();
     assert_eq!(names, ["page-faults", "cpu-clock", "instructions"]);
-    assert!(rec.header.run_counters[..2].iter().all(|c| c.unavailable.is_empty()));
+    assert!(
+        rec.header.run_counters[..2]
+            .iter()
+            .all(|c| c.unavailable.is_empty())
+    );
     let pmu = Path::new("/sys/bus/event_source/devices/cpu").exists();
     if !pmu {
         let why = &rec.header.run_counters[2].unavailable;
@@ -118,7 +126,11 @@ fn software_run_counters_are_counted_per_interval_and_reach_the_right_function()
             }
         }
     }
-    assert!(lengths.len() > 100, "{} counted intervals of the workload", lengths.len());
+    assert!(
+        lengths.len() > 100,
+        "{} counted intervals of the workload",
+        lengths.len()
+    );
     let ratio = counted_ns as f64 / between_ns as f64;
     assert!(
         (0.9..=1.1).contains(&ratio),
@@ -210,11 +222,22 @@ fn roofline_report_without_hardware_counts_says_why_and_shows_the_machine() {
     let f = file.to_str().expect("path");
     let c = cal.to_str().expect("path");
 
-    let out = run(&["report", f, "--by", "function", "--roofline", "--calibration", c]);
+    let out = run(&[
+        "report",
+        f,
+        "--by",
+        "function",
+        "--roofline",
+        "--calibration",
+        c,
+    ]);
     let said = text(&out);
     assert!(out.status.success(), "the report must not fail: {said}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("time balance B_τ = 4.000 flop/byte"), "{stdout}");
+    assert!(
+        stdout.contains("time balance B_τ = 4.000 flop/byte"),
+        "{stdout}"
+    );
     assert!(stdout.contains("race to halt: saves energy"), "{stdout}");
     assert!(stdout.contains("per function: not available: "), "{stdout}");
     // llc-misses was never asked for; instructions, where there is no PMU, failed to open.
@@ -231,7 +254,15 @@ fn roofline_report_without_hardware_counts_says_why_and_shows_the_machine() {
     assert!(said.contains("warning: no per-function roofline"), "{said}");
 
     let json = run(&[
-        "report", f, "--by", "function", "--roofline", "--calibration", c, "--format", "json",
+        "report",
+        f,
+        "--by",
+        "function",
+        "--roofline",
+        "--calibration",
+        c,
+        "--format",
+        "json",
     ]);
     assert!(json.status.success(), "{}", text(&json));
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
@@ -242,14 +273,27 @@ fn roofline_report_without_hardware_counts_says_why_and_shows_the_machine() {
     // Without `--by function` it is refused with what to do, non-zero.
     let wrong = run(&["report", f, "--roofline", "--calibration", c]);
     assert!(!wrong.status.success());
-    assert!(text(&wrong).contains("use it with `--by function`"), "{}", text(&wrong));
+    assert!(
+        text(&wrong).contains("use it with `--by function`"),
+        "{}",
+        text(&wrong)
+    );
     // A calibration without a roofline: what to run, non-zero.
     let plain = dir.path().join("plain.json");
     std::fs::write(&plain, r#"{"version":1,"hosts":{}}"#).expect("write");
     let none = run(&[
-        "report", f, "--by", "function", "--roofline", "--calibration",
+        "report",
+        f,
+        "--by",
+        "function",
+        "--roofline",
+        "--calibration",
         plain.to_str().expect("path"),
     ]);
     assert!(!none.status.success());
-    assert!(text(&none).contains("calibrate --roofline"), "{}", text(&none));
+    assert!(
+        text(&none).contains("calibrate --roofline"),
+        "{}",
+        text(&none)
+    );
 }

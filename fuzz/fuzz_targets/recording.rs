@@ -1,5 +1,6 @@
 //! Any bytes as a recording file: read, then build the timeline and the model readings
-//! the way every report starts. libFuzzer's memory limit catches unbounded allocations.
+//! the way every report starts, and split run counts over the samples. libFuzzer's memory
+//! limit catches unbounded allocations.
 #![no_main]
 
 use std::path::Path;
@@ -29,5 +30,9 @@ fuzz_target!(|data: &[u8]| {
         model::DEFAULT_INTERVAL_NS,
     );
     assert!(readings.len() as u64 <= model::MAX_READINGS + sources.len() as u64);
+    // Run counts (`record --activity-events`) split over the samples: any counts, any
+    // timestamps, never more per-sample rows than samples.
+    let counts = energy_bpf::roofline::per_function::sample_counts(&rec);
+    assert_eq!(counts.per_sample.len(), rec.samples.len());
     let _ = rec.damage.note();
 });

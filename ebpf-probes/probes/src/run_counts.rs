@@ -86,8 +86,10 @@ pub fn on_boundary(ts_ns: u64, tid: u32) {
     if on == 0 {
         return;
     }
-    let (Some(cursor), Some(batch)) = (RUN_COUNT_LAST.get_ptr_mut(0), RUN_COUNT_BATCHES.get_ptr_mut(0))
-    else {
+    let (Some(cursor), Some(batch)) = (
+        RUN_COUNT_LAST.get_ptr_mut(0),
+        RUN_COUNT_BATCHES.get_ptr_mut(0),
+    ) else {
         return;
     };
     let values = [

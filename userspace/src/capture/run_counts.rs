@@ -182,7 +182,11 @@ const COUNTER_MAPS: [&str; MAX_COUNTERS] = ["RUN_COUNTER_0", "RUN_COUNTER_1", "R
 impl RunCounters {
     /// Opens `events` (at most three) on every CPU of `cpus`, installs those that open in
     /// `ebpf`'s maps and turns counting on. Counter k counts `events[k]`.
-    pub fn start(ebpf: &mut Ebpf, cpus: &[u32], events: &[RunEvent]) -> Result<Self, RunCountsError> {
+    pub fn start(
+        ebpf: &mut Ebpf,
+        cpus: &[u32],
+        events: &[RunEvent],
+    ) -> Result<Self, RunCountsError> {
         let events = &events[..events.len().min(MAX_COUNTERS)];
         let mut statuses = Vec::new();
         let mut fds = Vec::new();
@@ -371,13 +375,21 @@ mod tests {
     fn event_lists_parse_and_names_are_stable() {
         assert_eq!(
             parse_events("instructions,cycles,llc-misses"),
-            Ok(vec![RunEvent::Instructions, RunEvent::Cycles, RunEvent::LlcMisses])
+            Ok(vec![
+                RunEvent::Instructions,
+                RunEvent::Cycles,
+                RunEvent::LlcMisses
+            ])
         );
         assert_eq!(
             parse_events(" page-faults , task-clock"),
             Ok(vec![RunEvent::PageFaults, RunEvent::TaskClock])
         );
-        assert!(parse_events("flops").expect_err("unknown").contains("known:"));
+        assert!(
+            parse_events("flops")
+                .expect_err("unknown")
+                .contains("known:")
+        );
         assert!(parse_events("cycles,cycles").is_err());
         assert!(parse_events("cycles,instructions,llc-misses,task-clock").is_err());
         assert!(parse_events("").is_err());
@@ -390,7 +402,10 @@ mod tests {
     fn a_missing_pmu_is_named_with_its_errno_and_a_remedy() {
         let err = std::io::Error::from_raw_os_error(libc::ENOENT);
         let text = unavailable_reason(RunEvent::Instructions, 0, &err);
-        assert!(text.starts_with("perf_event_open(instructions) on CPU 0 failed"), "{text}");
+        assert!(
+            text.starts_with("perf_event_open(instructions) on CPU 0 failed"),
+            "{text}"
+        );
         assert!(text.contains("ENOENT") && text.contains("PMU"), "{text}");
     }
 

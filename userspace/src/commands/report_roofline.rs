@@ -78,7 +78,12 @@ pub fn render(
     limit: Option<usize>,
 ) -> anyhow::Result<Vec<u8>> {
     let machine = machine(rec, calibration)?;
-    let events: Vec<String> = rec.header.run_counters.iter().map(|c| c.event.clone()).collect();
+    let events: Vec<String> = rec
+        .header
+        .run_counters
+        .iter()
+        .map(|c| c.event.clone())
+        .collect();
     let unavailable = why_not_per_function(rec);
     let functions = match &unavailable {
         Some(why) => {
@@ -110,7 +115,12 @@ pub fn render(
             out.extend(b"function,self_j,samples,instructions,llc_misses,intensity_proxy,time_bound,energy_bound,advice\n");
             for f in &functions {
                 let (i, t, e, adv) = match &f.placement {
-                    Some(p) => (fmt_i(p.intensity), p.time.name(), p.energy.name(), p.advice.short()),
+                    Some(p) => (
+                        fmt_i(p.intensity),
+                        p.time.name(),
+                        p.energy.name(),
+                        p.advice.short(),
+                    ),
                     None => ("-".into(), "-", "-", "-"),
                 };
                 out.extend(
@@ -145,9 +155,8 @@ fn machine(rec: &Recording, calibration: Option<&Path>) -> anyhow::Result<Machin
     })?;
     let host = &rec.header.hostname;
     // The recording's host; else the only host with a roofline.
-    let with_roofline = |h: &crate::calibration::HostCalibration| {
-        h.sources.values().any(|s| s.roofline.is_some())
-    };
+    let with_roofline =
+        |h: &crate::calibration::HostCalibration| h.sources.values().any(|s| s.roofline.is_some());
     let (host, h) = match cal.hosts.get(host).filter(|h| with_roofline(h)) {
         Some(h) => (host.clone(), h),
         None => {
@@ -297,7 +306,14 @@ fn table(
     t += &format!("per function (self): {proxy}\n");
     t += &format!(
         "{:<40} {:>10} {:>8} {:>14} {:>12} {:>10} {:>8} {:>8}  advice\n",
-        "function", "self_j", "samples", "instructions", "llc_misses", "intensity", "time", "energy"
+        "function",
+        "self_j",
+        "samples",
+        "instructions",
+        "llc_misses",
+        "intensity",
+        "time",
+        "energy"
     );
     let shown = functions
         .iter()

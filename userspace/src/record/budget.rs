@@ -12,7 +12,8 @@ use std::mem::size_of;
 
 use crate::pb::v1::{
     CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, JitSymbol, Mapping,
-    ProcessEvent, PythonFrame, PythonProcess, RunCounter, RunMarker, Sample, SwitchEvent, ThreadInfo,
+    ProcessEvent, PythonFrame, PythonProcess, RunCounter, RunMarker, Sample, SwitchEvent,
+    ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the

@@ -73,7 +73,11 @@ pub fn from_columns(c: &RunCounts) -> Result<Vec<CountedRun>, RunCountsError> {
         };
         for (k, slot) in run.counts.iter_mut().enumerate() {
             if valid & (1 << k) != 0 {
-                *slot = Some(*counts.next().ok_or(RunCountsError("count column ends early"))?);
+                *slot = Some(
+                    *counts
+                        .next()
+                        .ok_or(RunCountsError("count column ends early"))?,
+                );
             }
         }
         runs.push(run);
@@ -136,6 +140,112 @@ mod tests {
         let mut ragged = good;
         ragged.tid.push(3);
         assert!(from_columns(&ragged).is_err());
+    }
+
+    /// A recording with run counters in its header and `chunks` of run counts.
+    fn write(dir: &std::path::Path, chunks: &[RunCounts]) -> std::path::PathBuf {
+        use crate::pb::v1::{Chunk, Header, RunCounter, Trailer};
+        let path = dir.join("counts.ebpr");
+        let header = Header {
+            format_version: crate::record::FORMAT_VERSION,
+            start_ns: 1,
+            cpus: vec![
+                crate::pb::v1::Cpu::default(),
+                crate::pb::v1::Cpu {
+                    id: 1,
+                    ..Default::default()
+                },
+            ],
+            run_counters: vec![
+                RunCounter {
+                    event: "instructions".into(),
+                    unavailable: String::new(),
+                },
+                RunCounter {
+                    event: "llc-misses".into(),
+                    unavailable: "perf_event_open(llc-misses) on CPU 0 failed".into(),
+                },
+            ],
+            ..Header::default()
+        };
+        let mut w = crate::record::Writer::create(&path, &header).expect("create");
+        for c in chunks {
+            w.chunk(Chunk {
+                run_counts: Some(c.clone()),
+                ..Chunk::default()
+            })
+            .expect("chunk");
+        }
+        w.finish(Trailer {
+            end_ns: 10_000,
+            ..Trailer::default()
+        })
+        .expect("finish");
+        path
+    }
+
+    #[test]
+    fn run_counts_round_trip_through_a_file_and_old_files_have_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = vec![
+            CountedRun {
+                ts_ns: 100,
+                cpu: 0,
+                tid: 7,
+                counts: [Some(1_000), None, None],
+            },
+            CountedRun {
+                ts_ns: 120,
+                cpu: 1,
+                tid: 8,
+                counts: [Some(5), None, None],
+            },
+        ];
+        let b = vec![CountedRun {
+            ts_ns: 300,
+            cpu: 0,
+            tid: 7,
+            counts: [Some(9), None, None],
+        }];
+        let path = write(dir.path(), &[to_columns(&a, 0), to_columns(&b, 3)]);
+        let rec = crate::record::read_file(&path).expect("read");
+        assert_eq!(rec.run_counts, [a, b].concat());
+        assert_eq!(rec.header.run_counters.len(), 2);
+        assert!(
+            rec.header.run_counters[1]
+                .unavailable
+                .contains("llc-misses")
+        );
+        assert_eq!(rec.damage.records_damaged, 0);
+        // A recording made before run counters: no counts, no counters, no damage.
+        let old = write(dir.path(), &[]);
+        let mut rec = crate::record::read_file(&old).expect("read");
+        assert!(rec.run_counts.is_empty());
+        rec.header.run_counters.clear();
+        assert!(
+            crate::roofline::per_function::sample_counts(&rec)
+                .per_sample
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn inconsistent_run_counts_are_a_damaged_record_not_a_failed_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = to_columns(
+            &[CountedRun {
+                ts_ns: 50,
+                cpu: 0,
+                tid: 3,
+                counts: [Some(4), Some(5), None],
+            }],
+            0,
+        );
+        let mut bad = good.clone();
+        bad.count.push(1);
+        let rec = crate::record::read_file(&write(dir.path(), &[bad, good])).expect("read");
+        assert_eq!(rec.damage.records_damaged, 1);
+        assert_eq!(rec.run_counts.len(), 1);
     }
 
     proptest! {

@@ -89,12 +89,18 @@ pub fn sample_counts(rec: &Recording) -> SampleCounts {
 
 /// The analysis's per-sample weights ([`analysis::sample_values`]) with the first `events`
 /// run counters appended as `count_EVENT` values.
-pub fn with_counts(mut weights: SampleValues, counts: &SampleCounts, events: &[String]) -> SampleValues {
+pub fn with_counts(
+    mut weights: SampleValues,
+    counts: &SampleCounts,
+    events: &[String],
+) -> SampleValues {
     let k = events.len().min(MAX_COUNTERS);
     let width = weights.value_types.len();
-    weights
-        .value_types
-        .extend(events[..k].iter().map(|e| ValueType::new(&value_name(e), "count")));
+    weights.value_types.extend(
+        events[..k]
+            .iter()
+            .map(|e| ValueType::new(&value_name(e), "count")),
+    );
     let rows = weights.values.len() / width.max(1);
     let mut values = Vec::with_capacity(rows * (width + k));
     for (i, row) in weights.values.chunks(width.max(1)).enumerate() {
@@ -108,13 +114,17 @@ pub fn with_counts(mut weights: SampleValues, counts: &SampleCounts, events: &[S
     }
     let mut residual: Vec<_> = counts.residual.iter().collect();
     residual.sort_by_key(|(key, _)| **key);
-    weights.residuals.extend(residual.into_iter().map(|(&(tgid, tid), c)| Residual {
-        tgid,
-        tid,
-        values: std::iter::repeat_n(0.0, width)
-            .chain(c[..k].iter().copied())
-            .collect(),
-    }));
+    weights
+        .residuals
+        .extend(residual.into_iter().map(|(&(tgid, tid), c)| {
+            Residual {
+                tgid,
+                tid,
+                values: std::iter::repeat_n(0.0, width)
+                    .chain(c[..k].iter().copied())
+                    .collect(),
+            }
+        }));
     weights
 }
 
@@ -134,13 +144,21 @@ pub struct FunctionCounts {
 /// The symbolized profile of `rec` with energy and run counts per sample.
 pub fn profile(rec: &Recording, a: &Analysis, events: &[String]) -> Profile {
     let weights = with_counts(analysis::sample_values(rec, a), &sample_counts(rec), events);
-    profile::build(rec, &weights, &mut analysis::symbolizer_for(rec), &Filter::default())
+    profile::build(
+        rec,
+        &weights,
+        &mut analysis::symbolizer_for(rec),
+        &Filter::default(),
+    )
 }
 
 /// Self figures per function (leaf frame) of `profile`, most energy first; `energy`
 /// names the energy values summed (`energy_package`, ...).
 pub fn by_function(profile: &Profile, energy: &[String], events: &[String]) -> Vec<FunctionCounts> {
-    let energy_idx: Vec<usize> = energy.iter().filter_map(|e| profile.value_index(e)).collect();
+    let energy_idx: Vec<usize> = energy
+        .iter()
+        .filter_map(|e| profile.value_index(e))
+        .collect();
     let count_idx: Vec<Option<usize>> = events
         .iter()
         .map(|e| profile.value_index(&value_name(e)))
@@ -148,7 +166,11 @@ pub fn by_function(profile: &Profile, energy: &[String], events: &[String]) -> V
     let samples_idx = profile.value_index(profile::SAMPLES);
     let mut by_name: HashMap<String, FunctionCounts> = HashMap::new();
     for s in &profile.samples {
-        let Some(frame) = s.frames.first().and_then(|&f| profile.frames.get(f as usize)) else {
+        let Some(frame) = s
+            .frames
+            .first()
+            .and_then(|&f| profile.frames.get(f as usize))
+        else {
             continue;
         };
         let name = frame.display_name();
@@ -167,7 +189,11 @@ pub fn by_function(profile: &Profile, energy: &[String], events: &[String]) -> V
         }
     }
     let mut rows: Vec<FunctionCounts> = by_name.into_values().collect();
-    rows.sort_by(|a, b| b.self_j.total_cmp(&a.self_j).then(a.function.cmp(&b.function)));
+    rows.sort_by(|a, b| {
+        b.self_j
+            .total_cmp(&a.self_j)
+            .then(a.function.cmp(&b.function))
+    });
     rows
 }
 
@@ -260,7 +286,11 @@ mod tests {
             residual: HashMap::from([((9, 9), [7.0, 8.0, 9.0])]),
             samples_counted: 2,
         };
-        let w = with_counts(weights, &counts, &["instructions".into(), "llc-misses".into()]);
+        let w = with_counts(
+            weights,
+            &counts,
+            &["instructions".into(), "llc-misses".into()],
+        );
         assert_eq!(w.value_types.len(), 3);
         assert_eq!(w.value_types[1].name, "count_instructions");
         assert_eq!(w.values, [10.0, 1.0, 2.0, 20.0, 4.0, 5.0]);

@@ -182,15 +182,45 @@ mod tests {
         // (intensity from counts, machine, time, energy, advice)
         let cases = [
             // Memory-bound in both (a streaming loop).
-            (counts(0.5), gap, Bound::Memory, Bound::Memory, Advice::SlowMemoryBound),
+            (
+                counts(0.5),
+                gap,
+                Bound::Memory,
+                Bound::Memory,
+                Advice::SlowMemoryBound,
+            ),
             // Compute-bound in time, memory-bound in energy: 3.58 ≤ 8 < 14.4.
-            (counts(8.0), gap, Bound::Compute, Bound::Memory, Advice::SlowBalanceGap),
+            (
+                counts(8.0),
+                gap,
+                Bound::Compute,
+                Bound::Memory,
+                Advice::SlowBalanceGap,
+            ),
             // Compute-bound in both (an FMA loop).
-            (counts(40.0), gap, Bound::Compute, Bound::Compute, Advice::Race),
+            (
+                counts(40.0),
+                gap,
+                Bound::Compute,
+                Bound::Compute,
+                Advice::Race,
+            ),
             // Memory-bound in time, compute-bound in energy: 2 ≤ 5 < 10.
-            (counts(5.0), race, Bound::Memory, Bound::Compute, Advice::SlowMemoryBound),
+            (
+                counts(5.0),
+                race,
+                Bound::Memory,
+                Bound::Compute,
+                Advice::SlowMemoryBound,
+            ),
             // No miss at all: compute-bound everywhere.
-            ((1e9, 0.0), race, Bound::Compute, Bound::Compute, Advice::Race),
+            (
+                (1e9, 0.0),
+                race,
+                Bound::Compute,
+                Bound::Compute,
+                Advice::Race,
+            ),
         ];
         for ((instr, misses), machine, time, energy, advice) in cases {
             let i = intensity_proxy(instr, misses).expect("instructions");
