@@ -97,7 +97,8 @@ pub struct Placement {
 /// The intensity proxy of `instructions` and `llc_misses`: instructions per 64-byte line
 /// missed; `None` without instructions (nothing ran that the counters saw).
 pub fn intensity_proxy(instructions: f64, llc_misses: f64) -> Option<f64> {
-    if !(instructions > 0.0) {
+    // NaN is no count either.
+    if instructions.is_nan() || instructions <= 0.0 {
         return None;
     }
     let bytes = llc_misses.max(0.0) * LINE_BYTES;
