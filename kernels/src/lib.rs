@@ -85,28 +85,60 @@ impl Isa {
 }
 
 /// One sweep of `chunk`; returns a sum that depends on every flop (keep it observable).
+///
+/// FMA and streaming bodies run in functions of their own (`fma_avx512`,
+/// `stream_avx512`, ...), so a profile of the kernels tells them apart.
 pub fn sweep(chunk: &[f64], body: Body, isa: Isa) -> f64 {
-    match isa {
+    match (isa, body) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `detect` saw avx512f on this CPU.
-        Isa::Avx512 => unsafe { sweep_avx512(chunk, body) },
+        (Isa::Avx512, Body::Fma(_)) => unsafe { fma_avx512(chunk, body) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        (Isa::Avx512, Body::Add(_)) => unsafe { stream_avx512(chunk, body) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `detect` saw avx2 and fma on this CPU.
-        Isa::Avx2Fma => unsafe { sweep_avx2(chunk, body) },
-        _ => sweep_generic::<8>(chunk, body),
+        (Isa::Avx2Fma, Body::Fma(_)) => unsafe { fma_avx2(chunk, body) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        (Isa::Avx2Fma, Body::Add(_)) => unsafe { stream_avx2(chunk, body) },
+        (_, Body::Fma(_)) => fma_scalar(chunk, body),
+        (_, Body::Add(_)) => stream_scalar(chunk, body),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-fn sweep_avx512(chunk: &[f64], body: Body) -> f64 {
+fn fma_avx512(chunk: &[f64], body: Body) -> f64 {
+    sweep_generic::<64>(chunk, body)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn stream_avx512(chunk: &[f64], body: Body) -> f64 {
     sweep_generic::<64>(chunk, body)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn sweep_avx2(chunk: &[f64], body: Body) -> f64 {
+fn fma_avx2(chunk: &[f64], body: Body) -> f64 {
     sweep_generic::<32>(chunk, body)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn stream_avx2(chunk: &[f64], body: Body) -> f64 {
+    sweep_generic::<32>(chunk, body)
+}
+
+#[inline(never)]
+fn fma_scalar(chunk: &[f64], body: Body) -> f64 {
+    sweep_generic::<8>(chunk, body)
+}
+
+#[inline(never)]
+fn stream_scalar(chunk: &[f64], body: Body) -> f64 {
+    sweep_generic::<8>(chunk, body)
 }
 
 /// One chunk with `B`-element blocks (8 vectors); inlined into the feature-enabled callers

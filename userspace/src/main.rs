@@ -31,6 +31,9 @@ enum Command {
     /// Compare two versions: energy per function (or process) with 95% intervals and
     /// significance; differential flamegraph; CI gate.
     Diff(commands::diff::Args),
+    /// Run one built-in roofline kernel (a known memory- or compute-bound workload).
+    #[command(hide = true)]
+    Kernel(commands::kernel::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => commands::agent::run(args),
         Command::Calibrate(args) => commands::calibrate::run(args),
         Command::Diff(args) => commands::diff::run(args),
+        Command::Kernel(args) => commands::kernel::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -6,6 +6,7 @@ pub mod args;
 pub mod calibrate;
 pub mod diff;
 pub mod flamegraph;
+pub mod kernel;
 pub mod record;
 pub mod report;
 mod report_roofline;

@@ -341,3 +341,133 @@ fn table(
     }
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        pb::v1::RunCounter,
+        record::run_counts::CountedRun,
+        roofline::{
+            Constants,
+            fit::{FitReport, Intervals},
+        },
+    };
+
+    fn counter(event: &str, unavailable: &str) -> RunCounter {
+        RunCounter {
+            event: event.into(),
+            unavailable: unavailable.into(),
+        }
+    }
+
+    #[test]
+    fn a_missing_event_is_named_with_why() {
+        let mut rec = Recording::default();
+        let why = why_not_per_function(&rec).expect("no counters");
+        assert!(
+            why.contains("--activity-events instructions,cycles,llc-misses"),
+            "{why}"
+        );
+        rec.header.run_counters = vec![
+            counter(
+                "instructions",
+                "perf_event_open(instructions) on CPU 0 failed: ENOENT",
+            ),
+            counter("llc-misses", ""),
+        ];
+        let why = why_not_per_function(&rec).expect("instructions failed");
+        assert!(why.starts_with("instructions could not be counted") && why.contains("ENOENT"));
+        rec.header.run_counters = vec![counter("instructions", ""), counter("cycles", "")];
+        let why = why_not_per_function(&rec).expect("no llc-misses");
+        assert!(why.contains("llc-misses was not counted (recorded: instructions, cycles)"));
+        rec.header.run_counters.push(counter("llc-misses", ""));
+        assert!(
+            why_not_per_function(&rec)
+                .expect("no counts")
+                .contains("no run counts")
+        );
+        rec.run_counts.push(CountedRun::default());
+        assert_eq!(why_not_per_function(&rec), None);
+    }
+
+    #[test]
+    fn the_table_places_each_function_with_its_advice() {
+        let constants = Constants {
+            const_w: 0.0,
+            j_per_flop: 25e-12,
+            j_per_byte: 360e-12,
+            s_per_flop: 1.0 / 515e9,
+            s_per_byte: 1.0 / 144e9,
+        };
+        let fit = FitReport {
+            kernels: 0,
+            energy_residual_median: 0.0,
+            energy_residual_max: 0.0,
+            time_residual_median: 0.0,
+            time_residual_max: 0.0,
+            energy_r2: 1.0,
+            intervals: Intervals {
+                const_w: [0.0; 2],
+                j_per_flop: [0.0; 2],
+                j_per_byte: [0.0; 2],
+                s_per_flop: [0.0; 2],
+                s_per_byte: [0.0; 2],
+            },
+        };
+        let m = Machine {
+            roofline: Roofline {
+                estimated: false,
+                isa: "avx2+fma".into(),
+                buffer_bytes: 0,
+                all: Summary::new(4, constants, fit),
+                one_thread: None,
+                kernels: Vec::new(),
+                dvfs: None,
+            },
+            file: "cal.json".into(),
+            host: "box".into(),
+            source: "powercap:package-0".into(),
+        };
+        let row = |name: &str, instructions: f64, misses: f64| FunctionRow {
+            function: name.into(),
+            self_j: 1.0,
+            samples: 10,
+            instructions,
+            llc_misses: misses,
+            cycles: None,
+            placement: place::intensity_proxy(instructions, misses)
+                .map(|i| place::place(i, &constants)),
+        };
+        let rows = [
+            row("stream", 64.0e6, 1.0e6),
+            row("gap", 512.0e6, 1.0e6),
+            row("fma", 1e10, 10.0),
+            row("idle_wait", 0.0, 5.0),
+        ];
+        let t = table(&m, None, "proxy", &rows, None);
+        let line = |name: &str| {
+            t.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name}: {t}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
+        assert!(t.contains("balance gap 3.576..14.400"), "{t}");
+        assert_eq!(line("stream")[5..9], ["1.000", "memory", "memory", "slow"]);
+        assert_eq!(line("gap")[5..9], ["8.000", "compute", "memory", "slow"]);
+        assert_eq!(line("fma")[6..9], ["compute", "compute", "race"]);
+        assert!(
+            t.contains("(1 function(s) with no instruction counted"),
+            "{t}"
+        );
+        let t = table(
+            &m,
+            Some("instructions could not be counted"),
+            "proxy",
+            &rows,
+            None,
+        );
+        assert!(t.ends_with("per function: not available: instructions could not be counted\n"));
+    }
+}

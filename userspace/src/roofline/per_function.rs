@@ -152,8 +152,9 @@ pub fn profile(rec: &Recording, a: &Analysis, events: &[String]) -> Profile {
     )
 }
 
-/// Self figures per function (leaf frame) of `profile`, most energy first; `energy`
-/// names the energy values summed (`energy_package`, ...).
+/// Self figures per function of `profile` (the leaf function that is not inlined into
+/// another), most energy first; `energy` names the energy values summed
+/// (`energy_package`, ...).
 pub fn by_function(profile: &Profile, energy: &[String], events: &[String]) -> Vec<FunctionCounts> {
     let energy_idx: Vec<usize> = energy
         .iter()
@@ -166,10 +167,16 @@ pub fn by_function(profile: &Profile, energy: &[String], events: &[String]) -> V
     let samples_idx = profile.value_index(profile::SAMPLES);
     let mut by_name: HashMap<String, FunctionCounts> = HashMap::new();
     for s in &profile.samples {
-        let Some(frame) = s
+        // The leaf function whose code ran: inlined frames (`mul_add` in a kernel) are
+        // part of it, and the counts are the machine code's.
+        let mut frames = s
             .frames
-            .first()
-            .and_then(|&f| profile.frames.get(f as usize))
+            .iter()
+            .filter_map(|&f| profile.frames.get(f as usize));
+        let Some(frame) = frames
+            .clone()
+            .find(|f| !f.inlined)
+            .or_else(|| frames.next())
         else {
             continue;
         };
