@@ -263,6 +263,8 @@ fn rows(rec: &Recording, a: &Analysis, machine: &Summary, events: &[String]) -> 
 fn fmt_i(i: f64) -> String {
     if i >= f64::MAX {
         "inf".into()
+    } else if i >= 1e4 {
+        format!("{i:.2e}")
     } else {
         format!("{i:.3}")
     }
@@ -469,5 +471,86 @@ mod tests {
             None,
         );
         assert!(t.ends_with("per function: not available: instructions could not be counted\n"));
+    }
+
+    #[test]
+    fn functions_of_a_recording_are_placed_from_their_run_counts() {
+        use crate::analysis;
+        let mut rec = analysis::fixture::recording();
+        rec.header.run_counters = vec![
+            counter("instructions", ""),
+            counter("cycles", ""),
+            counter("llc-misses", ""),
+        ];
+        // One interval per sample, opened by it: heavy streams (1 instruction per missed
+        // byte), light computes (almost no misses).
+        for s in &rec.samples {
+            let (ins, miss) = if s.tid == 10 {
+                (64e6, 1e6)
+            } else {
+                (1e10, 10.0)
+            };
+            rec.run_counts.push(CountedRun {
+                ts_ns: s.ts_ns + 1_000_000,
+                cpu: s.cpu,
+                tid: s.tid,
+                counts: [Some(ins as u64), Some(ins as u64), Some(miss as u64)],
+            });
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cal = dir.path().join("cal.json");
+        let fit = serde_json::json!({"kernels": 0, "energy_residual_median": 0.0,
+            "energy_residual_max": 0.0, "time_residual_median": 0.0, "time_residual_max": 0.0,
+            "energy_r2": 1.0, "intervals": {"const_w": [0.0, 0.0], "j_per_flop": [0.0, 0.0],
+            "j_per_byte": [0.0, 0.0], "s_per_flop": [0.0, 0.0], "s_per_byte": [0.0, 0.0]}});
+        let doc = serde_json::json!({"version": 1, "hosts": {"box": {"sources": {"model:p": {
+            "date": "x", "duration_s": 1.0, "key": "model:p", "name": "p", "static_w": 1.0,
+            "per_busy_cpu_w": null, "busy_share": 0.0, "method": "mean", "intervals": 1,
+            "roofline": {"estimated": true, "isa": "scalar", "buffer_bytes": 0, "threads": 1,
+                "const_w": 0.0, "j_per_flop": 25e-12, "j_per_byte": 360e-12,
+                "s_per_flop": 1.0 / 515e9, "s_per_byte": 1.0 / 144e9, "time_balance": 3.576,
+                "energy_balance": 14.4, "effective_energy_balance": 14.4, "eta_flop": 1.0,
+                "race_to_halt": false, "balance_gap": [3.576, 14.4], "fit": fit,
+                "kernels": []}}}}}});
+        std::fs::write(&cal, doc.to_string()).expect("write");
+        let cfg = analysis::config(
+            &rec,
+            crate::commands::args::AttributeArgs::default().options(),
+            &crate::commands::args::ModelArgs::default().model(),
+        );
+        let a = analysis::analyze(&rec, &cfg);
+        let out = render(&rec, &a, Some(&cal), Format::Json, None).expect("render");
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(
+            v["per_function_unavailable"],
+            serde_json::Value::Null,
+            "{v:#}"
+        );
+        let row = |addr: &str| {
+            v["functions"]
+                .as_array()
+                .and_then(|f| {
+                    f.iter()
+                        .find(|r| r["function"].as_str().is_some_and(|n| n.contains(addr)))
+                })
+                .cloned()
+                .unwrap_or_else(|| panic!("no {addr}: {v:#}"))
+        };
+        let heavy = row("+0x100a");
+        assert_eq!(heavy["instructions"], 6.0 * 64e6);
+        assert_eq!(heavy["placement"]["intensity"], 1.0);
+        assert_eq!(heavy["placement"]["time"], "memory");
+        assert_eq!(heavy["placement"]["advice"], "slow-memory-bound");
+        let light = row("+0x1014");
+        assert_eq!(light["placement"]["time"], "compute");
+        assert_eq!(light["placement"]["energy"], "compute");
+        assert_eq!(light["placement"]["advice"], "race");
+        let text = render(&rec, &a, Some(&cal), Format::Table, None).expect("render");
+        let text = String::from_utf8(text).expect("utf-8");
+        assert!(text.contains("balance gap 3.576..14.400"), "{text}");
+        assert!(
+            text.contains("race (compute-bound in time and energy"),
+            "{text}"
+        );
     }
 }
