@@ -42,8 +42,10 @@ static RUN_COUNT_LAST: PerCpuArray<Cursor> = PerCpuArray::with_max_entries(1, 0)
 #[map]
 static RUN_COUNT_BATCHES: PerCpuArray<CountBatch> = PerCpuArray::with_max_entries(1, 0);
 
+/// 1 MiB: 26k intervals of 40 bytes, drained every 100 ms by `record`; allocated whether
+/// or not run counters are on, so kept small.
 #[map]
-static RUN_COUNTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+static RUN_COUNTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
 /// Counter values at a CPU's previous switch. Private to the probe.
 #[repr(C)]

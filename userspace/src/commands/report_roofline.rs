@@ -34,6 +34,8 @@ const CYCLES: &str = "cycles";
 /// The roofline a report compares with: from which file, host and source.
 struct Machine {
     roofline: Roofline,
+    /// Run-count intervals the recording lost.
+    dropped: u64,
     file: PathBuf,
     host: String,
     source: String,
@@ -66,6 +68,8 @@ struct Doc<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     per_function_unavailable: Option<String>,
     intensity_proxy: String,
+    /// Counted intervals lost to a full ring buffer.
+    intervals_lost: u64,
     functions: Vec<FunctionRow>,
 }
 
@@ -106,6 +110,7 @@ pub fn render(
                 estimated: machine.roofline.estimated,
                 machine: &machine.roofline.all,
                 per_function_unavailable: unavailable,
+                intervals_lost: machine.dropped,
                 intensity_proxy: proxy,
                 functions,
             };
@@ -187,6 +192,7 @@ fn machine(rec: &Recording, calibration: Option<&Path>) -> anyhow::Result<Machin
         .context("no roofline in the calibration")?;
     Ok(Machine {
         roofline: roofline.clone(),
+        dropped: rec.run_counts_dropped,
         file,
         host,
         source: source.clone(),
@@ -337,6 +343,12 @@ fn table(
             p.advice.why()
         );
     }
+    if m.dropped > 0 {
+        t += &format!(
+            "({} counted intervals were lost: the run-count ring buffer was full)\n",
+            m.dropped
+        );
+    }
     let unplaced = functions.iter().filter(|f| f.placement.is_none()).count();
     if unplaced > 0 {
         t += &format!("({unplaced} function(s) with no instruction counted are not placed)\n");
@@ -427,6 +439,7 @@ mod tests {
                 kernels: Vec::new(),
                 dvfs: None,
             },
+            dropped: 0,
             file: "cal.json".into(),
             host: "box".into(),
             source: "powercap:package-0".into(),

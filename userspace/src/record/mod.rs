@@ -101,6 +101,8 @@ pub struct Recording {
     /// What the run counters (`record --activity-events`, `Header.run_counters`) counted
     /// per run, in file order; empty when none were asked for.
     pub run_counts: Vec<run_counts::CountedRun>,
+    /// Run-count intervals the kernel dropped (ring buffer full), the last cumulative value.
+    pub run_counts_dropped: u64,
     /// Latest known info per thread id.
     pub threads: HashMap<u32, ThreadInfo>,
     /// Executable mappings per process id, in the order they were recorded.

@@ -389,6 +389,7 @@ fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
     rec.process_events.extend(chunk.process_events);
     rec.runs.extend(chunk.runs);
     if let Some(counts) = chunk.run_counts {
+        rec.run_counts_dropped = rec.run_counts_dropped.max(counts.dropped);
         // Checked in `decode`.
         rec.run_counts
             .extend(super::run_counts::from_columns(&counts).unwrap_or_default());

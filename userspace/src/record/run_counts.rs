@@ -210,6 +210,7 @@ mod tests {
         let path = write(dir.path(), &[to_columns(&a, 0), to_columns(&b, 3)]);
         let rec = crate::record::read_file(&path).expect("read");
         assert_eq!(rec.run_counts, [a, b].concat());
+        assert_eq!(rec.run_counts_dropped, 3);
         assert_eq!(rec.header.run_counters.len(), 2);
         assert!(
             rec.header.run_counters[1]
