@@ -143,10 +143,7 @@ fn run(jobs: &[Job]) -> Vec<Resolved> {
     let results: Mutex<Vec<Option<Resolved>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
     let work = || {
         let symbolizer = super::blazesym_symbolizer();
-        loop {
-            let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                break;
-            };
+        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
             let resolved = resolve(&symbolizer, &jobs[i]);
             if let Ok(mut r) = results.lock() {
                 r[i] = Some(resolved);

@@ -5,8 +5,9 @@
 //! blazesym (ELF symbols + DWARF) — so reports work after the process exited. The file's
 //! build-id must still match the recorded one; otherwise names would be wrong, so the frame
 //! falls back to `module+0xOFFSET`. Kernel addresses resolve through kallsyms. Results are
-//! cached per (file, offset) and per kernel address. A frame never comes out as a bare
-//! address or an error.
+//! cached per (file, offset) and per kernel address; a profile fills the caches up front,
+//! a file at a time over threads (`batch`). A frame never comes out as a bare address or an
+//! error.
 
 mod batch;
 mod frame;
