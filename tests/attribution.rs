@@ -46,7 +46,7 @@ impl OnCpu {
 
 /// A busy/sleep duty cycle in Python (busy `on` ms, then sleep `off` ms, phases drifting),
 /// pinned to one CPU.
-fn duty_cycle(cpu: u32, on_ms: u32, off_ms: u32) -> Workload {
+pub(crate) fn duty_cycle(cpu: u32, on_ms: u32, off_ms: u32) -> Workload {
     let script = format!(
         "python3 -c 'import time\nwhile True:\n  t=time.monotonic()+{on}/1000\n  while time.monotonic()<t: pass\n  time.sleep({off}/1000)'",
         on = on_ms,

@@ -23,12 +23,17 @@ mod files;
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
 mod attribution;
+// Never-idle machines: a 1 kHz emulated counter following the workloads' exact CPU clocks;
+// a 10 ms duty cycle beside a spinner, and three always-runnable processes after calibrate.
+mod never_idle;
 // One pipeline: report, report --window and top --replay agree per process.
 mod pipeline;
 // `calibrate`: quiet-machine static power, refusal when busy, used by record and report.
 mod calibrate;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
+// Symbols resolved a file at a time up front equal those looked up one address at a time.
+mod symbols;
 // `diff`: an A/B of a fixed-work C program through the real probes, `record --repeat`,
 // the differential flamegraph in Chromium, the CI gate, bad input.
 mod diff;

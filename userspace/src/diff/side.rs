@@ -11,7 +11,7 @@ use crate::{
     attribute::domain_name,
     output::{collapsed, functions, table::RowKey},
     pipeline::{self, Config, GroupBy},
-    profile::Filter,
+    profile::{self, Filter},
     record::Recording,
 };
 
@@ -153,7 +153,14 @@ fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
         e.1 += var;
     };
     if by == By::Function {
-        let profile = analysis::profile(rec, &a, &Filter::default());
+        // Rows are self energy: only each stack's leaf needs a name, unless stacks are drawn.
+        let profile = if want_stacks {
+            analysis::profile(rec, &a, &Filter::default())
+        } else {
+            let weights = analysis::sample_values(rec, &a);
+            let mut symbolizer = analysis::symbolizer_for(rec);
+            profile::build_leaves(rec, &weights, &mut symbolizer, &Filter::default())
+        };
         let Some((idx, domain)) = profile
             .value_types
             .iter()

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use super::{
-    Frame, FrameId, KERNEL_MAPPING, Labels, Location, LocationId, NO_STACK_SAMPLE, Profile,
-    ProfileMapping, ProfileMeta, ProfileSample, SAMPLES, SampleValues, ValueType,
+    Frame, FrameId, KERNEL_MAPPING, Labels, Location, LocationId, NO_STACK_SAMPLE, NOT_SYMBOLIZED,
+    Profile, ProfileMapping, ProfileMeta, ProfileSample, SAMPLES, SampleValues, ValueType,
 };
 use crate::pb::v1::Mapping;
 use crate::record::Recording;
@@ -69,6 +69,10 @@ struct Interner<'a> {
     python: FastMap<u64, LocationId>,
     /// Per process: its recorded perf-map entries and the runtime that wrote them.
     jit: FastMap<u32, (JitTable, JitRuntime)>,
+    /// Only each stack's leaf is symbolized; every caller is [`NOT_SYMBOLIZED`]'s location.
+    leaves_only: bool,
+    /// The one location of every caller frame when `leaves_only`.
+    caller: Option<LocationId>,
 }
 
 impl Interner<'_> {
@@ -91,6 +95,24 @@ impl Interner<'_> {
             frames,
         });
         id
+    }
+
+    /// With `leaves_only`, pushes the placeholder for a frame that is not the stack's leaf
+    /// and says so; otherwise pushes nothing and returns false.
+    fn skip_caller(&mut self, out: &mut Stack) -> bool {
+        if !self.leaves_only || out.locations.is_empty() {
+            return false;
+        }
+        let id = match self.caller {
+            Some(id) => id,
+            None => {
+                let id = self.location(None, 0, vec![Frame::synthetic(NOT_SYMBOLIZED)]);
+                self.caller = Some(id);
+                id
+            }
+        };
+        out.push(id, &self.locations);
+        true
     }
 
     /// Whether a location runs CPython's evaluation loop (its Python frames go before it).
@@ -209,6 +231,29 @@ pub fn build(
     symbolizer: &mut Symbolizer,
     filter: &Filter,
 ) -> Profile {
+    build_with(rec, weights, symbolizer, filter, false)
+}
+
+/// [`build`] with only each stack's leaf symbolized (kernel, native, Python or JIT, with its
+/// inlined frames): every caller frame is one [`NOT_SYMBOLIZED`] frame. Self energy per
+/// function (samples whose leaf it is) comes out exactly as from [`build`], for a fraction
+/// of the symbolizing; totals, stacks and anything else that reads callers do not.
+pub fn build_leaves(
+    rec: &Recording,
+    weights: &SampleValues,
+    symbolizer: &mut Symbolizer,
+    filter: &Filter,
+) -> Profile {
+    build_with(rec, weights, symbolizer, filter, true)
+}
+
+fn build_with(
+    rec: &Recording,
+    weights: &SampleValues,
+    symbolizer: &mut Symbolizer,
+    filter: &Filter,
+    leaves_only: bool,
+) -> Profile {
     let mut value_types = vec![ValueType::new(SAMPLES, "count")];
     value_types.extend(weights.value_types.iter().cloned());
     let n_weights = weights.value_types.len();
@@ -250,8 +295,16 @@ pub fn build(
             .iter()
             .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(rec, tgid))))
             .collect(),
+        leaves_only,
+        caller: None,
     };
     let no_mappings: Vec<Mapping> = Vec::new();
+    // Every address the kept samples need, resolved a file at a time up front (far faster
+    // than one lookup per address); the lookups below are then cache hits.
+    let (user, kernel) = addresses(rec, &no_mappings, leaves_only, |tid, tgid| {
+        thread(tid, tgid).1
+    });
+    interner.symbolizer.prefetch(user, kernel);
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
     let mut stacks: FastMap<StackKey<'_>, Stack> = FastMap::default();
     let mut samples = Vec::with_capacity(rec.samples.len());
@@ -276,7 +329,9 @@ pub fn build(
                     locations: Vec::with_capacity(depth),
                 };
                 for (depth, &addr) in s.kernel_stack.iter().enumerate() {
-                    interner.kernel(caller_adjusted(addr, depth), &mut stack);
+                    if !interner.skip_caller(&mut stack) {
+                        interner.kernel(caller_adjusted(addr, depth), &mut stack);
+                    }
                 }
                 let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
                 // With a kernel stack, the first user address is where the thread entered
@@ -285,6 +340,9 @@ pub fn build(
                 // (leaf side); groups no such frame takes go on the root side.
                 let mut groups = PythonGroups::new(&s.python_stack, &s.python_groups);
                 for (depth, &addr) in s.user_stack.iter().enumerate() {
+                    if interner.skip_caller(&mut stack) {
+                        continue;
+                    }
                     let id = interner.user_location(s.tgid, caller_adjusted(addr, depth), mappings);
                     if !groups.is_done() && interner.is_eval(id) {
                         interner.python(groups.next_group(), &rec.python_frames, &mut stack);
@@ -388,6 +446,50 @@ pub fn build(
     };
     profile.recompute_totals();
     profile
+}
+
+/// The distinct user addresses (with their process's mappings) and kernel addresses, caller
+/// adjusted as the stacks look them up, of the samples `keep(tid, tgid)` keeps; with
+/// `leaves_only`, of each stack's leaf alone.
+fn addresses<'r>(
+    rec: &'r Recording,
+    no_mappings: &'r [Mapping],
+    leaves_only: bool,
+    mut keep: impl FnMut(u32, u32) -> bool,
+) -> (Vec<(u64, &'r [Mapping])>, Vec<u64>) {
+    let mut stacks: foldhash::HashSet<(u32, &[u64], &[u64])> = Default::default();
+    let mut seen_user: foldhash::HashSet<(u32, u64)> = Default::default();
+    let mut seen_kernel: foldhash::HashSet<u64> = Default::default();
+    let (mut user, mut kernel) = (Vec::new(), Vec::new());
+    for s in &rec.samples {
+        if !keep(s.tid, s.tgid)
+            || !stacks.insert((s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice()))
+        {
+            continue;
+        }
+        let depth_limit = if leaves_only { 1 } else { usize::MAX };
+        for (depth, &addr) in s.kernel_stack.iter().enumerate().take(depth_limit) {
+            let addr = caller_adjusted(addr, depth);
+            if seen_kernel.insert(addr) {
+                kernel.push(addr);
+            }
+        }
+        let user_limit = if s.kernel_stack.is_empty() {
+            depth_limit
+        } else if leaves_only {
+            0
+        } else {
+            usize::MAX
+        };
+        let mappings = rec.mappings.get(&s.tgid).map_or(no_mappings, Vec::as_slice);
+        for (depth, &addr) in s.user_stack.iter().enumerate().take(user_limit) {
+            let addr = caller_adjusted(addr, depth);
+            if seen_user.insert((s.tgid, addr)) {
+                user.push((addr, mappings));
+            }
+        }
+    }
+    (user, kernel)
 }
 
 /// A sample's Python frames, one evaluation-loop call's worth at a time.

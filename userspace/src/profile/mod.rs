@@ -9,7 +9,7 @@
 
 mod build;
 
-pub use build::{Filter, build};
+pub use build::{Filter, build, build_leaves};
 
 use std::sync::Arc;
 
@@ -31,6 +31,8 @@ pub const SAMPLES: &str = "samples";
 pub const CPU: &str = "cpu";
 /// Function name of the synthetic frame carrying thread energy without a stack sample.
 pub const NO_STACK_SAMPLE: &str = "[no stack sample]";
+/// The frame of every caller in a profile built by [`build_leaves`].
+pub const NOT_SYMBOLIZED: &str = "[caller, not symbolized]";
 
 /// Where sampled addresses lie: one executable mapping of one process (as recorded), or
 /// the kernel ([`KERNEL_MAPPING`], spanning the kernel addresses sampled).

@@ -5,9 +5,11 @@
 //! blazesym (ELF symbols + DWARF) — so reports work after the process exited. The file's
 //! build-id must still match the recorded one; otherwise names would be wrong, so the frame
 //! falls back to `module+0xOFFSET`. Kernel addresses resolve through kallsyms. Results are
-//! cached per (file, offset) and per kernel address. A frame never comes out as a bare
-//! address or an error.
+//! cached per (file, offset) and per kernel address; a profile fills the caches up front,
+//! a file at a time over threads (`batch`). A frame never comes out as a bare address or an
+//! error.
 
+mod batch;
 mod frame;
 pub(crate) mod maps;
 pub mod perf_map;
@@ -62,14 +64,8 @@ impl Symbolizer {
 
     /// A symbolizer using the given kallsyms file (`None`: kernel frames stay unresolved).
     pub fn with_kallsyms(kallsyms: Option<PathBuf>) -> Self {
-        let inner = blazesym::symbolize::Symbolizer::builder()
-            // Files are not expected to change during one report; skip a stat per lookup.
-            .enable_auto_reload(false)
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .build();
         Self {
-            inner,
+            inner: blazesym_symbolizer(),
             kallsyms,
             build_id_ok: HashMap::new(),
             user_cache: HashMap::new(),
@@ -155,13 +151,7 @@ impl Symbolizer {
 
     fn resolve_kernel(&mut self, addr: u64) -> Vec<Frame> {
         let resolved = self.kallsyms.as_ref().and_then(|path| {
-            let src = Source::Kernel(Kernel {
-                kallsyms: MaybeDefault::Some(path.clone()),
-                // vmlinux discovery scans the disk; kallsyms has what a profile needs.
-                vmlinux: MaybeDefault::None,
-                debug_syms: false,
-                ..Kernel::default()
-            });
+            let src = kernel_source(path);
             self.inner
                 .symbolize(&src, Input::AbsAddr(&[addr]))
                 .ok()
@@ -178,6 +168,27 @@ impl Symbolizer {
             }
         }
     }
+}
+
+/// A blazesym symbolizer set up as every lookup here wants it.
+fn blazesym_symbolizer() -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder()
+        // Files are not expected to change during one report; skip a stat per lookup.
+        .enable_auto_reload(false)
+        .enable_code_info(true)
+        .enable_inlined_fns(true)
+        .build()
+}
+
+/// The kernel as a blazesym source: symbols from the kallsyms file at `path`.
+fn kernel_source(path: &Path) -> Source<'static> {
+    Source::Kernel(Kernel {
+        kallsyms: MaybeDefault::Some(path.to_path_buf()),
+        // vmlinux discovery scans the disk; kallsyms has what a profile needs.
+        vmlinux: MaybeDefault::None,
+        debug_syms: false,
+        ..Kernel::default()
+    })
 }
 
 /// Index of the recorded mapping that holds user address `addr`: the latest recorded one

@@ -1,0 +1,154 @@
+//! Symbolizing a real recording up front, a file at a time over threads (what every report
+//! does), gives exactly the frames that looking each address up alone gives: same names,
+//! inlined frames, files, lines and fallbacks, kernel and user. The profile keeps the
+//! test's workloads (sh, python3, ls and their libraries), whose files are small enough for
+//! a debug build to symbolize in seconds.
+
+use std::time::Duration;
+
+use energy_bpf::{
+    analysis::{self, ModelOverride},
+    attribute::Options,
+    output::{functions, table::RowKey},
+    profile::{self, Filter, KERNEL_MAPPING},
+    record::read_file,
+};
+
+use crate::util::{Workload, require_root, run, text};
+
+#[test]
+fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
+    if !require_root("batched_symbols_equal_one_by_one_lookups_on_a_real_recording") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Some user code in a few binaries (sh, python3 and their libraries) besides whatever
+    // else runs on the machine, and the kernel under all of them.
+    let load = [
+        Workload::spawn("while :; do :; done", Some(0)),
+        Workload::spawn(
+            "exec python3 -c 'import json\nwhile True: json.loads(json.dumps(list(range(200))))'",
+            Some(1),
+        ),
+        Workload::spawn("while :; do ls -R /usr/lib > /dev/null; done", None),
+    ];
+    std::thread::sleep(Duration::from_millis(200));
+    let file = dir.path().join("sym.ebpr");
+    let out = run(&[
+        "record",
+        "-F",
+        "999",
+        "-d",
+        "3",
+        "-o",
+        file.to_str().expect("path"),
+    ]);
+    drop(load);
+    assert!(out.status.success(), "record: {}", text(&out));
+    let rec = read_file(&file).expect("recording reads back");
+
+    let cfg = analysis::config(&rec, Options::default(), &ModelOverride::default());
+    let weights = analysis::sample_values(&rec, &analysis::analyze(&rec, &cfg));
+    let mut batched = analysis::symbolizer_for(&rec);
+    let filter = Filter {
+        comms: ["sh", "dash", "bash", "python3", "ls"]
+            .map(String::from)
+            .to_vec(),
+        ..Filter::default()
+    };
+    let prof = profile::build(&rec, &weights, &mut batched, &filter);
+    // The samples the filter kept, in order (what the profile's samples are, then residuals).
+    let comm = |tid: u32| rec.threads.get(&tid).map_or("", |t| t.comm.as_str());
+    let kept = rec.samples.iter().filter(|s| {
+        filter
+            .comms
+            .iter()
+            .any(|c| c == comm(s.tid) || c == comm(s.tgid))
+    });
+
+    // The same addresses, each looked up alone through a fresh symbolizer.
+    let mut alone = analysis::symbolizer_for(&rec);
+    let no_mappings = Vec::new();
+    let (mut kernel, mut user) = (0usize, 0usize);
+    let mut seen = std::collections::HashSet::new();
+    for (s, ps) in kept.zip(&prof.samples) {
+        let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
+        for &loc in &ps.locations {
+            let l = &prof.locations[loc as usize];
+            let Some(m) = l.mapping else {
+                continue; // Python frames, JIT frames, unmapped addresses
+            };
+            let is_kernel = prof.mappings[m as usize].path == KERNEL_MAPPING;
+            if !seen.insert((is_kernel, s.tgid, l.address)) {
+                continue;
+            }
+            let expected = if is_kernel {
+                kernel += 1;
+                alone.kernel(l.address)
+            } else {
+                user += 1;
+                alone.user(l.address, mappings)
+            };
+            let got: Vec<_> = l
+                .frames
+                .iter()
+                .map(|&f| prof.frames[f as usize].clone())
+                .collect();
+            assert_eq!(
+                got, expected,
+                "address {:#x} of pid {} ({})",
+                l.address, s.tgid, prof.mappings[m as usize].path
+            );
+        }
+    }
+    let (b, a) = (batched.stats(), alone.stats());
+    eprintln!(
+        "{kernel} kernel and {user} user addresses compared; batched {b:?}, one by one {a:?}"
+    );
+    assert!(
+        kernel >= 20 && user >= 50,
+        "too few addresses to compare: {kernel} kernel, {user} user"
+    );
+    assert!(
+        a.resolved >= 50,
+        "most addresses should resolve to symbols: {a:?}"
+    );
+    assert_eq!(b.resolved, a.resolved, "resolved counts");
+    assert_eq!(
+        b.build_id_mismatches, a.build_id_mismatches,
+        "build-id mismatches"
+    );
+
+    // Self energy per function (what `diff` shows) from a profile whose callers are not
+    // symbolized equals that of the whole profile, to the bit.
+    let leaves =
+        profile::build_leaves(&rec, &weights, &mut analysis::symbolizer_for(&rec), &filter);
+    let domain: Vec<String> = prof
+        .value_types
+        .iter()
+        .find_map(|v| v.name.strip_prefix("energy_").map(str::to_string))
+        .into_iter()
+        .collect();
+    assert_eq!(domain.len(), 1, "an energy value: {:?}", prof.value_types);
+    let self_rows = |p: &profile::Profile| -> std::collections::BTreeMap<String, (f64, f64, f64)> {
+        functions::by_function(p, &domain)
+            .rows
+            .into_iter()
+            .filter_map(|r| {
+                let RowKey::Function { name, .. } = r.key else {
+                    return None;
+                };
+                let e = r.energy.first()?;
+                (r.samples > 0 || e.joules != 0.0)
+                    .then_some((name, (e.joules, e.ci_low, e.ci_high)))
+            })
+            .collect()
+    };
+    let (full, leaf) = (self_rows(&prof), self_rows(&leaves));
+    assert!(full.len() >= 10, "too few functions: {full:?}");
+    assert_eq!(
+        full, leaf,
+        "self energy per function, whole stacks vs leaves only"
+    );
+}
