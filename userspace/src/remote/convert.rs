@@ -167,8 +167,10 @@ fn process_to_wire(p: &ProcessRow) -> wire::Process {
                 power_w: t.power_w,
                 share: t.share,
                 since_start_j: t.since_start_j,
+                top_function: t.top_function.clone(),
             })
             .collect(),
+        top_function: p.top_function.clone(),
     }
 }
 
@@ -202,8 +204,10 @@ fn process_from_wire(p: wire::Process) -> ProcessRow {
                 power_w: t.power_w,
                 share: t.share,
                 since_start_j: t.since_start_j,
+                top_function: t.top_function,
             })
             .collect(),
+        top_function: p.top_function,
         cpu_share: Vec::new(),
     }
 }

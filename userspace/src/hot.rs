@@ -1,0 +1,462 @@
+//! The hot function of each thread and process over a window, as `top` and the agent's
+//! snapshot stream show it: `py:train_step (model.py:88)` for a Python frame, the perf-map
+//! name of JIT-compiled code, otherwise the native leaf symbol.
+//!
+//! Each sample names one function: its innermost named Python frame, else its innermost
+//! user address inside JIT code a perf map named, else its leaf (user, or kernel when the
+//! sample has no user stack). A thread's (or process's) hot function is the one most of its
+//! window's samples name; energy within a thread is split over its samples, so this is also
+//! the function with most of its energy.
+//!
+//! Everything is bounded, for an agent that runs for months: names learned from chunks
+//! (Python frame names by id, perf-map entries, mappings) are capped and forgotten when
+//! a process exits; native symbols are cached per process by address, and at most
+//! [`NEW_NATIVE_PER_WINDOW`] new addresses are symbolized per window (the rest wait for the
+//! next one), so a window costs a hash lookup per sample once the cache is warm.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::pb::v1::{self as pb, process_event::Kind};
+use crate::pipeline::ProcessRow;
+use crate::record::Recording;
+use crate::symbolize::Symbolizer;
+
+/// New native addresses symbolized per window at most.
+pub const NEW_NATIVE_PER_WINDOW: usize = 2048;
+/// Native symbols cached over all processes; past this the cache starts over.
+const MAX_NATIVE: usize = 1 << 16;
+/// Python frame names kept (the newest ids: the capture's namer hands out ids in order).
+const MAX_PYTHON: usize = 1 << 16;
+/// Perf-map entries kept per process.
+const MAX_JIT: usize = 1 << 16;
+/// Mappings kept per process.
+const MAX_MAPPINGS: usize = 4096;
+/// Processes followed at once.
+const MAX_PROCESSES: usize = 8192;
+/// Name of a Python frame whose code object could not be read.
+const PY_UNKNOWN: &str = "<unknown>";
+
+/// The function one sample names, counted per thread and process.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Leaf {
+    /// Function name (`py:` prefixed for Python).
+    pub name: Arc<str>,
+    /// Source file name (Python frames only), without its directory.
+    pub file: Option<Arc<str>>,
+    /// Source line (0: unknown or not shown).
+    pub line: u32,
+}
+
+/// Samples per [`Leaf`].
+pub type Tally = HashMap<Leaf, u64>;
+
+/// The most sampled function of a tally, with the most sampled line of that function:
+/// lines of one function count together. Ties go to the smaller name (stable output).
+pub fn pick(tally: &Tally) -> Option<String> {
+    let mut by_fn: BTreeMap<(&Arc<str>, &Option<Arc<str>>), (u64, u32, u64)> = BTreeMap::new();
+    for (leaf, &n) in tally {
+        let e = by_fn.entry((&leaf.name, &leaf.file)).or_insert((0, 0, 0));
+        e.0 += n;
+        if n > e.2 || (n == e.2 && leaf.line < e.1) {
+            e.1 = leaf.line;
+            e.2 = n;
+        }
+    }
+    let mut best: Option<(&(&Arc<str>, &Option<Arc<str>>), u64, u32)> = None;
+    for (key, &(n, line, _)) in &by_fn {
+        // The map iterates names in order, so `>` keeps the smaller name on a tie.
+        if best.is_none_or(|(_, m, _)| n > m) {
+            best = Some((key, n, line));
+        }
+    }
+    let ((name, file), _, line) = best?;
+    Some(match (file, line) {
+        (Some(file), 0) => format!("{name} ({file})"),
+        (Some(file), line) => format!("{name} ({file}:{line})"),
+        (None, _) => name.to_string(),
+    })
+}
+
+#[derive(Default)]
+struct Process {
+    mappings: Vec<pb::Mapping>,
+    /// Perf-map entries, sorted by start: (start, end, name).
+    jit: Vec<(u64, u64, Arc<str>)>,
+    native: HashMap<u64, Arc<str>>,
+}
+
+/// Names the hot functions of each window's rows; one per live capture or replay.
+pub struct HotFunctions {
+    symbolizer: Symbolizer,
+    python: BTreeMap<u64, (Arc<str>, Option<Arc<str>>, u32)>,
+    procs: HashMap<u32, Process>,
+    native_cached: usize,
+    /// Processes that exited: forgotten after the next window (its samples may be theirs).
+    exited: Vec<u32>,
+}
+
+impl Default for HotFunctions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HotFunctions {
+    /// Knows nothing yet: [`Self::observe`] each chunk.
+    pub fn new() -> Self {
+        Self {
+            symbolizer: Symbolizer::new(),
+            python: BTreeMap::new(),
+            procs: HashMap::new(),
+            native_cached: 0,
+            exited: Vec::new(),
+        }
+    }
+
+    /// Knows what a whole recording holds (for `top --replay`).
+    pub fn of_recording(rec: &Recording) -> Self {
+        let mut hot = Self::new();
+        for f in rec.python_frames.values() {
+            hot.python_frame(f);
+        }
+        for (&tgid, maps) in &rec.mappings {
+            if let Some(p) = hot.process(tgid) {
+                p.mappings = maps.iter().take(MAX_MAPPINGS).cloned().collect();
+            }
+        }
+        for syms in rec.jit_symbols.values() {
+            for s in syms {
+                hot.jit_symbol(s);
+            }
+        }
+        hot
+    }
+
+    /// Learns the names, perf-map entries, mappings and exits a capture chunk carries.
+    pub fn observe(&mut self, chunk: &pb::Chunk) {
+        for e in &chunk.process_events {
+            match e.kind() {
+                Kind::Exit if e.tid == e.tgid => self.exited.push(e.tgid),
+                // A new program image: cached names and perf-map entries are the old one's.
+                Kind::Exec => {
+                    if let Some(p) = self.procs.get_mut(&e.tgid) {
+                        self.native_cached = self.native_cached.saturating_sub(p.native.len());
+                        p.native.clear();
+                        p.jit.clear();
+                    }
+                }
+                _ => {}
+            }
+        }
+        for f in &chunk.python_frames {
+            self.python_frame(f);
+        }
+        for m in &chunk.mappings {
+            if let Some(p) = self.process(m.tgid) {
+                if p.mappings.len() >= MAX_MAPPINGS {
+                    p.mappings.remove(0);
+                }
+                p.mappings.push(m.clone());
+            }
+        }
+        for s in &chunk.jit_symbols {
+            self.jit_symbol(s);
+        }
+    }
+
+    /// Sets `top_function` of every row and thread row from the window's samples.
+    pub fn annotate(&mut self, samples: &[pb::Sample], rows: &mut [ProcessRow]) {
+        let mut threads: HashMap<u32, Tally> = HashMap::new();
+        let mut procs: HashMap<u32, Tally> = HashMap::new();
+        let mut budget = NEW_NATIVE_PER_WINDOW;
+        for s in samples {
+            let Some(leaf) = self.leaf(s, &mut budget) else {
+                continue;
+            };
+            *procs
+                .entry(s.tgid)
+                .or_default()
+                .entry(leaf.clone())
+                .or_default() += 1;
+            *threads.entry(s.tid).or_default().entry(leaf).or_default() += 1;
+        }
+        for p in rows.iter_mut() {
+            p.top_function = procs.get(&p.pid).and_then(pick).unwrap_or_default();
+            for t in &mut p.threads {
+                t.top_function = threads.get(&t.tid).and_then(pick).unwrap_or_default();
+            }
+        }
+        for tgid in std::mem::take(&mut self.exited) {
+            if let Some(p) = self.procs.remove(&tgid) {
+                self.native_cached = self.native_cached.saturating_sub(p.native.len());
+            }
+        }
+    }
+
+    /// The function sample `s` names; `None` when it has no stack, or its leaf is new and
+    /// this window's symbolization budget is spent.
+    fn leaf(&mut self, s: &pb::Sample, budget: &mut usize) -> Option<Leaf> {
+        let py = s
+            .python_stack
+            .iter()
+            .filter_map(|id| self.python.get(id))
+            .find(|(name, _, _)| &**name != PY_UNKNOWN);
+        if let Some((name, file, line)) = py {
+            return Some(Leaf {
+                name: name.clone(),
+                file: file.clone(),
+                line: *line,
+            });
+        }
+        let p = self.procs.get(&s.tgid);
+        if let Some(p) = p.filter(|p| !p.jit.is_empty()) {
+            let jit = s.user_stack.iter().find_map(|&addr| {
+                let i = p.jit.partition_point(|e| e.0 <= addr).checked_sub(1)?;
+                let (_, end, name) = &p.jit[i];
+                (addr < *end).then(|| name.clone())
+            });
+            if let Some(name) = jit {
+                return Some(Leaf {
+                    name,
+                    file: None,
+                    line: 0,
+                });
+            }
+        }
+        let (addr, kernel) = match (s.user_stack.first(), s.kernel_stack.first()) {
+            (Some(&a), _) => (a, false),
+            (None, Some(&a)) => (a, true),
+            (None, None) => return None,
+        };
+        if let Some(name) = p.and_then(|p| p.native.get(&addr)) {
+            return Some(Leaf {
+                name: name.clone(),
+                file: None,
+                line: 0,
+            });
+        }
+        if *budget == 0 {
+            return None;
+        }
+        *budget -= 1;
+        if self.native_cached >= MAX_NATIVE {
+            // Start over: the symbolizer's own caches go with it.
+            self.symbolizer = Symbolizer::new();
+            for p in self.procs.values_mut() {
+                p.native.clear();
+            }
+            self.native_cached = 0;
+        }
+        let frames = if kernel {
+            self.symbolizer.kernel(addr)
+        } else {
+            let maps = self
+                .procs
+                .get(&s.tgid)
+                .map(|p| p.mappings.as_slice())
+                .unwrap_or_default();
+            self.symbolizer.user(addr, maps)
+        };
+        let name: Arc<str> = frames.first()?.function.as_str().into();
+        if let Some(p) = self.process(s.tgid) {
+            p.native.insert(addr, name.clone());
+            self.native_cached += 1;
+        }
+        Some(Leaf {
+            name,
+            file: None,
+            line: 0,
+        })
+    }
+
+    fn process(&mut self, tgid: u32) -> Option<&mut Process> {
+        if !self.procs.contains_key(&tgid) && self.procs.len() >= MAX_PROCESSES {
+            return None;
+        }
+        Some(self.procs.entry(tgid).or_default())
+    }
+
+    fn python_frame(&mut self, f: &pb::PythonFrame) {
+        if self.python.len() >= MAX_PYTHON {
+            self.python.pop_first();
+        }
+        let file =
+            (!f.file.is_empty()).then(|| Arc::from(f.file.rsplit('/').next().unwrap_or(&f.file)));
+        let name = if f.function == PY_UNKNOWN {
+            Arc::from(PY_UNKNOWN)
+        } else {
+            Arc::from(format!("py:{}", f.function))
+        };
+        self.python.insert(f.id, (name, file, f.line));
+    }
+
+    fn jit_symbol(&mut self, s: &pb::JitSymbol) {
+        let Some(p) = self.process(s.tgid) else {
+            return;
+        };
+        if p.jit.len() >= MAX_JIT {
+            return;
+        }
+        let entry = (
+            s.start,
+            s.start.saturating_add(s.size),
+            Arc::from(s.name.as_str()),
+        );
+        let at = p.jit.partition_point(|e| e.0 < s.start);
+        match p.jit.get_mut(at) {
+            // A later entry for the same start (code reused) wins.
+            Some(e) if e.0 == s.start => *e = entry,
+            _ => p.jit.insert(at, entry),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::ThreadRow;
+
+    fn leaf(name: &str, file: Option<&str>, line: u32) -> Leaf {
+        Leaf {
+            name: name.into(),
+            file: file.map(Arc::from),
+            line,
+        }
+    }
+
+    #[test]
+    fn lines_of_one_function_count_together() {
+        // `spin` has the most samples on one line, `train_step` the most in all.
+        let tally: Tally = [
+            (leaf("py:spin", Some("a.py"), 3), 5),
+            (leaf("py:train_step", Some("m.py"), 88), 4),
+            (leaf("py:train_step", Some("m.py"), 90), 3),
+            (leaf("memcpy", None, 0), 1),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(pick(&tally).as_deref(), Some("py:train_step (m.py:88)"));
+    }
+
+    #[test]
+    fn ties_go_to_the_smaller_name_and_empty_tallies_name_nothing() {
+        let tally: Tally = [(leaf("b", None, 0), 2), (leaf("a", None, 0), 2)]
+            .into_iter()
+            .collect();
+        assert_eq!(pick(&tally).as_deref(), Some("a"));
+        assert_eq!(pick(&Tally::new()), None);
+        let no_line: Tally = [(leaf("py:f", Some("x.py"), 0), 1)].into_iter().collect();
+        assert_eq!(pick(&no_line).as_deref(), Some("py:f (x.py)"));
+    }
+
+    fn sample(tgid: u32, tid: u32, python: &[u64], user: &[u64]) -> pb::Sample {
+        pb::Sample {
+            tgid,
+            tid,
+            python_stack: python.to_vec(),
+            user_stack: user.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn python_beats_jit_beats_native_per_thread_and_process() {
+        let mut hot = HotFunctions::new();
+        let frame = |id, function: &str, line| pb::PythonFrame {
+            id,
+            function: function.into(),
+            file: "/srv/model.py".into(),
+            line,
+        };
+        hot.observe(&pb::Chunk {
+            python_frames: vec![
+                frame(1, "train_step", 88),
+                frame(2, "evaluate", 12),
+                frame(3, PY_UNKNOWN, 0),
+            ],
+            jit_symbols: vec![pb::JitSymbol {
+                tgid: 20,
+                start: 0x1000,
+                size: 0x100,
+                name: "LazyCompile:*hot burn.js:4".into(),
+                ts_ns: 0,
+            }],
+            ..Default::default()
+        });
+        let samples = [
+            // Python process 10: thread 11 runs train_step 3:1 to thread 12's evaluate.
+            sample(10, 11, &[1], &[0xdead]),
+            sample(10, 11, &[3, 1], &[0xdead]),
+            sample(10, 11, &[1], &[]),
+            sample(10, 12, &[2], &[0xdead]),
+            // Node process 20: the JIT frame under a native leaf names the sample.
+            sample(20, 20, &[], &[0x5, 0x1010, 0x9]),
+            sample(20, 20, &[], &[0x1080]),
+            // Nothing to name.
+            sample(30, 30, &[], &[]),
+        ];
+        let thread = |tid| ThreadRow {
+            tid,
+            ..Default::default()
+        };
+        let mut rows = vec![
+            ProcessRow {
+                pid: 10,
+                threads: vec![thread(11), thread(12)],
+                ..Default::default()
+            },
+            ProcessRow {
+                pid: 20,
+                threads: vec![thread(20)],
+                ..Default::default()
+            },
+            ProcessRow {
+                pid: 30,
+                threads: vec![thread(30)],
+                ..Default::default()
+            },
+        ];
+        hot.annotate(&samples, &mut rows);
+        assert_eq!(rows[0].top_function, "py:train_step (model.py:88)");
+        assert_eq!(
+            rows[0].threads[0].top_function,
+            "py:train_step (model.py:88)"
+        );
+        assert_eq!(rows[0].threads[1].top_function, "py:evaluate (model.py:12)");
+        assert_eq!(rows[1].top_function, "LazyCompile:*hot burn.js:4");
+        assert_eq!(rows[2].top_function, "");
+        assert_eq!(rows[2].threads[0].top_function, "");
+    }
+
+    #[test]
+    fn the_native_budget_bounds_a_window_and_names_stay_cached() {
+        let mut hot = HotFunctions::new();
+        // Unmapped addresses: named `[unknown]+0x...`, one symbolization each.
+        let samples: Vec<pb::Sample> = (0..NEW_NATIVE_PER_WINDOW as u64 + 10)
+            .map(|i| sample(40, 40, &[], &[0x10_0000 + i]))
+            .collect();
+        let mut rows = vec![ProcessRow {
+            pid: 40,
+            ..Default::default()
+        }];
+        hot.annotate(&samples, &mut rows);
+        assert_eq!(hot.native_cached, NEW_NATIVE_PER_WINDOW);
+        hot.annotate(&samples, &mut rows);
+        assert_eq!(hot.native_cached, NEW_NATIVE_PER_WINDOW + 10);
+        assert!(rows[0].top_function.starts_with("[unknown]+0x"), "{rows:?}");
+        // An exit forgets the process after the next window.
+        hot.observe(&pb::Chunk {
+            process_events: vec![pb::ProcessEvent {
+                kind: Kind::Exit as i32,
+                tgid: 40,
+                tid: 40,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        hot.annotate(&[], &mut rows);
+        assert!(hot.procs.is_empty());
+        assert_eq!(hot.native_cached, 0);
+    }
+}
