@@ -177,7 +177,7 @@ fn top_names_the_hot_python_function_of_each_thread() {
         .args(["-c", "1"])
         .arg(python)
         .arg(&script)
-        .arg("20")
+        .arg("120")
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start python3");
@@ -205,7 +205,7 @@ fn top_names_the_hot_python_function_of_each_thread() {
     let process = frame["processes"]
         .as_array()
         .and_then(|ps| ps.iter().find(|p| p["pid"].to_string() == pid))
-        .unwrap_or_else(|| panic!("no row for {pid}: {frame}"));
+        .unwrap_or_else(|| panic!("no row for {pid} in the last frame:\n{stdout}"));
     let function_of = |tid: u32| {
         process["threads"]
             .as_array()

@@ -11,19 +11,22 @@
 //! Everything is bounded, for an agent that runs for months: names learned from chunks
 //! (Python frame names by id, perf-map entries, mappings) are capped and forgotten when
 //! a process exits; native symbols are cached per process by address, and at most
-//! [`NEW_NATIVE_PER_WINDOW`] new addresses are symbolized per window (the rest wait for the
-//! next one), so a window costs a hash lookup per sample once the cache is warm.
+//! [`NEW_NATIVE_PER_WINDOW`] new addresses, for at most [`NATIVE_TIME_PER_WINDOW`], are
+//! symbolized per window (the rest wait for the next ones), so a window costs a hash lookup per sample once the cache is warm.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::pb::v1::{self as pb, process_event::Kind};
 use crate::pipeline::ProcessRow;
 use crate::record::Recording;
 use crate::symbolize::Symbolizer;
 
-/// New native addresses symbolized per window at most.
-pub const NEW_NATIVE_PER_WINDOW: usize = 2048;
+/// New native addresses symbolized per window at most...
+pub const NEW_NATIVE_PER_WINDOW: usize = 512;
+/// ...and the time they may take per window (a cold cache warms over a few windows).
+pub const NATIVE_TIME_PER_WINDOW: Duration = Duration::from_millis(50);
 /// Native symbols cached over all processes; past this the cache starts over.
 const MAX_NATIVE: usize = 1 << 16;
 /// Python frame names kept (the newest ids: the capture's namer hands out ids in order).
@@ -84,6 +87,12 @@ struct Process {
     /// Perf-map entries, sorted by start: (start, end, name).
     jit: Vec<(u64, u64, Arc<str>)>,
     native: HashMap<u64, Arc<str>>,
+}
+
+/// What symbolizing new native addresses may still take in this window.
+struct Budget {
+    left: usize,
+    until: Instant,
 }
 
 /// Names the hot functions of each window's rows; one per live capture or replay.
@@ -169,7 +178,10 @@ impl HotFunctions {
     pub fn annotate(&mut self, samples: &[pb::Sample], rows: &mut [ProcessRow]) {
         let mut threads: HashMap<u32, Tally> = HashMap::new();
         let mut procs: HashMap<u32, Tally> = HashMap::new();
-        let mut budget = NEW_NATIVE_PER_WINDOW;
+        let mut budget = Budget {
+            left: NEW_NATIVE_PER_WINDOW,
+            until: Instant::now() + NATIVE_TIME_PER_WINDOW,
+        };
         for s in samples {
             let Some(leaf) = self.leaf(s, &mut budget) else {
                 continue;
@@ -196,7 +208,7 @@ impl HotFunctions {
 
     /// The function sample `s` names; `None` when it has no stack, or its leaf is new and
     /// this window's symbolization budget is spent.
-    fn leaf(&mut self, s: &pb::Sample, budget: &mut usize) -> Option<Leaf> {
+    fn leaf(&mut self, s: &pb::Sample, budget: &mut Budget) -> Option<Leaf> {
         let py = s
             .python_stack
             .iter()
@@ -236,10 +248,10 @@ impl HotFunctions {
                 line: 0,
             });
         }
-        if *budget == 0 {
+        if budget.left == 0 || Instant::now() >= budget.until {
             return None;
         }
-        *budget -= 1;
+        budget.left -= 1;
         if self.native_cached >= MAX_NATIVE {
             // Start over: the symbolizer's own caches go with it.
             self.symbolizer = Symbolizer::new();
@@ -441,9 +453,13 @@ mod tests {
             ..Default::default()
         }];
         hot.annotate(&samples, &mut rows);
-        assert_eq!(hot.native_cached, NEW_NATIVE_PER_WINDOW);
-        hot.annotate(&samples, &mut rows);
-        assert_eq!(hot.native_cached, NEW_NATIVE_PER_WINDOW + 10);
+        let first = hot.native_cached;
+        assert!(first > 0 && first <= NEW_NATIVE_PER_WINDOW, "{first}");
+        // Later windows add what the budget left out, and look up what is cached.
+        for _ in 0..20 {
+            hot.annotate(&samples, &mut rows);
+        }
+        assert_eq!(hot.native_cached, samples.len());
         assert!(rows[0].top_function.starts_with("[unknown]+0x"), "{rows:?}");
         // An exit forgets the process after the next window.
         hot.observe(&pb::Chunk {
