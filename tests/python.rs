@@ -235,3 +235,55 @@ fn top_names_the_hot_python_function_of_each_thread() {
         "{process}"
     );
 }
+
+/// `--debug-probes`: a Python process deeper than the walker's limit makes the probe log
+/// its depth stop, forwarded to stderr, under both walk modes; without the flag the probes
+/// are loaded without diagnostics and log nothing.
+#[test]
+fn probe_diagnostics_are_logged_only_with_the_flag() {
+    if !require_root("probe_diagnostics_are_logged_only_with_the_flag") {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("SKIPPED probe_diagnostics_are_logged_only_with_the_flag: no /usr/bin/python3");
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("deep.ebpr");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_deep.py");
+    let record = |flags: &[&str]| {
+        let mut args = vec!["record", "--energy-source", "model", "-F", "99"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[
+            "-o",
+            file.to_str().expect("path"),
+            "--",
+            python.to_str().expect("path"),
+            script.to_str().expect("path"),
+            "1.5",
+        ]);
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "record {flags:?} failed: {}",
+            text(&out)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for mode in ["auto", "fp"] {
+        let stderr = record(&["--debug-probes", "--unwind", mode]);
+        let lines = stderr
+            .lines()
+            .filter(|l| l.contains("energy_bpf::probes") && l.contains("depth limit reached"))
+            .count();
+        eprintln!("--unwind {mode} --debug-probes: {lines} depth-limit lines");
+        assert!(lines >= 10, "--unwind {mode}: {lines} lines:\n{stderr}");
+    }
+    let stderr = record(&[]);
+    assert!(
+        !stderr.contains("energy_bpf::probes") && !stderr.contains("python walk"),
+        "probe log lines without --debug-probes:\n{stderr}"
+    );
+}
