@@ -191,7 +191,8 @@ fn top_names_the_hot_python_function_of_each_thread() {
         .split_whitespace()
         .map(|t| t.parse().expect("tid"))
         .collect();
-    let pid = child.id().to_string();
+    let pid_n = child.id();
+    let pid = pid_n.to_string();
     let out = run(&[
         "top", "--batch", "--format", "json", "-i", "1", "-n", "5", "-F", "199", "-p", &pid,
     ]);
@@ -204,7 +205,7 @@ fn top_names_the_hot_python_function_of_each_thread() {
         serde_json::from_str(stdout.lines().last().expect("a frame")).expect("JSON frame");
     let process = frame["processes"]
         .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["pid"].to_string() == pid))
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == pid_n))
         .unwrap_or_else(|| panic!("no row for {pid} in the last frame:\n{stdout}"));
     let function_of = |tid: u32| {
         process["threads"]

@@ -57,23 +57,30 @@ pub type Tally = HashMap<Leaf, u64>;
 /// The most sampled function of a tally, with the most sampled line of that function:
 /// lines of one function count together. Ties go to the smaller name (stable output).
 pub fn pick(tally: &Tally) -> Option<String> {
-    let mut by_fn: BTreeMap<(&Arc<str>, &Option<Arc<str>>), (u64, u32, u64)> = BTreeMap::new();
+    /// Samples of one function, and its most sampled line with that line's samples.
+    #[derive(Default)]
+    struct Function {
+        n: u64,
+        line: u32,
+        line_n: u64,
+    }
+    let mut by_fn: BTreeMap<(&str, Option<&str>), Function> = BTreeMap::new();
     for (leaf, &n) in tally {
-        let e = by_fn.entry((&leaf.name, &leaf.file)).or_insert((0, 0, 0));
-        e.0 += n;
-        if n > e.2 || (n == e.2 && leaf.line < e.1) {
-            e.1 = leaf.line;
-            e.2 = n;
+        let f = by_fn.entry((&leaf.name, leaf.file.as_deref())).or_default();
+        f.n += n;
+        if n > f.line_n || (n == f.line_n && leaf.line < f.line) {
+            f.line = leaf.line;
+            f.line_n = n;
         }
     }
-    let mut best: Option<(&(&Arc<str>, &Option<Arc<str>>), u64, u32)> = None;
-    for (key, &(n, line, _)) in &by_fn {
+    let mut best: Option<(&(&str, Option<&str>), &Function)> = None;
+    for (key, f) in &by_fn {
         // The map iterates names in order, so `>` keeps the smaller name on a tie.
-        if best.is_none_or(|(_, m, _)| n > m) {
-            best = Some((key, n, line));
+        if best.is_none_or(|(_, b)| f.n > b.n) {
+            best = Some((key, f));
         }
     }
-    let ((name, file), _, line) = best?;
+    let ((name, file), &Function { line, .. }) = best?;
     Some(match (file, line) {
         (Some(file), 0) => format!("{name} ({file})"),
         (Some(file), line) => format!("{name} ({file}:{line})"),
@@ -98,7 +105,8 @@ struct Budget {
 /// Names the hot functions of each window's rows; one per live capture or replay.
 pub struct HotFunctions {
     symbolizer: Symbolizer,
-    python: BTreeMap<u64, (Arc<str>, Option<Arc<str>>, u32)>,
+    /// Python frame names by id.
+    python: BTreeMap<u64, Leaf>,
     procs: HashMap<u32, Process>,
     native_cached: usize,
     /// Processes that exited: forgotten after the next window (its samples may be theirs).
@@ -213,13 +221,9 @@ impl HotFunctions {
             .python_stack
             .iter()
             .filter_map(|id| self.python.get(id))
-            .find(|(name, _, _)| &**name != PY_UNKNOWN);
-        if let Some((name, file, line)) = py {
-            return Some(Leaf {
-                name: name.clone(),
-                file: file.clone(),
-                line: *line,
-            });
+            .find(|leaf| &*leaf.name != PY_UNKNOWN);
+        if let Some(leaf) = py {
+            return Some(leaf.clone());
         }
         let p = self.procs.get(&s.tgid);
         if let Some(p) = p.filter(|p| !p.jit.is_empty()) {
@@ -300,7 +304,14 @@ impl HotFunctions {
         } else {
             Arc::from(format!("py:{}", f.function))
         };
-        self.python.insert(f.id, (name, file, f.line));
+        self.python.insert(
+            f.id,
+            Leaf {
+                name,
+                file,
+                line: f.line,
+            },
+        );
     }
 
     fn jit_symbol(&mut self, s: &pb::JitSymbol) {
