@@ -21,12 +21,12 @@ use std::time::{Duration, Instant};
 use crate::pb::v1::{self as pb, process_event::Kind};
 use crate::pipeline::ProcessRow;
 use crate::record::Recording;
-use crate::symbolize::Symbolizer;
+use crate::symbolize::{Frame, FrameKind};
 
 /// New native addresses symbolized per window at most...
-pub const NEW_NATIVE_PER_WINDOW: usize = 512;
+pub const NEW_NATIVE_PER_WINDOW: usize = 256;
 /// ...and the time they may take per window (a cold cache warms over a few windows).
-pub const NATIVE_TIME_PER_WINDOW: Duration = Duration::from_millis(50);
+pub const NATIVE_TIME_PER_WINDOW: Duration = Duration::from_millis(10);
 /// Native symbols cached over all processes; past this the cache starts over.
 const MAX_NATIVE: usize = 1 << 16;
 /// Python frame names kept (the newest ids: the capture's namer hands out ids in order).
@@ -104,7 +104,7 @@ struct Budget {
 
 /// Names the hot functions of each window's rows; one per live capture or replay.
 pub struct HotFunctions {
-    symbolizer: Symbolizer,
+    native: Native,
     /// Python frame names by id.
     python: BTreeMap<u64, Leaf>,
     procs: HashMap<u32, Process>,
@@ -123,7 +123,7 @@ impl HotFunctions {
     /// Knows nothing yet: [`Self::observe`] each chunk.
     pub fn new() -> Self {
         Self {
-            symbolizer: Symbolizer::new(),
+            native: Native::new(),
             python: BTreeMap::new(),
             procs: HashMap::new(),
             native_cached: 0,
@@ -258,23 +258,22 @@ impl HotFunctions {
         budget.left -= 1;
         if self.native_cached >= MAX_NATIVE {
             // Start over: the symbolizer's own caches go with it.
-            self.symbolizer = Symbolizer::new();
+            self.native = Native::new();
             for p in self.procs.values_mut() {
                 p.native.clear();
             }
             self.native_cached = 0;
         }
-        let frames = if kernel {
-            self.symbolizer.kernel(addr)
+        let name = if kernel {
+            self.native.kernel(addr)
         } else {
             let maps = self
                 .procs
                 .get(&s.tgid)
                 .map(|p| p.mappings.as_slice())
                 .unwrap_or_default();
-            self.symbolizer.user(addr, maps)
+            self.native.user(addr, maps)
         };
-        let name: Arc<str> = frames.first()?.function.as_str().into();
         if let Some(p) = self.process(s.tgid) {
             p.native.insert(addr, name.clone());
             self.native_cached += 1;
@@ -335,155 +334,64 @@ impl HotFunctions {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pipeline::ThreadRow;
+/// Native leaf names from ELF symbol tables (no DWARF: a name is all a row shows, and
+/// line tables of large binaries cost seconds and megabytes) and kallsyms.
+struct Native {
+    inner: blazesym::symbolize::Symbolizer,
+}
 
-    fn leaf(name: &str, file: Option<&str>, line: u32) -> Leaf {
-        Leaf {
-            name: name.into(),
-            file: file.map(Arc::from),
-            line,
+impl Native {
+    fn new() -> Self {
+        Self {
+            inner: blazesym::symbolize::Symbolizer::builder()
+                .enable_auto_reload(false)
+                .enable_code_info(false)
+                .enable_inlined_fns(false)
+                .build(),
         }
     }
 
-    #[test]
-    fn lines_of_one_function_count_together() {
-        // `spin` has the most samples on one line, `train_step` the most in all.
-        let tally: Tally = [
-            (leaf("py:spin", Some("a.py"), 3), 5),
-            (leaf("py:train_step", Some("m.py"), 88), 4),
-            (leaf("py:train_step", Some("m.py"), 90), 3),
-            (leaf("memcpy", None, 0), 1),
-        ]
-        .into_iter()
-        .collect();
-        assert_eq!(pick(&tally).as_deref(), Some("py:train_step (m.py:88)"));
-    }
-
-    #[test]
-    fn ties_go_to_the_smaller_name_and_empty_tallies_name_nothing() {
-        let tally: Tally = [(leaf("b", None, 0), 2), (leaf("a", None, 0), 2)]
-            .into_iter()
-            .collect();
-        assert_eq!(pick(&tally).as_deref(), Some("a"));
-        assert_eq!(pick(&Tally::new()), None);
-        let no_line: Tally = [(leaf("py:f", Some("x.py"), 0), 1)].into_iter().collect();
-        assert_eq!(pick(&no_line).as_deref(), Some("py:f (x.py)"));
-    }
-
-    fn sample(tgid: u32, tid: u32, python: &[u64], user: &[u64]) -> pb::Sample {
-        pb::Sample {
-            tgid,
-            tid,
-            python_stack: python.to_vec(),
-            user_stack: user.to_vec(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn python_beats_jit_beats_native_per_thread_and_process() {
-        let mut hot = HotFunctions::new();
-        let frame = |id, function: &str, line| pb::PythonFrame {
-            id,
-            function: function.into(),
-            file: "/srv/model.py".into(),
-            line,
+    /// The function of user address `addr`, given its process's mappings; `module+0xOFFSET`
+    /// when no symbol covers it.
+    fn user(&self, addr: u64, maps: &[pb::Mapping]) -> Arc<str> {
+        use blazesym::symbolize::{Input, Symbolized, source::Elf, source::Source};
+        let Some(m) = crate::symbolize::mapping_of(addr, maps).and_then(|i| maps.get(i)) else {
+            return Frame::unresolved("[unknown]", addr, FrameKind::Native)
+                .function
+                .into();
         };
-        hot.observe(&pb::Chunk {
-            python_frames: vec![
-                frame(1, "train_step", 88),
-                frame(2, "evaluate", 12),
-                frame(3, PY_UNKNOWN, 0),
-            ],
-            jit_symbols: vec![pb::JitSymbol {
-                tgid: 20,
-                start: 0x1000,
-                size: 0x100,
-                name: "LazyCompile:*hot burn.js:4".into(),
-                ts_ns: 0,
-            }],
-            ..Default::default()
-        });
-        let samples = [
-            // Python process 10: thread 11 runs train_step 3:1 to thread 12's evaluate.
-            sample(10, 11, &[1], &[0xdead]),
-            sample(10, 11, &[3, 1], &[0xdead]),
-            sample(10, 11, &[1], &[]),
-            sample(10, 12, &[2], &[0xdead]),
-            // Node process 20: the JIT frame under a native leaf names the sample.
-            sample(20, 20, &[], &[0x5, 0x1010, 0x9]),
-            sample(20, 20, &[], &[0x1080]),
-            // Nothing to name.
-            sample(30, 30, &[], &[]),
-        ];
-        let thread = |tid| ThreadRow {
-            tid,
-            ..Default::default()
-        };
-        let mut rows = vec![
-            ProcessRow {
-                pid: 10,
-                threads: vec![thread(11), thread(12)],
-                ..Default::default()
-            },
-            ProcessRow {
-                pid: 20,
-                threads: vec![thread(20)],
-                ..Default::default()
-            },
-            ProcessRow {
-                pid: 30,
-                threads: vec![thread(30)],
-                ..Default::default()
-            },
-        ];
-        hot.annotate(&samples, &mut rows);
-        assert_eq!(rows[0].top_function, "py:train_step (model.py:88)");
-        assert_eq!(
-            rows[0].threads[0].top_function,
-            "py:train_step (model.py:88)"
-        );
-        assert_eq!(rows[0].threads[1].top_function, "py:evaluate (model.py:12)");
-        assert_eq!(rows[1].top_function, "LazyCompile:*hot burn.js:4");
-        assert_eq!(rows[2].top_function, "");
-        assert_eq!(rows[2].threads[0].top_function, "");
+        let offset = addr - m.start + m.file_offset;
+        let mut elf = Elf::new(&m.path);
+        elf.debug_syms = false;
+        match self
+            .inner
+            .symbolize_single(&Source::Elf(elf), Input::FileOffset(offset))
+        {
+            Ok(Symbolized::Sym(sym)) => sym.name.as_ref().into(),
+            _ => Frame::unresolved(&m.path, offset, FrameKind::Native)
+                .function
+                .into(),
+        }
     }
 
-    #[test]
-    fn the_native_budget_bounds_a_window_and_names_stay_cached() {
-        let mut hot = HotFunctions::new();
-        // Unmapped addresses: named `[unknown]+0x...`, one symbolization each.
-        let samples: Vec<pb::Sample> = (0..NEW_NATIVE_PER_WINDOW as u64 + 10)
-            .map(|i| sample(40, 40, &[], &[0x10_0000 + i]))
-            .collect();
-        let mut rows = vec![ProcessRow {
-            pid: 40,
-            ..Default::default()
-        }];
-        hot.annotate(&samples, &mut rows);
-        let first = hot.native_cached;
-        assert!(first > 0 && first <= NEW_NATIVE_PER_WINDOW, "{first}");
-        // Later windows add what the budget left out, and look up what is cached.
-        for _ in 0..20 {
-            hot.annotate(&samples, &mut rows);
-        }
-        assert_eq!(hot.native_cached, samples.len());
-        assert!(rows[0].top_function.starts_with("[unknown]+0x"), "{rows:?}");
-        // An exit forgets the process after the next window.
-        hot.observe(&pb::Chunk {
-            process_events: vec![pb::ProcessEvent {
-                kind: Kind::Exit as i32,
-                tgid: 40,
-                tid: 40,
-                ..Default::default()
-            }],
-            ..Default::default()
+    /// The function of kernel address `addr` (kallsyms).
+    fn kernel(&self, addr: u64) -> Arc<str> {
+        use blazesym::MaybeDefault;
+        use blazesym::symbolize::{Input, Symbolized, source::Kernel, source::Source};
+        let src = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Default,
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
         });
-        hot.annotate(&[], &mut rows);
-        assert!(hot.procs.is_empty());
-        assert_eq!(hot.native_cached, 0);
+        match self.inner.symbolize_single(&src, Input::AbsAddr(addr)) {
+            Ok(Symbolized::Sym(sym)) => sym.name.as_ref().into(),
+            _ => Frame::unresolved("[kernel]", addr, FrameKind::Kernel)
+                .function
+                .into(),
+        }
     }
 }
+
+#[cfg(test)]
+mod tests;
