@@ -150,3 +150,141 @@ fn python_functions_get_their_energy_in_every_version() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// `top --batch --format json` on a live Python process whose two threads run
+/// `train_step` and `evaluate` 3:1: each thread row names its own function with file and
+/// line, and the process row names `train_step`, the hotter one.
+#[test]
+fn top_names_the_hot_python_function_of_each_thread() {
+    if !require_root("top_names_the_hot_python_function_of_each_thread") {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("SKIPPED top_names_the_hot_python_function_of_each_thread: no /usr/bin/python3");
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_hot.py");
+    let src = std::fs::read_to_string(&script).expect("workload");
+    let line = |marker: &str| {
+        src.lines()
+            .position(|l| l.contains(marker))
+            .expect("marker")
+            + 1
+    };
+    let mut child = std::process::Command::new("taskset")
+        .args(["-c", "1"])
+        .arg(python)
+        .arg(&script)
+        .arg("120")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start python3");
+    let mut ids = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut ids,
+    )
+    .expect("thread ids");
+    let tids: Vec<u32> = ids
+        .split_whitespace()
+        .map(|t| t.parse().expect("tid"))
+        .collect();
+    let pid_n = child.id();
+    let pid = pid_n.to_string();
+    let out = run(&[
+        "top", "--batch", "--format", "json", "-i", "1", "-n", "5", "-F", "199", "-p", &pid,
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(out.status.success(), "top failed: {}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The last frame: the walker has found the interpreter by then.
+    let frame: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a frame")).expect("JSON frame");
+    let process = frame["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["pid"] == pid_n))
+        .unwrap_or_else(|| panic!("no row for {pid} in the last frame:\n{stdout}"));
+    let function_of = |tid: u32| {
+        process["threads"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|t| t["tid"] == tid))
+            .map(|t| t["top_function"].as_str().unwrap_or("").to_owned())
+            .unwrap_or_else(|| panic!("no thread {tid}: {process}"))
+    };
+    // The loop's body line, or its `for` line just above.
+    let named = |f: &str, name: &str, marker: &str| {
+        let l = line(marker);
+        f == format!("py:{name} (py_hot.py:{l})") || f == format!("py:{name} (py_hot.py:{})", l - 1)
+    };
+    eprintln!(
+        "top: process {}, threads {} / {}",
+        process["top_function"],
+        function_of(tids[0]),
+        function_of(tids[1])
+    );
+    let top = process["top_function"].as_str().unwrap_or("");
+    assert!(named(top, "train_step", "TRAIN_LINE"), "{process}");
+    assert!(
+        named(&function_of(tids[0]), "train_step", "TRAIN_LINE"),
+        "{process}"
+    );
+    assert!(
+        named(&function_of(tids[1]), "evaluate", "EVAL_LINE"),
+        "{process}"
+    );
+}
+
+/// `--debug-probes`: a Python process deeper than the walker's limit makes the probe log
+/// its depth stop, forwarded to stderr, under both walk modes; without the flag the probes
+/// are loaded without diagnostics and log nothing.
+#[test]
+fn probe_diagnostics_are_logged_only_with_the_flag() {
+    if !require_root("probe_diagnostics_are_logged_only_with_the_flag") {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("SKIPPED probe_diagnostics_are_logged_only_with_the_flag: no /usr/bin/python3");
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("deep.ebpr");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_deep.py");
+    let record = |flags: &[&str]| {
+        let mut args = vec!["record", "--energy-source", "model", "-F", "99"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&[
+            "-o",
+            file.to_str().expect("path"),
+            "--",
+            python.to_str().expect("path"),
+            script.to_str().expect("path"),
+            "1.5",
+        ]);
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "record {flags:?} failed: {}",
+            text(&out)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for mode in ["auto", "fp"] {
+        let stderr = record(&["--debug-probes", "--unwind", mode]);
+        let lines = stderr
+            .lines()
+            .filter(|l| l.contains("energy_bpf::probes") && l.contains("depth limit reached"))
+            .count();
+        eprintln!("--unwind {mode} --debug-probes: {lines} depth-limit lines");
+        assert!(lines >= 10, "--unwind {mode}: {lines} lines:\n{stderr}");
+    }
+    let stderr = record(&[]);
+    assert!(
+        !stderr.contains("energy_bpf::probes") && !stderr.contains("python walk"),
+        "probe log lines without --debug-probes:\n{stderr}"
+    );
+}

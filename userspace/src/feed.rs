@@ -75,6 +75,7 @@ pub struct Capture {
     pipeline: Pipeline,
     sample_hz: u32,
     header: pb::Header,
+    hot: crate::hot::HotFunctions,
 }
 
 impl Capture {
@@ -107,6 +108,7 @@ impl Capture {
             pipeline,
             sample_hz: cfg.sample_hz as u32,
             header,
+            hot: crate::hot::HotFunctions::new(),
         })
     }
 
@@ -148,9 +150,13 @@ impl Capture {
     pub fn finish(mut self, on_chunk: impl FnOnce(&pb::Chunk)) -> Window {
         let (chunk, _) = self.live.finish();
         on_chunk(&chunk);
+        self.hot.observe(&chunk);
         self.pipeline.push(chunk);
         let end = clock::monotonic_ns().max(self.pipeline.window_start_ns() + 1);
-        self.pipeline.close_at(end)
+        let mut window = self.pipeline.close_at(end);
+        self.hot
+            .annotate(&window.events.samples, &mut window.processes);
+        window
     }
 
     /// Energy sources that failed since the last call (the others go on).
@@ -160,6 +166,7 @@ impl Capture {
 
     /// Feeds a chunk from [`Self::poll`] to the pipeline.
     pub fn push(&mut self, chunk: pb::Chunk) {
+        self.hot.observe(&chunk);
         self.pipeline.push(chunk);
     }
 
@@ -176,10 +183,14 @@ impl Capture {
         }
         // A counter with no reading since the window started (stalled, or slower than the
         // interval) would hold the window open forever: end it anyway.
-        Some(match self.pipeline.close(limit) {
+        let mut window = match self.pipeline.close(limit) {
             Some(w) => w,
             None => self.pipeline.close_at(limit),
-        })
+        };
+        // Rows name their hot function (top's rows and the agent's snapshot stream).
+        self.hot
+            .annotate(&window.events.samples, &mut window.processes);
+        Some(window)
     }
 }
 
@@ -246,7 +257,9 @@ pub fn replay(
                 options,
                 activity_event: crate::analysis::activity_event(&rec),
             };
-            for window in pipeline::windows(&rec, config, cfg.interval) {
+            let mut hot = crate::hot::HotFunctions::of_recording(&rec);
+            for mut window in pipeline::windows(&rec, config, cfg.interval) {
+                hot.annotate(&window.events.samples, &mut window.processes);
                 if tx.send(snapshot(&window, sample_hz)).is_err() {
                     return;
                 }

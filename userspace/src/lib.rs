@@ -15,6 +15,7 @@
 //!   sinks.
 //! - [`container`]: container ids and pod UIDs from cgroup v2 paths.
 //! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
+//! - [`hot`]: the hot Python, JIT or native function of each thread and process in a window.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
 //! - [`exporter`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
@@ -40,6 +41,7 @@ pub mod diff;
 pub mod energy;
 pub mod exporter;
 pub mod feed;
+pub mod hot;
 pub mod kube;
 pub mod output;
 pub mod pipeline;

@@ -293,6 +293,17 @@ fn python(rounds: usize) -> Result {
         "python walker on - off slowdown at 99 Hz: {:+.2} percentage points",
         100.0 * (median(&slowdowns[2]) - median(&slowdowns[1]))
     );
+    // The same runs as a ratio: each round's walker-on time over its walker-off time.
+    let ratios: Vec<f64> = times[2]
+        .iter()
+        .zip(&times[1])
+        .map(|(on, off)| on / off)
+        .collect();
+    let (r1, r2, r3) = quartiles(&ratios);
+    println!(
+        "python walker on / --unwind fp walker off, time ratio: {r2:.4} [{r1:.4}, {r3:.4}] \
+         (median [quartiles] over rounds)"
+    );
     Ok(())
 }
 

@@ -121,6 +121,12 @@ const WALK_PYTHON: u32 = 1;
 #[unsafe(no_mangle)]
 static PY_ON: u32 = 0;
 
+/// Nonzero when the user asked for probe diagnostics (`--debug-probes`): the walkers then
+/// note why a walk stopped and log it through aya-log. Zero (the default) leaves the
+/// verifier to prune every diagnostic, as it prunes the log calls (`AYA_LOG_LEVEL` 0).
+#[unsafe(no_mangle)]
+static PROBE_DEBUG: u32 = 0;
+
 /// Byte offset of `task_struct::thread.fsbase` (x86_64: the thread pointer, which glibc's
 /// `pthread_self()` returns and CPython stores as `PyThreadState.thread_id`), from the
 /// running kernel's BTF. Zero means unknown: no Python walk.

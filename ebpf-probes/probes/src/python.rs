@@ -27,6 +27,27 @@ pub struct PyWalkState {
     depth: u32,
     /// Nonzero once the thread's current frame was found.
     started: u32,
+    /// With [`PROBE_DEBUG`]: the address whose read faulted, and which read it was
+    /// ([`read`]).
+    fault_addr: u64,
+    fault_read: u32,
+}
+
+/// Which read of the walk faulted, for the diagnostics of `--debug-probes`.
+mod read {
+    pub const FSBASE: u32 = 0;
+    pub const INTERPRETERS: u32 = 1;
+    pub const THREADS: u32 = 2;
+    pub const THREAD_ID: u32 = 3;
+    pub const THREAD_NEXT: u32 = 4;
+    pub const THREAD_FRAME: u32 = 5;
+    pub const CFRAME: u32 = 6;
+    pub const PREVIOUS: u32 = 7;
+    pub const OWNER: u32 = 8;
+    pub const CODE: u32 = 9;
+    pub const INSTR: u32 = 10;
+    pub const NAME: u32 = 11;
+    pub const FIRSTLINENO: u32 = 12;
 }
 
 /// Frames one walker program takes: 4 programs cover [`PY_MAX_FRAMES`].
@@ -58,6 +79,8 @@ pub fn enter<C: aya_ebpf::EbpfContext>(ctx: &C) {
             frame: 0,
             depth: 0,
             started: 0,
+            fault_addr: 0,
+            fault_read: 0,
         };
         WALK_PROGS.tail_call(ctx, WALK_PYTHON);
     }
@@ -81,7 +104,10 @@ pub fn walk_python(ctx: PerfEventContext) -> u32 {
     if started == 0 {
         match current_frame(p) {
             Ok(f) => frame = f,
-            Err(stop) => return send(event, 0, stop),
+            Err(stop) => {
+                diagnose(&ctx, event, 0, stop);
+                return send(event, 0, stop);
+            }
         }
     }
     let mut stop = CONTINUE;
@@ -112,16 +138,101 @@ pub fn walk_python(ctx: PerfEventContext) -> u32 {
     if stop == CONTINUE {
         // SAFETY: this CPU's slot.
         unsafe {
-            *st = PyWalkState {
-                frame,
-                depth,
-                started: 1,
-            };
+            (*st).frame = frame;
+            (*st).depth = depth;
+            (*st).started = 1;
             WALK_PROGS.tail_call(&ctx, WALK_PYTHON);
         }
         stop = py_stop::TAIL_CALL;
     }
+    diagnose(&ctx, event, depth, stop);
     send(event, depth, stop)
+}
+
+/// With `--debug-probes`, logs why a walk stopped short: a read fault (which read, which
+/// address), the depth limit, a failed tail call, or no thread state for the thread.
+#[inline(always)]
+fn diagnose(ctx: &PerfEventContext, event: *const SampleEvent, depth: u32, stop: u32) {
+    if global(&PROBE_DEBUG) == 0 {
+        return;
+    }
+    // SAFETY: this CPU's slot of WALK_SAMPLE.
+    let (tgid, tid) = unsafe { ((*event).tgid, (*event).tid) };
+    match stop {
+        py_stop::READ_FAULT => {
+            let (addr, which) = match PY_STATE.get_ptr(0) {
+                // SAFETY: this CPU's slot.
+                Some(st) => unsafe { ((*st).fault_addr, (*st).fault_read) },
+                None => (0, u32::MAX),
+            };
+            aya_log_ebpf::warn!(
+                ctx,
+                "python walk of {}/{}: read fault at {:x} reading {} after {} frames",
+                tgid,
+                tid,
+                addr,
+                read_name(which),
+                depth
+            );
+        }
+        py_stop::DEPTH => aya_log_ebpf::info!(
+            ctx,
+            "python walk of {}/{}: depth limit reached ({} frames); outer frames not walked",
+            tgid,
+            tid,
+            depth
+        ),
+        py_stop::TAIL_CALL => aya_log_ebpf::warn!(
+            ctx,
+            "python walk of {}/{}: tail call failed after {} frames",
+            tgid,
+            tid,
+            depth
+        ),
+        py_stop::NO_THREAD => aya_log_ebpf::debug!(
+            ctx,
+            "python walk of {}/{}: no thread state for this thread",
+            tgid,
+            tid
+        ),
+        _ => {}
+    }
+}
+
+/// What a [`read`] code names.
+#[inline(always)]
+fn read_name(which: u32) -> &'static str {
+    match which {
+        read::FSBASE => "task fsbase",
+        read::INTERPRETERS => "_PyRuntime.interpreters.head",
+        read::THREADS => "interp.threads.head",
+        read::THREAD_ID => "tstate.thread_id",
+        read::THREAD_NEXT => "tstate.next",
+        read::THREAD_FRAME => "tstate frame",
+        read::CFRAME => "cframe.current_frame",
+        read::PREVIOUS => "frame.previous",
+        read::OWNER => "frame.owner",
+        read::CODE => "frame code",
+        read::INSTR => "frame instruction",
+        read::NAME => "code name/filename",
+        read::FIRSTLINENO => "code.co_firstlineno",
+        _ => "?",
+    }
+}
+
+/// With `--debug-probes`, notes which read faulted at which address for [`diagnose`].
+#[inline(always)]
+fn note_fault(addr: u64, which: u32) {
+    if global(&PROBE_DEBUG) == 0 {
+        return;
+    }
+    if let Some(st) = PY_STATE.get_ptr_mut(0) {
+        // SAFETY: this CPU's slot; a perf_event program does not nest on one CPU.
+        unsafe {
+            (*st).fault_addr = addr;
+            (*st).fault_read = which;
+        }
+    }
 }
 
 /// Reads one frame at `frame` into the sample's slot `depth`; returns the calling frame and
@@ -129,11 +240,11 @@ pub fn walk_python(ctx: PerfEventContext) -> u32 {
 /// frame stored before it as an entry frame).
 #[inline(always)]
 fn step(p: &PyProcess, event: *mut SampleEvent, frame: u64, depth: u32) -> Result<(u64, u32), u32> {
-    let previous = read_u64(frame + u64::from(p.frame_previous))?;
+    let previous = read_u64(frame + u64::from(p.frame_previous), read::PREVIOUS)?;
     let layout = p.layout;
     let mut entry = layout == py_layout::FRAME_OBJECT;
     if layout != py_layout::FRAME_OBJECT {
-        let owner = read_u8(frame + u64::from(p.frame_owner))?;
+        let owner = read_u8(frame + u64::from(p.frame_owner), read::OWNER)?;
         if layout == py_layout::CFRAME_IS_ENTRY {
             entry = owner != 0;
         } else if owner == PY_OWNED_BY_CSTACK {
@@ -146,12 +257,12 @@ fn step(p: &PyProcess, event: *mut SampleEvent, frame: u64, depth: u32) -> Resul
             return Ok((previous, 0));
         }
     }
-    let code = read_u64(frame + u64::from(p.frame_code))?;
+    let code = read_u64(frame + u64::from(p.frame_code), read::CODE)?;
     let offset = if layout == py_layout::FRAME_OBJECT {
-        let lasti = read_u32(frame + u64::from(p.frame_instr))?;
+        let lasti = read_u32(frame + u64::from(p.frame_instr), read::INSTR)?;
         if (lasti as i32) < 0 { 0 } else { lasti }
     } else {
-        let instr = read_u64(frame + u64::from(p.frame_instr))?;
+        let instr = read_u64(frame + u64::from(p.frame_instr), read::INSTR)?;
         let first = code + u64::from(p.code_adaptive);
         if instr < first {
             0
@@ -160,9 +271,9 @@ fn step(p: &PyProcess, event: *mut SampleEvent, frame: u64, depth: u32) -> Resul
         }
     };
     let name_at = code + u64::from(p.code_name);
-    let filename = read_u64(name_at - 8)?;
-    let name = read_u64(name_at)?;
-    let firstlineno = read_u32(code + u64::from(p.code_firstlineno))?;
+    let filename = read_u64(name_at - 8, read::NAME)?;
+    let name = read_u64(name_at, read::NAME)?;
+    let firstlineno = read_u32(code + u64::from(p.code_firstlineno), read::FIRSTLINENO)?;
     if (depth as usize) < PY_MAX_FRAMES {
         let at = slot(depth);
         // SAFETY: this CPU's slot; the index is below PY_MAX_FRAMES.
@@ -190,33 +301,39 @@ fn current_frame(p: &PyProcess) -> Result<u64, u32> {
     let task = unsafe { bpf_get_current_task() } as *const u8;
     // SAFETY: as above.
     let fsbase = unsafe { bpf_probe_read_kernel(task.wrapping_add(off as usize).cast::<u64>()) }
-        .map_err(|_| py_stop::READ_FAULT)?;
-    let interp = read_u64(p.runtime + u64::from(p.interpreters_head))?;
+        .map_err(|_| {
+            note_fault(task as u64 + u64::from(off), read::FSBASE);
+            py_stop::READ_FAULT
+        })?;
+    let interp = read_u64(
+        p.runtime + u64::from(p.interpreters_head),
+        read::INTERPRETERS,
+    )?;
     if interp == 0 {
         return Err(py_stop::NO_THREAD);
     }
-    let mut tstate = read_u64(interp + u64::from(p.threads_head))?;
+    let mut tstate = read_u64(interp + u64::from(p.threads_head), read::THREADS)?;
     let mut found = false;
     for _ in 0..MAX_THREADS {
         if tstate == 0 {
             break;
         }
-        if read_u64(tstate + u64::from(p.tstate_thread_id))? == fsbase {
+        if read_u64(tstate + u64::from(p.tstate_thread_id), read::THREAD_ID)? == fsbase {
             found = true;
             break;
         }
-        tstate = read_u64(tstate + u64::from(p.tstate_next))?;
+        tstate = read_u64(tstate + u64::from(p.tstate_next), read::THREAD_NEXT)?;
     }
     if !found {
         return Err(py_stop::NO_THREAD);
     }
-    let at = read_u64(tstate + u64::from(p.tstate_frame))?;
+    let at = read_u64(tstate + u64::from(p.tstate_frame), read::THREAD_FRAME)?;
     match p.layout {
         py_layout::CFRAME_IS_ENTRY | py_layout::CFRAME_OWNER => {
             if at == 0 {
                 return Ok(0);
             }
-            read_u64(at + u64::from(p.cframe_current_frame))
+            read_u64(at + u64::from(p.cframe_current_frame), read::CFRAME)
         }
         _ => Ok(at),
     }
@@ -251,19 +368,25 @@ fn slot(i: u32) -> usize {
 }
 
 #[inline(always)]
-fn read_u64(addr: u64) -> Result<u64, u32> {
+fn read_u64(addr: u64, which: u32) -> Result<u64, u32> {
     // SAFETY: the helper checks the address and fails on a fault.
-    unsafe { bpf_probe_read_user(addr as *const u64) }.map_err(|_| py_stop::READ_FAULT)
+    unsafe { bpf_probe_read_user(addr as *const u64) }.map_err(|_| fault(addr, which))
 }
 
 #[inline(always)]
-fn read_u32(addr: u64) -> Result<u32, u32> {
+fn read_u32(addr: u64, which: u32) -> Result<u32, u32> {
     // SAFETY: as above.
-    unsafe { bpf_probe_read_user(addr as *const u32) }.map_err(|_| py_stop::READ_FAULT)
+    unsafe { bpf_probe_read_user(addr as *const u32) }.map_err(|_| fault(addr, which))
 }
 
 #[inline(always)]
-fn read_u8(addr: u64) -> Result<u8, u32> {
+fn read_u8(addr: u64, which: u32) -> Result<u8, u32> {
     // SAFETY: as above.
-    unsafe { bpf_probe_read_user(addr as *const u8) }.map_err(|_| py_stop::READ_FAULT)
+    unsafe { bpf_probe_read_user(addr as *const u8) }.map_err(|_| fault(addr, which))
+}
+
+#[inline(always)]
+fn fault(addr: u64, which: u32) -> u32 {
+    note_fault(addr, which);
+    py_stop::READ_FAULT
 }

@@ -13,6 +13,7 @@ pub mod cgroupns;
 pub mod host;
 pub mod jit;
 pub mod live;
+pub mod probe_log;
 mod probes;
 pub mod python;
 pub mod run_counts;

@@ -129,6 +129,8 @@ pub struct Probes {
     python: Option<super::python::PythonWalker>,
     /// Run counters (`record --activity-events`), once turned on.
     run_counts: Option<super::run_counts::RunCounters>,
+    /// The probes' log reader, with `--debug-probes`.
+    log: Option<super::probe_log::Logger>,
 }
 
 /// A stack-sample ring buffer that holds `margin` of samples at `sample_hz` on `cpus` CPUs:
@@ -185,6 +187,10 @@ impl Probes {
         let activity_on = u32::from(activity.is_some());
         // bpf_task_pt_regs: user registers for samples taken in kernel mode.
         let task_regs_on = u32::from(host::kernel_at_least(&host::uname().0, (5, 15)));
+        let (debug_on, log_level) = (
+            u32::from(super::probe_log::enabled()),
+            super::probe_log::level(),
+        );
         let load = |unwind_on: u32| {
             let mut loader = EbpfLoader::new();
             loader
@@ -194,7 +200,9 @@ impl Probes {
                 .override_global("UNWIND_ON", &unwind_on, true)
                 .override_global("TASK_REGS_ON", &task_regs_on, true)
                 .override_global("TASK_FSBASE_OFFSET", &fsbase_off, true)
-                .override_global("PY_ON", &py_on, true);
+                .override_global("PY_ON", &py_on, true)
+                .override_global("PROBE_DEBUG", &debug_on, true)
+                .override_global(aya_log::LEVEL, &log_level, true);
             if let Some(bytes) = sample_ring_bytes {
                 loader.map_max_entries("SAMPLES", bytes);
             }
@@ -287,6 +295,7 @@ impl Probes {
             .take_map("SWITCH_BATCHES")
             .and_then(|m| PerCpuArray::try_from(m).ok())
             .ok_or(CaptureError::Map("SWITCH_BATCHES"))?;
+        let log = super::probe_log::start(&mut ebpf);
         let probes = Self {
             _ebpf: ebpf,
             switches,
@@ -301,6 +310,7 @@ impl Probes {
             unwinder,
             python,
             run_counts: None,
+            log,
         };
         probes.sweep_cpus();
         Ok(probes)
@@ -405,6 +415,9 @@ impl Probes {
 
     /// Drains every ring buffer into `sink`. Returns the number of events.
     pub fn drain(&mut self, mut sink: impl FnMut(Event)) -> usize {
+        if let Some(log) = &mut self.log {
+            log.flush();
+        }
         let mut n = 0;
         while let Some(item) = self.switches.next() {
             if let Some((cpu, events)) = switch_batch(&item) {

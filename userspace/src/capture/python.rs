@@ -137,6 +137,12 @@ impl PythonWalker {
                 }
             }
             Ok(Found::Unsupported(v)) => {
+                if super::probe_log::enabled() {
+                    tracing::warn!(
+                        target: "energy_bpf::probes",
+                        "python walk of {tgid}: CPython {v} is not supported; native frames only"
+                    );
+                }
                 self.state.insert(tgid, State::Done);
                 self.found.push(status(
                     v.to_string(),

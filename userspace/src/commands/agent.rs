@@ -136,6 +136,7 @@ impl Args {
             attribute.power_model = PowerModel::Time;
         }
         let interval = Duration::from_secs_f64(self.interval);
+        crate::capture::probe_log::enable(self.unwind.debug_probes);
         Ok(Settings {
             interval,
             metrics_addr: self.metrics_addr,

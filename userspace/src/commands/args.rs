@@ -29,6 +29,11 @@ pub struct UnwindArgs {
     /// kernel accepts the table walker, else `fp` with a warning.
     #[arg(long = "unwind", value_enum, default_value_t = UnwindMode::Auto)]
     pub mode: UnwindMode,
+    /// Log the probes' diagnostics on stderr: why a Python walk stopped short (which read
+    /// faulted at which address, the depth limit, a failed tail call). Off: the probes are
+    /// loaded without them, at no cost.
+    #[arg(long = "debug-probes")]
+    pub debug_probes: bool,
 }
 
 impl ValueEnum for UnwindMode {

@@ -175,6 +175,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // A bad output path is said before the probes and counters start (and warn).
     crate::output::file::refuse_symlink(&args.output)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
+    crate::capture::probe_log::enable(args.unwind.debug_probes);
     let mut live = Live::start(LiveOptions {
         sample_hz: args.freq,
         activity: args.activity.event,

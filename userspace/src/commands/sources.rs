@@ -45,6 +45,8 @@ struct Report {
     in_use: Vec<String>,
     /// The activity counter `record` and `top` weigh runs by (`--activity-event auto`).
     activity: ActivityReport,
+    /// CPython versions of the running processes, and whether their frames are walked.
+    python: Vec<crate::python::census::Running>,
 }
 
 #[derive(Serialize)]
@@ -186,6 +188,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
         kinds,
         model,
         in_use,
+        python: crate::python::census::running(),
     })
 }
 
@@ -333,6 +336,7 @@ fn text(r: &Report) -> String {
                 .map_or(String::new(), |r| format!("\n  why: {r}"))
         ),
     };
+    python_lines(r, &mut out);
     let _ = writeln!(
         out,
         "\nIn use: {}",
@@ -343,6 +347,44 @@ fn text(r: &Report) -> String {
         }
     );
     out
+}
+
+/// The CPython versions running now and whether their frames are walked.
+fn python_lines(r: &Report, out: &mut String) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        out,
+        "\nPython frames (walked for CPython 3.{} to 3.{}; running now):",
+        crate::python::offsets::OLDEST,
+        crate::python::offsets::NEWEST
+    );
+    if r.python.is_empty() {
+        let _ = writeln!(
+            out,
+            "  no CPython process running (or none this user may read)"
+        );
+    }
+    for p in &r.python {
+        let pids: Vec<String> = p.pids.iter().map(u32::to_string).collect();
+        let more = if p.processes > p.pids.len() {
+            ", ..."
+        } else {
+            ""
+        };
+        // As `report` words it: "python 3.8: not supported, native frames only".
+        let status = if p.status == "walked" {
+            format!("python {}: supported, Python frames walked", p.version)
+        } else {
+            p.status.clone()
+        };
+        let _ = writeln!(
+            out,
+            "  {status}  ({} process{}: {}{more})",
+            p.processes,
+            if p.processes == 1 { "" } else { "es" },
+            pids.join(", ")
+        );
+    }
 }
 
 #[cfg(test)]
@@ -451,6 +493,12 @@ mod tests {
                 event: None,
                 reason: Some("cannot open the cycles counter on CPU 0".into()),
             },
+            python: vec![crate::python::census::Running {
+                version: "3.8".into(),
+                status: "python 3.8: not supported, native frames only".into(),
+                processes: 9,
+                pids: vec![10, 11, 12, 13, 14, 15, 16, 17],
+            }],
         };
         let t = text(&report);
         assert!(
@@ -466,6 +514,14 @@ mod tests {
         );
         assert!(
             t.ends_with("In use: powercap intel-rapl:0 (package-0)\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains(
+                "\nPython frames (walked for CPython 3.9 to 3.13; running now):\n  \
+                 python 3.8: not supported, native frames only  \
+                 (9 processes: 10, 11, 12, 13, 14, 15, 16, 17, ...)\n"
+            ),
             "{t}"
         );
         assert!(
@@ -532,6 +588,7 @@ mod tests {
                 event: Some("cycles".into()),
                 reason: None,
             },
+            python: Vec::new(),
         };
         let t = text(&report);
         assert!(

@@ -146,6 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .calibration
         .resolve(&hostname)
         .context("cannot use the calibration")?;
+    crate::capture::probe_log::enable(args.unwind.debug_probes);
     let feed = crate::feed::live(crate::feed::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),

@@ -193,6 +193,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                         power_w: uj * 1e-6 / secs,
                         share: if total > 0.0 { uj / total } else { 0.0 },
                         since_start_j: uj * 1e-6,
+                        top_function: String::new(),
                     }
                 })
                 .collect();
@@ -245,6 +246,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                     [(headline - sd).max(0.0) * 1e-6, (headline + sd) * 1e-6]
                 },
                 threads: thread_rows,
+                top_function: String::new(),
                 cpu_share: cpu_ids
                     .iter()
                     .map(|c| *by_cpu.get(c).unwrap_or(&0) as f64 / window_ns as f64)

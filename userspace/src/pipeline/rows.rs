@@ -35,6 +35,10 @@ pub struct ThreadRow {
     /// Headline energy since the pipeline started, J (`top`'s energy column).
     #[serde(skip)]
     pub since_start_j: f64,
+    /// The function most of its samples ran (`py:f (file.py:12)`, a JIT name, or a native
+    /// symbol); empty where not named (`report`, or no samples).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub top_function: String,
 }
 
 /// One process over one window.
@@ -83,6 +87,9 @@ pub struct ProcessRow {
     /// Headline energy since the pipeline started, J (`top`'s energy column).
     #[serde(skip)]
     pub since_start_j: f64,
+    /// The function most of its threads' samples ran (see [`ThreadRow::top_function`]).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub top_function: String,
 }
 
 fn is_zero(v: &u32) -> bool {

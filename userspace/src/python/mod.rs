@@ -2,8 +2,9 @@
 //! interpreter and the offsets its version needs ([`discover`], [`offsets`]), naming the
 //! code objects the sampler saw from the live process ([`code`], [`linetable`]), and
 //! turning a sample's raw Python frames into the recording's frame ids and table
-//! ([`names`]).
+//! ([`names`]); which versions the machine runs now ([`census`]).
 
+pub mod census;
 pub mod code;
 pub mod discover;
 pub mod linetable;

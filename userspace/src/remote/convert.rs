@@ -167,8 +167,10 @@ fn process_to_wire(p: &ProcessRow) -> wire::Process {
                 power_w: t.power_w,
                 share: t.share,
                 since_start_j: t.since_start_j,
+                top_function: t.top_function.clone(),
             })
             .collect(),
+        top_function: p.top_function.clone(),
     }
 }
 
@@ -202,8 +204,10 @@ fn process_from_wire(p: wire::Process) -> ProcessRow {
                 power_w: t.power_w,
                 share: t.share,
                 since_start_j: t.since_start_j,
+                top_function: t.top_function,
             })
             .collect(),
+        top_function: p.top_function,
         cpu_share: Vec::new(),
     }
 }
@@ -221,6 +225,10 @@ mod tests {
         snap.totals.power_model = PowerModelUsed::Regression;
         snap.rows[0].energy_j.insert("dram", 0.25);
         snap.rows[0].ci_j = [1.0, 2.0];
+        snap.rows[0].top_function = "py:train_step (model.py:88)".into();
+        if let Some(t) = snap.rows.iter_mut().flat_map(|p| &mut p.threads).next() {
+            t.top_function = "LazyCompile:*hot burn.js:4".into();
+        }
         let bytes = encode(&snap);
         let len = prost::decode_length_delimiter(bytes.as_slice()).expect("length prefix");
         let body = &bytes[bytes.len() - len..];

@@ -246,11 +246,14 @@ fn process_row(p: &ProcessRow, depth: u8, opts: &ViewOptions<'_>) -> TableRow {
         cpu_pct: p.cpu_pct,
         share: p.share,
         // Kernel threads have no command line; show the name in brackets like ps/top.
-        command: if p.cmdline.is_empty() {
-            format!("[{}]", p.comm)
-        } else {
-            p.cmdline.clone()
-        },
+        command: with_function(
+            if p.cmdline.is_empty() {
+                format!("[{}]", p.comm)
+            } else {
+                p.cmdline.clone()
+            },
+            &p.top_function,
+        ),
         expandable,
     }
 }
@@ -264,9 +267,18 @@ fn thread_row(pid: u32, t: &ThreadRow, depth: u8) -> TableRow {
         energy_j: t.since_start_j,
         cpu_pct: t.cpu_pct,
         share: t.share,
-        command: t.comm.clone(),
+        command: with_function(t.comm.clone(), &t.top_function),
         expandable: false,
         expanded: false,
+    }
+}
+
+/// A command cell followed by its hot function in brackets, when one is named.
+fn with_function(command: String, function: &str) -> String {
+    if function.is_empty() {
+        command
+    } else {
+        format!("{command} [{function}]")
     }
 }
 
