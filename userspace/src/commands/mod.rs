@@ -9,7 +9,6 @@ pub mod flamegraph;
 pub mod kernel;
 pub mod record;
 pub mod report;
-mod report_roofline;
 mod roofline;
 mod run_counters;
 pub mod sources;

@@ -188,13 +188,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "`--roofline` places functions: use it with `--by function` and no `--window`"
         );
         let a = analysis::analyze(&rec, &cfg);
-        let text = super::report_roofline::render(
+        let report = crate::roofline::report::Report::new(
             &rec,
             &a,
             args.calibration.calibration.as_deref(),
-            args.format,
-            render_options(&args).limit,
         )?;
+        for warning in &report.warnings {
+            eprintln!("energy-bpf: warning: {warning}");
+        }
+        let text = report.render(args.format, render_options(&args).limit)?;
         let mut stdout = std::io::stdout().lock();
         stdout
             .write_all(&text)

@@ -13,6 +13,8 @@
 //!   balance points: compute- or memory-bound in time and energy, race or slow (pure).
 //! - [`per_function`]: run counts (`record --activity-events`) per stack sample and per
 //!   function.
+//! - [`report`]: `report --by function --roofline`: the calibration's balance points and
+//!   each function placed against them, as a table, JSON or CSV.
 //!
 //! This module owns what is stored under `roofline` in the calibration file; measuring
 //! (capture, counters, running kernels in step with readings) is wired in
@@ -26,6 +28,7 @@ pub mod model;
 pub mod per_function;
 pub mod place;
 pub mod plot;
+pub mod report;
 
 use std::io::Read as _;
 
