@@ -98,7 +98,7 @@ impl Capture {
             activity_event: live.activity_event().map(|e| e.name().to_owned()),
         };
         let names = std::cell::RefCell::new(CgroupNames::default());
-        let mut pipeline = Pipeline::new(config, clock::monotonic_ns())
+        let mut pipeline = Pipeline::folded(config, clock::monotonic_ns())
             .with_cgroup_names(move |id| names.borrow_mut().name(id));
         // The first readings open the first window of every counter.
         pipeline.push_readings(live.drain_readings());
@@ -246,7 +246,7 @@ pub fn replay(
                 options,
                 activity_event: crate::analysis::activity_event(&rec),
             };
-            for window in pipeline::windows(&rec, config, cfg.interval) {
+            for window in pipeline::folded_windows(&rec, config, cfg.interval) {
                 if tx.send(snapshot(&window, sample_hz)).is_err() {
                     return;
                 }
