@@ -129,7 +129,10 @@ impl Folder {
         Self {
             start_ns,
             grid: modelled.then_some((start_ns, energy::model::DEFAULT_INTERVAL_NS)),
-            counters: counters.iter().map(|&(id, period)| (id, period / 2)).collect(),
+            counters: counters
+                .iter()
+                .map(|&(id, period)| (id, period / 2))
+                .collect(),
             newest: BTreeMap::new(),
             cuts: BTreeSet::new(),
             cpus: BTreeMap::new(),
@@ -183,11 +186,7 @@ impl Folder {
         }
         self.counters
             .iter()
-            .map(|(id, lag)| {
-                self.newest
-                    .get(id)
-                    .map_or(0, |&n| n.saturating_sub(*lag))
-            })
+            .map(|(id, lag)| self.newest.get(id).map_or(0, |&n| n.saturating_sub(*lag)))
             .min()
             .unwrap_or(0)
     }
@@ -314,7 +313,7 @@ impl Folder {
             lay_out(cell, a);
         }
         // Not merged across cells: a window ending on a cut takes whole runs.
-        cpu.done.extend(cell.drain(..));
+        cpu.done.append(cell);
     }
 
     /// Closes the window at `end_ns`: every CPU's runs in `[start, end_ns)` as a timeline

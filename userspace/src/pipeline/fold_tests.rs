@@ -186,14 +186,16 @@ fn run(pipeline: &mut Pipeline, stream: &mut Stream, secs: u64) -> (BTreeMap<u32
     let mut windows = 0;
     let mut take = |w: Window| {
         let t = &w.totals;
-        let rows: f64 = w
-            .processes
-            .iter()
-            .flat_map(|p| p.energy_j.values())
-            .sum();
+        let rows: f64 = w.processes.iter().flat_map(|p| p.energy_j.values()).sum();
         let measured: f64 = t.energy_j.values().sum();
         let idle: f64 = t.idle_by_domain_j.values().sum();
-        let unknown = w.analysis.attribution.unknown.joules_by_name().values().sum::<f64>();
+        let unknown = w
+            .analysis
+            .attribution
+            .unknown
+            .joules_by_name()
+            .values()
+            .sum::<f64>();
         assert!(
             (rows + idle + unknown - measured).abs() <= measured.abs() * 1e-9 + 1e-12,
             "conservation: {rows} + {idle} + {unknown} != {measured}"
@@ -301,12 +303,17 @@ fn folded_cells_keep_the_exact_per_interval_sums() {
             // Activity over the cell, each run's count spread evenly over it.
             let count = |t: &crate::timeline::CpuTimeline| -> f64 {
                 t.runs_in(a, b)
-                    .filter_map(|r| Some(r.activity? as f64 * r.overlap_ns(a, b) as f64 / r.len_ns() as f64))
+                    .filter_map(|r| {
+                        Some(r.activity? as f64 * r.overlap_ns(a, b) as f64 / r.len_ns() as f64)
+                    })
                     .sum()
             };
             // Counts of runs cut at a cell lose under one per cut part (integer shares).
             let (cf, ce) = (count(f), count(e));
-            assert!((cf - ce).abs() <= 64.0, "[{a}, {b}) cpu {cpu}: {cf} vs {ce}");
+            assert!(
+                (cf - ce).abs() <= 64.0,
+                "[{a}, {b}) cpu {cpu}: {cf} vs {ce}"
+            );
         }
         a = b;
     }
