@@ -201,7 +201,7 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
         options: Options::default(),
         activity_event: None,
     };
-    // What the agent runs: the folded path; AGENT_SCALE_EXACT=1 measures the exact one.
+    // The folded path (what `top --replay` runs); AGENT_SCALE_EXACT=1 measures the exact one.
     let mut pipeline = if std::env::var_os("AGENT_SCALE_EXACT").is_some() {
         Pipeline::new(cfg, START_NS)
     } else {

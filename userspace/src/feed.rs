@@ -98,7 +98,8 @@ impl Capture {
             activity_event: live.activity_event().map(|e| e.name().to_owned()),
         };
         let names = std::cell::RefCell::new(CgroupNames::default());
-        let mut pipeline = Pipeline::folded(config, clock::monotonic_ns())
+        // The exact path; `Pipeline::folded` (what `top --replay` runs) is not yet used live.
+        let mut pipeline = Pipeline::new(config, clock::monotonic_ns())
             .with_cgroup_names(move |id| names.borrow_mut().name(id));
         // The first readings open the first window of every counter.
         pipeline.push_readings(live.drain_readings());

@@ -1,4 +1,4 @@
-//! The folded switch path of a live pipeline (`top`, the agent): switch events are folded
+//! The folded switch path (`top --replay`, the agent-scale bench): switch events are folded
 //! as they are pushed into per-CPU, per-interval accumulators (thread → on-CPU ns,
 //! activity count, cgroup), cut exactly at the energy readings' timestamps (a run spanning
 //! a reading is split there), instead of being held for a window and rebuilt into runs.
@@ -18,7 +18,7 @@
 //! them per CPU.
 //!
 //! Where the folded figures can differ from the exact path, and why it does not matter for
-//! what `top` and the agent show:
+//! what the windows show:
 //! - CPUs with an SMT sibling keep their raw runs (no fold): the sibling overlap needs
 //!   the real times.
 //! - Queries inside one cell (none for the split; the static-power search of a flat load

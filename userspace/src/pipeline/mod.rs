@@ -361,7 +361,7 @@ impl Pipeline {
     }
 
     /// A pipeline that folds switch events into per-interval, per-CPU runs as they are
-    /// pushed ([`fold`]): what `top` and the agent run. Without counters its windows end
+    /// pushed ([`fold`]): what `top --replay` runs. Without counters its windows end
     /// on the modelled readings' grid.
     pub fn folded(cfg: Config, start_ns: u64) -> Self {
         let modelled = cfg.sources.iter().any(energy::model::is_model);
