@@ -1,6 +1,8 @@
 //! One pipeline for every output: on the same recording, `report`'s processes, the sum of
 //! `report --window 1` windows and the sum of `top --replay --batch --format json -i 1`
-//! frames agree per process, in absolute joules.
+//! frames agree per process, in absolute joules. `report` builds the exact timeline of
+//! every switch; `top` (live and `--replay`) folds switches into per-interval runs as they
+//! come: each replayed frame also agrees with the report window of the same span.
 //!
 //! The recording pins `--energy-source model` so it holds on machines with real counters
 //! too; with the time split and the model's fixed idle power, windows add up exactly, so
@@ -156,6 +158,20 @@ fn report_windows_and_replayed_frames_agree_per_process() {
                 );
             }
         }
+    }
+    // The folded path (top) against the exact one (report), window by window.
+    for (w, f) in windows.iter().zip(&frames) {
+        assert_eq!(
+            (&w["start_ns"], &w["end_ns"]),
+            (&f["start_ns"], &f["end_ns"]),
+            "same spans"
+        );
+        assert_agree(
+            "top --replay frame (folded) against report --window 1 (exact)",
+            &joules_by_pid(std::iter::once(&w["processes"])),
+            &joules_by_pid(std::iter::once(&f["processes"])),
+            &context,
+        );
     }
     assert_agree(
         "top --replay",

@@ -201,7 +201,12 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
         options: Options::default(),
         activity_event: None,
     };
-    let mut pipeline = Pipeline::new(cfg, START_NS);
+    // The folded path (what `top --replay` runs); AGENT_SCALE_EXACT=1 measures the exact one.
+    let mut pipeline = if std::env::var_os("AGENT_SCALE_EXACT").is_some() {
+        Pipeline::new(cfg, START_NS)
+    } else {
+        Pipeline::folded(cfg, START_NS)
+    };
     let mut stream = Stream::new(s);
     let mut cpu_ns = 0;
     let mut rss = Vec::new();

@@ -99,6 +99,7 @@ impl Capture {
             activity_event: live.activity_event().map(|e| e.name().to_owned()),
         };
         let names = std::cell::RefCell::new(CgroupNames::default());
+        // The exact path; `Pipeline::folded` (what `top --replay` runs) is not yet used live.
         let mut pipeline = Pipeline::new(config, clock::monotonic_ns())
             .with_cgroup_names(move |id| names.borrow_mut().name(id));
         // The first readings open the first window of every counter.
@@ -258,7 +259,7 @@ pub fn replay(
                 activity_event: crate::analysis::activity_event(&rec),
             };
             let mut hot = crate::hot::HotFunctions::of_recording(&rec);
-            for mut window in pipeline::windows(&rec, config, cfg.interval) {
+            for mut window in pipeline::folded_windows(&rec, config, cfg.interval) {
                 hot.annotate(&window.events.samples, &mut window.processes);
                 if tx.send(snapshot(&window, sample_hz)).is_err() {
                     return;

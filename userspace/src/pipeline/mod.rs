@@ -10,6 +10,9 @@
 //! [`rollup`] into the [`mod@rows`] every renderer reads. [`Pipeline`] holds the little state
 //! that crosses windows: thread names, energy since start, loss counters.
 
+pub mod fold;
+#[cfg(test)]
+mod fold_tests;
 pub mod rollup;
 pub mod rows;
 pub mod window;
@@ -24,7 +27,8 @@ use crate::{
     },
     energy,
     pb::v1::{
-        Chunk, Cpu, EnergyReading, EnergySource, LossCounters, ProcessEvent, Sample, ThreadInfo,
+        Chunk, Cpu, EnergyReading, EnergySource, LossCounters, ProcessEvent, Sample, SwitchEvent,
+        ThreadInfo,
     },
     record::{self, Recording},
     timeline::{Switches, Timeline},
@@ -124,6 +128,17 @@ pub struct Analysis {
 pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) -> Analysis {
     let cpu_ids: Vec<u32> = cfg.cpus.iter().map(|c| c.id).collect();
     let timeline = Timeline::build_from(input.start_ns, input.end_ns, &cpu_ids, input.switches);
+    analyze_timeline(timeline, input, cfg, threads)
+}
+
+/// [`analyze`] on a timeline already built (the folded path's, see [`fold`]); the
+/// input's switches are not read.
+pub fn analyze_timeline(
+    timeline: Timeline,
+    input: &WindowInput<'_>,
+    cfg: &Config,
+    threads: &[ThreadInfo],
+) -> Analysis {
     let readings = energy::readings_for(&cfg.sources, input.readings, &timeline, &cfg.cpus);
     let weights = ActivityWeights::from_timeline(&timeline);
     let attribution = attribute::attribute(
@@ -323,6 +338,8 @@ pub struct Pipeline {
     /// cgroup paths the capture recorded (`ThreadInfo.cgroup_path`).
     cgroup_paths: HashMap<u64, String>,
     cgroup_name: Box<dyn Fn(u64) -> String + Send>,
+    /// Folds switches as they come (`top`, the agent) instead of holding them per window.
+    folder: Option<fold::Folder>,
 }
 
 impl Pipeline {
@@ -339,6 +356,25 @@ impl Pipeline {
             losses: LossCounters::default(),
             cgroup_paths: HashMap::new(),
             cgroup_name: Box::new(|id| id.to_string()),
+            folder: None,
+        }
+    }
+
+    /// A pipeline that folds switch events into per-interval, per-CPU runs as they are
+    /// pushed ([`fold`]): what `top --replay` runs. Without counters its windows end
+    /// on the modelled readings' grid.
+    pub fn folded(cfg: Config, start_ns: u64) -> Self {
+        let modelled = cfg.sources.iter().any(energy::model::is_model);
+        let counters: Vec<(u32, u64)> = cfg
+            .sources
+            .iter()
+            .filter(|s| !energy::model::is_model(s))
+            .map(|s| (s.id, s.update_period_ns))
+            .collect();
+        let folder = fold::Folder::new(start_ns, &cfg.cpus, &counters, modelled);
+        Self {
+            folder: Some(folder),
+            ..Self::new(cfg, start_ns)
         }
     }
 
@@ -370,7 +406,7 @@ impl Pipeline {
 
     /// Events waiting for their window.
     pub fn pending(&self) -> usize {
-        self.windower.pending()
+        self.windower.pending() + self.folder.as_ref().map_or(0, fold::Folder::pending)
     }
 
     /// Adds a chunk of events (from a capture session, or a recording's chunk). Readings
@@ -383,7 +419,14 @@ impl Pipeline {
         if let Some(l) = chunk.losses {
             self.losses = l;
         }
-        self.windower.push_switches(chunk.switches);
+        match &mut self.folder {
+            Some(f) => {
+                // Readings first: their times cut the runs the switches make.
+                f.push_readings(&chunk.readings);
+                f.push_switches(chunk.switches);
+            }
+            None => self.windower.push_switches(chunk.switches),
+        }
         self.windower.push_samples(chunk.samples);
         self.windower.push_process_events(chunk.process_events);
         self.windower.push_readings(chunk.readings);
@@ -391,7 +434,14 @@ impl Pipeline {
 
     /// Adds energy readings.
     pub fn push_readings(&mut self, readings: impl IntoIterator<Item = EnergyReading>) {
-        self.windower.push_readings(readings);
+        match &mut self.folder {
+            Some(f) => {
+                let readings: Vec<EnergyReading> = readings.into_iter().collect();
+                f.push_readings(&readings);
+                self.windower.push_readings(readings);
+            }
+            None => self.windower.push_readings(readings),
+        }
     }
 
     /// Adds a whole recording (its events, names and loss counters).
@@ -401,8 +451,16 @@ impl Pipeline {
             record::merge_thread(&mut self.threads, t.clone());
         }
         self.losses = rec.losses;
-        self.windower.reserve_switches(rec.switches.len());
-        self.windower.push_switches(rec.switches.iter());
+        if let Some(f) = &mut self.folder {
+            f.push_readings(&rec.readings);
+            // The folder takes each CPU's switches in time order.
+            let mut switches: Vec<SwitchEvent> = rec.switches.iter().collect();
+            switches.sort_by_key(|s| s.ts_ns);
+            f.push_switches(switches);
+        } else {
+            self.windower.reserve_switches(rec.switches.len());
+            self.windower.push_switches(rec.switches.iter());
+        }
         self.windower.push_samples(rec.samples.iter().cloned());
         self.windower
             .push_process_events(rec.process_events.iter().cloned());
@@ -420,6 +478,12 @@ impl Pipeline {
 
     /// Closes the next window if one can end by `limit_ns` (see [`Windower::boundary`]).
     pub fn close(&mut self, limit_ns: u64) -> Option<Window> {
+        if let Some(f) = &self.folder
+            && self.cfg.counter_ids().is_empty()
+        {
+            let end = f.model_end(limit_ns)?;
+            return Some(self.close_at(end));
+        }
         let events = self.windower.close(limit_ns)?;
         Some(self.finish(events))
     }
@@ -433,7 +497,10 @@ impl Pipeline {
     fn finish(&mut self, events: WindowEvents) -> Window {
         let threads: Vec<ThreadInfo> = self.threads.values().cloned().collect();
         let input = events.input();
-        let analysis = analyze(&input, &self.cfg, &threads);
+        let analysis = match &mut self.folder {
+            Some(f) => analyze_timeline(f.close(events.end_ns), &input, &self.cfg, &threads),
+            None => analyze(&input, &self.cfg, &threads),
+        };
         let paths = &self.cgroup_paths;
         let fallback = &self.cgroup_name;
         let name = |id: u64| paths.get(&id).cloned().unwrap_or_else(|| fallback(id));
@@ -490,10 +557,27 @@ pub fn windows(
     cfg: Config,
     interval: std::time::Duration,
 ) -> impl Iterator<Item = Window> + '_ {
+    windows_of(rec, Pipeline::new(cfg, rec.start_ns()), interval)
+}
+
+/// [`windows`] through the folded path `top` runs live ([`Pipeline::folded`]): what
+/// `top --replay` shows.
+pub fn folded_windows(
+    rec: &Recording,
+    cfg: Config,
+    interval: std::time::Duration,
+) -> impl Iterator<Item = Window> + '_ {
+    windows_of(rec, Pipeline::folded(cfg, rec.start_ns()), interval)
+}
+
+fn windows_of(
+    rec: &Recording,
+    mut pipeline: Pipeline,
+    interval: std::time::Duration,
+) -> impl Iterator<Item = Window> + '_ {
     let step = u64::try_from(interval.as_nanos())
         .unwrap_or(u64::MAX)
         .max(1);
-    let mut pipeline = Pipeline::new(cfg, rec.start_ns());
     pipeline.push_recording(rec);
     std::iter::from_fn(move || {
         let start = pipeline.window_start_ns();

@@ -74,7 +74,8 @@ struct ThreadFacts {
     cpu_ns: u64,
     samples: u64,
     cgroup_id: u64,
-    by_cpu: BTreeMap<u32, u64>,
+    /// On-CPU ns per CPU, as (index of the CPU in the timeline, ns), each CPU once.
+    by_cpu: Vec<(usize, u64)>,
 }
 
 /// The process rows of one window, largest share first.
@@ -87,12 +88,13 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     let lifetimes = Lifetimes::of(input.process_events);
 
     // (tgid, instance, tid) -> facts, from the exact timeline and the samples.
-    let mut facts: BTreeMap<(u32, u32, u32), ThreadFacts> = BTreeMap::new();
+    // Gathered in a hash map (one lookup per thread and CPU), ordered once at the end.
+    let mut facts: HashMap<(u32, u32, u32), ThreadFacts> = HashMap::new();
     // Each CPU's runs are summed per thread first (a window has many runs per thread and
     // CPU), then added to the thread's facts once: the same integer sums, and the same
     // last non-zero cgroup id, as adding run by run.
     let mut on_cpu: HashMap<(u32, u32, u32), (u64, u64)> = HashMap::new();
-    for cpu in &tl.cpus {
+    for (ci, cpu) in tl.cpus.iter().enumerate() {
         for run in cpu.runs.iter().filter(|r| r.is_busy()) {
             let inst = lifetimes.instance(run.tgid, run.start_ns);
             let (ns, cgroup_id) = on_cpu.entry((run.tgid, inst, run.tid)).or_default();
@@ -104,7 +106,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
         for (key, (ns, cgroup_id)) in on_cpu.drain() {
             let f = facts.entry(key).or_default();
             f.cpu_ns += ns;
-            *f.by_cpu.entry(cpu.cpu).or_default() += ns;
+            f.by_cpu.push((ci, ns));
             if cgroup_id != 0 {
                 f.cgroup_id = cgroup_id;
             }
@@ -116,6 +118,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
             facts.entry((s.tgid, inst, s.tid)).or_default().samples += 1;
         }
     }
+    let mut facts: BTreeMap<(u32, u32, u32), ThreadFacts> = facts.into_iter().collect();
     // Threads that got energy without running or being sampled here (a GPU's energy by
     // utilisation, say) still get a row, so the rows add up to the attributed energy.
     let seen: HashSet<(u32, u32)> = facts.keys().map(|&(p, _, t)| (p, t)).collect();
@@ -161,7 +164,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
         .map(|((pid, instance), threads)| {
             let mut e_proc = PerDomain::default();
             let mut sd_proc = PerDomain::default();
-            let mut by_cpu: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut by_cpu: Vec<u64> = vec![0; cpu_ids.len()];
             let mut cgroup_id = 0;
             let mut thread_rows: Vec<ThreadRow> = threads
                 .into_iter()
@@ -172,8 +175,8 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                     e_proc.add_all(&e);
                     // Threads of one process share its class: their errors add up.
                     sd_proc.add_all(&te.map(|t| scale(&t.model_sd, part)).unwrap_or_default());
-                    for (&c, &ns) in &f.by_cpu {
-                        *by_cpu.entry(c).or_default() += ns;
+                    for &(ci, ns) in &f.by_cpu {
+                        by_cpu[ci] += ns;
                     }
                     if cgroup_id == 0 || tid == pid {
                         cgroup_id = if f.cgroup_id != 0 {
@@ -247,9 +250,9 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                 },
                 threads: thread_rows,
                 top_function: String::new(),
-                cpu_share: cpu_ids
+                cpu_share: by_cpu
                     .iter()
-                    .map(|c| *by_cpu.get(c).unwrap_or(&0) as f64 / window_ns as f64)
+                    .map(|&ns| ns as f64 / window_ns as f64)
                     .collect(),
                 since_start_j: headline * 1e-6,
             }

@@ -1,0 +1,461 @@
+//! The folded switch path (`top --replay`, the agent-scale bench): switch events are folded
+//! as they are pushed into per-CPU, per-interval accumulators (thread → on-CPU ns,
+//! activity count, cgroup), cut exactly at the energy readings' timestamps (a run spanning
+//! a reading is split there), instead of being held for a window and rebuilt into runs.
+//!
+//! Each interval of each CPU (a *cell*, between two consecutive cuts) keeps one run per
+//! thread, laid end to end inside the cell in thread order: every figure the attribution
+//! takes over whole cells (per-thread on-CPU ns, activity, idle and unknown time, the
+//! modelled readings' busy time) is the same integer sum the exact path gives, while a
+//! window holds one run per thread and cell instead of one per switch and nothing of the
+//! switch events themselves.
+//!
+//! Cuts: the counters' reading timestamps, and, with modelled sources, a grid every
+//! [`crate::energy::model::DEFAULT_INTERVAL_NS`] from the pipeline's start (a model-only
+//! window ends on the grid, where the modelled readings of that window fall too), and every
+//! window end. A cell is folded once a run passes its end and that end is known (no counter
+//! reading can still fall inside it); until then its runs stay raw, a few milliseconds of
+//! them per CPU.
+//!
+//! Where the folded figures can differ from the exact path, and why it does not matter for
+//! what the windows show:
+//! - CPUs with an SMT sibling keep their raw runs (no fold): the sibling overlap needs
+//!   the real times.
+//! - Queries inside one cell (none for the split; the static-power search of a flat load
+//!   looks at 1 ms windows) see the cell's runs in thread order, not in time order.
+//! - A window forced to end off the cuts (a counter with no reading since the window
+//!   started) splits the cells it crosses by their layout.
+//! - With both counters and modelled sources, windows end on counter readings, off the
+//!   grid the modelled readings of the window are taken on.
+//! - Switches of one CPU must arrive in time order (as the capture session hands them); an
+//!   older one than the last is dropped.
+//!
+//! `record` and `report` never fold: the recording keeps every event and `report` builds
+//! the exact timeline.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::{
+    energy,
+    pb::v1::{Cpu, EnergyReading, SwitchEvent},
+    timeline::{CpuTimeline, Run, Timeline, UNKNOWN_TID},
+};
+
+/// A run not yet folded: its part of `[start_ns, end_ns)` and the switch that ended it.
+#[derive(Clone, Copy, Debug)]
+struct Raw {
+    start_ns: u64,
+    end_ns: u64,
+    tid: u32,
+    tgid: u32,
+    cgroup_id: u64,
+    /// (count, began, ended): the count of the whole run `[began, ended)`, clipped to each
+    /// part by length as the exact path clips it at window edges.
+    activity: Option<(u64, u64, u64)>,
+}
+
+impl Raw {
+    fn part(&self, a: u64, b: u64) -> Option<Run> {
+        let (from, to) = (self.start_ns.max(a), self.end_ns.min(b));
+        (from < to).then(|| Run {
+            start_ns: from,
+            end_ns: to,
+            tid: self.tid,
+            tgid: self.tgid,
+            cgroup_id: self.cgroup_id,
+            activity: self
+                .activity
+                .map(|(count, began, ended)| clip(count, began, ended, from, to)),
+        })
+    }
+}
+
+/// One CPU's fold state.
+#[derive(Clone, Debug, Default)]
+struct CpuFold {
+    /// Where the next switch's run starts (the latest switch, or the window start).
+    cursor: u64,
+    /// The latest switch's time (the start of the run the next switch ends, for counts).
+    previous: Option<u64>,
+    /// The task the latest switch switched to, when the probe read it.
+    last_next: Option<(u32, u32)>,
+    /// Start of the first cell not yet folded.
+    raw_start: u64,
+    /// Runs in time order; those from `raw_head` on reach past `raw_start`.
+    raw: Vec<Raw>,
+    /// The first raw run not yet wholly folded (the ones before are dropped in one go).
+    raw_head: usize,
+    /// Folded cells of the open window (and beyond, when this CPU is ahead), laid out.
+    done: Vec<Run>,
+    /// Keep raw runs (an SMT sibling: the overlap needs real times).
+    exact: bool,
+}
+
+/// Folds switch events into per-CPU, per-interval runs (see the module doc).
+#[derive(Clone, Debug)]
+pub struct Folder {
+    /// Start of the open window.
+    start_ns: u64,
+    /// Grid anchor and step (modelled sources), if any.
+    grid: Option<(u64, u64)>,
+    /// Counter sources as (id, lag): cells are cut at their readings, and `lag` (half the
+    /// update period) before each, where the static-power fit takes a row's busy time.
+    counters: Vec<(u32, u64)>,
+    /// Newest reading per counter.
+    newest: BTreeMap<u32, u64>,
+    /// Counter readings and window ends after the oldest unfolded cell.
+    cuts: BTreeSet<u64>,
+    cpus: BTreeMap<u32, CpuFold>,
+    /// CPUs of the configuration (each gets a timeline, with or without events).
+    known: Vec<u32>,
+    smt: HashSet<u32>,
+    scratch: Vec<Run>,
+}
+
+impl Folder {
+    /// A folder whose first window starts at `start_ns`, for `cpus`; `counters` are the
+    /// measured sources as (id, update period), `modelled` whether any source is modelled
+    /// (the grid).
+    pub fn new(start_ns: u64, cpus: &[Cpu], counters: &[(u32, u64)], modelled: bool) -> Self {
+        let mut by_core: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
+        for c in cpus {
+            by_core.entry((c.package, c.core)).or_default().push(c.id);
+        }
+        let smt = by_core
+            .into_values()
+            .filter(|v| v.len() > 1)
+            .flatten()
+            .collect();
+        Self {
+            start_ns,
+            grid: modelled.then_some((start_ns, energy::model::DEFAULT_INTERVAL_NS)),
+            counters: counters
+                .iter()
+                .map(|&(id, period)| (id, period / 2))
+                .collect(),
+            newest: BTreeMap::new(),
+            cuts: BTreeSet::new(),
+            cpus: BTreeMap::new(),
+            known: cpus.iter().map(|c| c.id).collect(),
+            smt,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Where a window asked to end by `limit_ns` can end without a counter: the last grid
+    /// point at or before it (the limit itself without a grid), or `None` when that is not
+    /// after the window start.
+    pub fn model_end(&self, limit_ns: u64) -> Option<u64> {
+        let end = match self.grid {
+            Some((anchor, step)) if limit_ns >= anchor => {
+                anchor + (limit_ns - anchor) / step * step
+            }
+            _ => limit_ns,
+        };
+        (end > self.start_ns).then_some(end)
+    }
+
+    /// Registers energy readings: counters' timestamps become cuts, and cells that no
+    /// reading can still cut are folded.
+    pub fn push_readings<'a>(&mut self, readings: impl IntoIterator<Item = &'a EnergyReading>) {
+        let mut any = false;
+        for r in readings {
+            let Some(&(_, lag)) = self.counters.iter().find(|c| c.0 == r.source_id) else {
+                continue;
+            };
+            if r.ts_ns > self.start_ns {
+                self.cuts.insert(r.ts_ns);
+                if lag > 0 && r.ts_ns - lag > self.start_ns {
+                    self.cuts.insert(r.ts_ns - lag);
+                }
+                let n = self.newest.entry(r.source_id).or_default();
+                *n = (*n).max(r.ts_ns);
+                any = true;
+            }
+        }
+        if any {
+            self.fold_all();
+        }
+    }
+
+    /// Up to where every cut is known: the oldest of the counters' newest readings, less
+    /// their lag (readings come in time order).
+    fn horizon(&self) -> u64 {
+        if self.counters.is_empty() {
+            return u64::MAX;
+        }
+        self.counters
+            .iter()
+            .map(|(id, lag)| self.newest.get(id).map_or(0, |&n| n.saturating_sub(*lag)))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Adds switch events (each CPU's in time order) and folds the cells they complete.
+    pub fn push_switches(&mut self, events: impl IntoIterator<Item = SwitchEvent>) {
+        let start = self.start_ns;
+        let mut touched: Vec<u32> = Vec::new();
+        for s in events {
+            let exact = self.smt.contains(&s.cpu);
+            let cpu = self.cpus.entry(s.cpu).or_insert_with(|| CpuFold {
+                cursor: start,
+                raw_start: start,
+                exact,
+                ..Default::default()
+            });
+            if touched.last() != Some(&s.cpu) {
+                touched.push(s.cpu);
+            }
+            if cpu.previous.is_some_and(|p| s.ts_ns < p) {
+                continue; // out of order: its place is folded already
+            }
+            if s.ts_ns > cpu.cursor {
+                // One thread's back-to-back runs are one run, as in the exact timeline (its
+                // count spread over both).
+                if let Some(last) = cpu.raw[cpu.raw_head..].last_mut()
+                    && last.end_ns == cpu.cursor
+                    && last.tid == s.tid
+                {
+                    last.end_ns = s.ts_ns;
+                    last.activity = match (last.activity, s.activity, cpu.previous) {
+                        (Some((count, began, _)), Some(more), Some(_)) => {
+                            Some((count + more, began, s.ts_ns))
+                        }
+                        _ => None,
+                    };
+                    cpu.cursor = s.ts_ns;
+                    cpu.previous = Some(s.ts_ns);
+                    cpu.last_next = s.next_known.then_some((s.next_tid, s.next_tgid));
+                    continue;
+                }
+                cpu.raw.push(Raw {
+                    start_ns: cpu.cursor,
+                    end_ns: s.ts_ns,
+                    tid: s.tid,
+                    tgid: s.tgid,
+                    cgroup_id: s.cgroup_id,
+                    activity: match (s.activity, cpu.previous) {
+                        (Some(count), Some(began)) => Some((count, began, s.ts_ns)),
+                        _ => None,
+                    },
+                });
+                cpu.cursor = s.ts_ns;
+            }
+            cpu.previous = Some(s.ts_ns);
+            cpu.last_next = s.next_known.then_some((s.next_tid, s.next_tgid));
+        }
+        let horizon = self.horizon();
+        touched.sort_unstable();
+        touched.dedup();
+        for id in touched {
+            self.fold_cpu(id, horizon);
+        }
+    }
+
+    fn fold_all(&mut self) {
+        let horizon = self.horizon();
+        let ids: Vec<u32> = self.cpus.keys().copied().collect();
+        for id in ids {
+            self.fold_cpu(id, horizon);
+        }
+    }
+
+    /// The first cut after `t`.
+    fn next_cut(&self, t: u64) -> u64 {
+        let grid = match self.grid {
+            Some((anchor, step)) if t >= anchor => anchor + ((t - anchor) / step + 1) * step,
+            Some((anchor, _)) => anchor,
+            None => u64::MAX,
+        };
+        let counter = self
+            .cuts
+            .range(t.saturating_add(1)..)
+            .next()
+            .copied()
+            .unwrap_or(u64::MAX);
+        grid.min(counter)
+    }
+
+    /// Folds the cells of `id` that end by both its cursor and `horizon`.
+    fn fold_cpu(&mut self, id: u32, horizon: u64) {
+        let Some(mut cpu) = self.cpus.remove(&id) else {
+            return;
+        };
+        let limit = cpu.cursor.min(horizon);
+        loop {
+            let end = self.next_cut(cpu.raw_start);
+            if end > limit {
+                break;
+            }
+            self.fold_cell(&mut cpu, end);
+        }
+        cpu.raw.drain(..cpu.raw_head);
+        cpu.raw_head = 0;
+        self.cpus.insert(id, cpu);
+    }
+
+    /// Folds `cpu`'s raw runs in `[raw_start, end)` into one cell.
+    fn fold_cell(&mut self, cpu: &mut CpuFold, end: u64) {
+        let a = cpu.raw_start;
+        let cell = &mut self.scratch;
+        cell.clear();
+        for r in &cpu.raw[cpu.raw_head..] {
+            if r.start_ns >= end {
+                break;
+            }
+            cell.extend(r.part(a, end));
+            if r.end_ns <= end {
+                cpu.raw_head += 1;
+            }
+        }
+        cpu.raw_start = end;
+        if !cpu.exact {
+            lay_out(cell, a);
+        }
+        // Not merged across cells: a window ending on a cut takes whole runs.
+        cpu.done.append(cell);
+    }
+
+    /// Closes the window at `end_ns`: every CPU's runs in `[start, end_ns)` as a timeline
+    /// (the task still running at `end_ns` fills its CPU up to it, unknown when no switch
+    /// named it); the next window starts at `end_ns`.
+    pub fn close(&mut self, end_ns: u64) -> Timeline {
+        let start = self.start_ns;
+        let end = end_ns.max(start + 1);
+        self.cuts.insert(end);
+        for id in &self.known {
+            self.cpus.entry(*id).or_insert_with(|| CpuFold {
+                cursor: start,
+                raw_start: start,
+                exact: self.smt.contains(id),
+                ..Default::default()
+            });
+        }
+        let ids: Vec<u32> = self.cpus.keys().copied().collect();
+        let mut cpus = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(mut cpu) = self.cpus.remove(&id) else {
+                continue;
+            };
+            // The task still running fills its CPU up to the end, then every cell before
+            // the end is folded.
+            if cpu.cursor < end {
+                let (tid, tgid) = cpu.last_next.unwrap_or((UNKNOWN_TID, 0));
+                cpu.raw.push(Raw {
+                    start_ns: cpu.cursor,
+                    end_ns: end,
+                    tid,
+                    tgid,
+                    cgroup_id: 0,
+                    activity: None,
+                });
+                cpu.cursor = end;
+            }
+            while cpu.raw_start < end {
+                let cut = self.next_cut(cpu.raw_start).min(end);
+                self.fold_cell(&mut cpu, cut);
+            }
+            cpu.raw.drain(..cpu.raw_head);
+            cpu.raw_head = 0;
+            // This window's runs; a CPU ahead of the end keeps the rest for the next one.
+            let keep = cpu.done.partition_point(|r| r.end_ns <= end);
+            let mut runs: Vec<Run> = cpu.done.drain(..keep).collect();
+            if let Some(first) = cpu.done.first_mut()
+                && first.start_ns < end
+            {
+                // Off the cuts (see the module doc): split by the layout.
+                let mut before = *first;
+                before.end_ns = end;
+                let whole = first.activity;
+                before.activity =
+                    whole.map(|c| clip(c, first.start_ns, first.end_ns, first.start_ns, end));
+                first.activity = whole.zip(before.activity).map(|(c, b)| c - b);
+                first.start_ns = end;
+                push_merged(&mut runs, before);
+            }
+            cpus.push(CpuTimeline { cpu: id, runs });
+            self.cpus.insert(id, cpu);
+        }
+        self.start_ns = end;
+        self.cuts = self.cuts.split_off(&end);
+        Timeline {
+            start_ns: start,
+            end_ns: end,
+            cpus,
+        }
+    }
+
+    /// Raw runs held (not yet folded) and folded runs waiting for their window.
+    pub fn pending(&self) -> usize {
+        self.cpus.values().map(|c| c.raw.len() + c.done.len()).sum()
+    }
+}
+
+/// Merges one cell's parts per thread (same thread, both counted or both not) and lays
+/// them end to end from `a`, in thread order: the cell's per-thread sums are kept.
+fn lay_out(cell: &mut Vec<Run>, a: u64) {
+    // A thread's parts stay in time order, so its last non-zero cgroup wins.
+    cell.sort_unstable_by_key(|r| (r.tgid, r.tid, r.activity.is_some(), r.start_ns));
+    let mut out = 0;
+    for i in 0..cell.len() {
+        let r = cell[i];
+        if out > 0 {
+            let last = &mut cell[out - 1];
+            if (last.tgid, last.tid, last.activity.is_some())
+                == (r.tgid, r.tid, r.activity.is_some())
+            {
+                last.end_ns += r.len_ns();
+                last.activity = last.activity.zip(r.activity).map(|(x, y)| x + y);
+                if r.cgroup_id != 0 {
+                    last.cgroup_id = r.cgroup_id;
+                }
+                continue;
+            }
+        }
+        cell[out] = Run {
+            end_ns: r.len_ns(),
+            start_ns: 0,
+            ..r
+        };
+        out += 1;
+    }
+    cell.truncate(out);
+    let mut pos = a;
+    for r in cell.iter_mut() {
+        let len = r.end_ns;
+        r.start_ns = pos;
+        r.end_ns = pos + len;
+        pos += len;
+    }
+}
+
+/// Appends `run`, merged with the last one when it is the same thread and adjoins it.
+fn push_merged(runs: &mut Vec<Run>, run: Run) {
+    if run.start_ns >= run.end_ns {
+        return;
+    }
+    if let Some(last) = runs.last_mut()
+        && last.end_ns == run.start_ns
+        && last.tid == run.tid
+        && last.tgid == run.tgid
+        && last.activity.is_some() == run.activity.is_some()
+    {
+        last.end_ns = run.end_ns;
+        last.activity = last.activity.zip(run.activity).map(|(a, b)| a + b);
+        if run.cgroup_id != 0 {
+            last.cgroup_id = run.cgroup_id;
+        }
+        return;
+    }
+    runs.push(run);
+}
+
+/// The part of `count` (over `[began, ended)`) in `[from, to)`, the rate even over the run
+/// (as the exact timeline clips it).
+fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
+    let (full, part) = (ended.saturating_sub(began), to.saturating_sub(from));
+    if part >= full || full == 0 {
+        return count;
+    }
+    (u128::from(count) * u128::from(part) / u128::from(full)) as u64
+}
