@@ -43,6 +43,7 @@ pub mod feed;
 pub mod kube;
 pub mod output;
 pub mod pipeline;
+pub mod procmaps;
 pub mod profile;
 pub mod python;
 pub mod record;

@@ -183,6 +183,53 @@ impl ValueEnum for PowerModel {
     }
 }
 
+/// Arguments of `energy-bpf calibrate` (and of `calibrate --roofline`).
+#[derive(clap::Args, Debug)]
+pub struct CalibrateArgs {
+    /// Seconds to measure (with `--load`, each load step lasts this long too).
+    #[arg(short = 'd', long = "duration", default_value_t = 10.0)]
+    pub duration: f64,
+    /// Calibration file to update.
+    #[arg(long, value_name = "FILE", default_value = crate::calibration::DEFAULT_PATH)]
+    pub calibration: std::path::PathBuf,
+    /// Refuse when more than this share of CPU time is busy, %.
+    #[arg(long = "max-busy", value_name = "PCT", default_value_t = 10.0)]
+    pub max_busy: f64,
+    /// Then spin 1..N CPUs in turn to measure watts per busy CPU.
+    #[arg(long)]
+    pub load: bool,
+    /// Measure the energy roofline instead: time and energy per flop and per byte, constant
+    /// power, balance points, whether racing to halt saves energy (stored under `roofline`).
+    #[arg(long)]
+    pub roofline: bool,
+    /// With --roofline: also draw the normalised roofline and arch line to this SVG file.
+    #[arg(long, value_name = "FILE.svg", requires = "roofline")]
+    pub plot: Option<std::path::PathBuf>,
+    /// With --roofline: repeat the sweep with every CPU pinned to each of these frequencies
+    /// (kHz, or with an MHz/GHz suffix) and fit the V²-scaling model; needs cpufreq.
+    #[arg(
+        long,
+        value_name = "F1,F2,...",
+        value_delimiter = ',',
+        requires = "roofline"
+    )]
+    pub frequencies: Vec<String>,
+    /// With --roofline: how long each kernel runs, ms (at least 50 counter updates).
+    #[arg(long = "kernel-ms", value_name = "MS", default_value_t = 500)]
+    pub kernel_ms: u64,
+    /// With --roofline: the kernels' buffer, MiB (default: twice the last-level cache,
+    /// 64 to 1024 MiB).
+    #[arg(long = "buffer-mib", value_name = "MIB")]
+    pub buffer_mib: Option<usize>,
+    /// With --roofline: keep the kernels' cumulative flops and bytes in this file (two
+    /// little-endian u64, mapped shared, updated as they run), for emulated counters.
+    #[arg(long = "progress-file", value_name = "FILE", hide = true)]
+    pub progress_file: Option<std::path::PathBuf>,
+    /// Energy sources (counters, fake trees for testing, model parameters).
+    #[command(flatten)]
+    pub energy: crate::energy::EnergyArgs,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

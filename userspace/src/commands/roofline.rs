@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::calibrate::{Args, collect};
+use super::args::CalibrateArgs as Args;
 use crate::{
     attribute::{calibrate, source_key},
     calibration::{self, CalibrationFile, SourceCalibration},
@@ -105,8 +105,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         "energy-bpf: measuring constant power for {:.1} s; keep the machine quiet",
         args.duration
     );
-    collect(
-        &mut live,
+    live.drain_for(
         Duration::from_secs_f64(args.duration),
         &mut switches,
         &mut readings,

@@ -217,7 +217,7 @@ pub fn process_entries(
     // Read once: the file mappings and the vDSO's both come from it.
     let text = std::fs::read_to_string(format!("/proc/{tgid}/maps"))
         .map_err(|source| ProcessError::Maps { tgid, source })?;
-    let maps = crate::symbolize::mappings_of(tgid, 0, &text);
+    let maps = crate::procmaps::mappings_of(tgid, 0, &text);
     let mut out = Vec::new();
     for m in &maps {
         if out.len() == MAX_MAPPINGS {
