@@ -174,7 +174,7 @@ impl Sink for OtlpSink {
     }
 
     fn window(&mut self, window: &Window, header: &pb::Header) -> Result<(), SinkError> {
-        // Container ids of the window's cgroups, from the paths the pipeline named them by.
+        // Container ids of the window's cgroups, as the pipeline's rollup read them.
         for p in &window.processes {
             if let Some(t) = window
                 .analysis
@@ -186,7 +186,7 @@ impl Sink for OtlpSink {
             {
                 self.containers
                     .entry(t.cgroup_id)
-                    .or_insert_with(|| crate::container::parse(&p.cgroup));
+                    .or_insert_with(|| p.container());
             }
         }
         let mut rec = Recording {

@@ -285,14 +285,10 @@ pub enum GroupBy {
 /// Sums process rows into one row per cgroup or command (the key in `comm`, `pid` 0, the
 /// member processes' threads in `threads`); largest share first. Confidence intervals add
 /// as if the members' errors were independent and of the same sign, which is conservative.
-pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
+pub fn group<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>, by: GroupBy) -> Vec<ProcessRow> {
     let mut groups: BTreeMap<String, ProcessRow> = BTreeMap::new();
     for p in rows {
-        let key = match by {
-            GroupBy::Cgroup => p.cgroup.clone(),
-            GroupBy::Command => p.comm.clone(),
-            GroupBy::Container => container_key(p),
-        };
+        let key = group_key(p, by);
         let g = groups.entry(key.clone()).or_insert_with(|| ProcessRow {
             comm: key.clone(),
             container_id: p.container_id.clone(),
@@ -324,6 +320,15 @@ pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
     let mut out: Vec<ProcessRow> = groups.into_values().collect();
     out.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.comm.cmp(&b.comm)));
     out
+}
+
+/// The group a process row sums into (the grouped row's `comm`).
+pub fn group_key(p: &ProcessRow, by: GroupBy) -> String {
+    match by {
+        GroupBy::Cgroup => p.cgroup.clone(),
+        GroupBy::Command => p.comm.clone(),
+        GroupBy::Container => container_key(p),
+    }
 }
 
 /// What `--by container` groups a process under: its container id, else its pod, else
