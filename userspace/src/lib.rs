@@ -38,7 +38,6 @@ pub mod commands;
 pub mod container;
 pub mod diff;
 pub mod energy;
-pub mod exporter;
 pub mod feed;
 pub mod kube;
 pub mod output;

@@ -14,7 +14,7 @@ mod http;
 pub mod learn;
 pub mod ledger;
 pub mod metrics;
-pub mod otlp_sink;
+pub mod otlp;
 pub mod outputs;
 pub mod selfstat;
 pub mod settings;
@@ -72,7 +72,7 @@ pub fn extra_sinks(
         )));
     }
     if let Some(otlp) = &settings.otlp {
-        let exporter = crate::exporter::Exporter::spawn(otlp.export.clone(), runtime)
+        let exporter = otlp::transport::Exporter::spawn(otlp.export.clone(), runtime)
             .context("cannot export OTLP profiles")?;
         tracing::info!(
             "exporting energy profiles every {:?} to {}",
@@ -80,7 +80,7 @@ pub fn extra_sinks(
             otlp.export.endpoint
         );
         sinks.push(Box::new(
-            otlp_sink::OtlpSink::new(exporter, otlp.profile_interval)
+            otlp::OtlpSink::new(exporter, otlp.profile_interval)
                 .context("cannot start the OTLP encoder thread")?
                 .with_names(names),
         ));

@@ -73,7 +73,7 @@ pub struct Args {
     pub otlp_endpoint: Option<String>,
     /// gRPC metadata sent with every export, e.g. `authorization=Bearer TOKEN` (repeat for
     /// more; values are never logged).
-    #[arg(long, value_name = "K=V", value_parser = crate::exporter::parse_header)]
+    #[arg(long, value_name = "K=V", value_parser = crate::agent::otlp::transport::parse_header)]
     pub otlp_header: Vec<(String, String)>,
     /// Allow plaintext http:// to a collector that is not on loopback.
     #[arg(long)]
@@ -168,7 +168,7 @@ impl Args {
                 .otlp_endpoint
                 .as_ref()
                 .map(|endpoint| crate::agent::OtlpSettings {
-                    export: crate::exporter::ExportConfig {
+                    export: crate::agent::otlp::transport::ExportConfig {
                         endpoint: endpoint.clone(),
                         headers: self.otlp_header.clone(),
                         insecure: self.otlp_insecure,

@@ -1,3 +1,6 @@
+//! OTLP out of the agent: the sink here, the gRPC transport in [`transport`]; the request
+//! itself is encoded by [`crate::output::otlp`], shared with `flamegraph --format otlp`.
+//!
 //! Energy profiles out of the agent: every `--profile-interval`, the windows since the last
 //! export become one OTLP request (a CPU profile and an energy profile per zone, see
 //! [`crate::output::otlp`]), symbolized here, and go to the [`Exporter`]'s bounded queue.
@@ -8,6 +11,8 @@
 //! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
 //! waits on them, and a backlog is dropped and counted like a full export queue.
 
+pub mod transport;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +21,6 @@ use super::sink::{Sink, SinkError};
 use crate::{
     analysis,
     container::ContainerRef,
-    exporter::Exporter,
     output::otlp::{self, Origin},
     pb::v1::{self as pb, process_event::Kind},
     pipeline::Window,
@@ -24,6 +28,7 @@ use crate::{
     record::{Recording, merge_thread},
     symbolize::Symbolizer,
 };
+use transport::Exporter;
 
 /// One profile's worth of windows, on its way to the encoding thread.
 struct Job {
@@ -36,7 +41,7 @@ struct Job {
 /// The OTLP sink.
 pub struct OtlpSink {
     jobs: std::sync::mpsc::SyncSender<Job>,
-    stats: std::sync::Arc<crate::exporter::ExportStats>,
+    stats: std::sync::Arc<transport::ExportStats>,
     interval_ns: u64,
     threads: HashMap<u32, pb::ThreadInfo>,
     mappings: HashMap<u32, Vec<pb::Mapping>>,
@@ -132,7 +137,7 @@ impl OtlpSink {
     }
 
     /// The exporter's counters (the self-metrics read them).
-    pub fn stats(&self) -> &std::sync::Arc<crate::exporter::ExportStats> {
+    pub fn stats(&self) -> &std::sync::Arc<transport::ExportStats> {
         &self.stats
     }
 
