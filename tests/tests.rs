@@ -27,6 +27,8 @@ mod attribution;
 mod pipeline;
 // `calibrate`: quiet-machine static power, refusal when busy, used by record and report.
 mod calibrate;
+// Golden report outputs: table, JSON and CSV of a fixed recording, byte for byte.
+mod golden;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
 // `diff`: an A/B of a fixed-work C program through the real probes, `record --repeat`,
