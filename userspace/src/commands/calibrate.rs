@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: ActivityEvent::None,
         unwind: crate::capture::UnwindMode::Fp,
         sample_ring_bytes: None,
-        energy: args.energy.clone(),
+        energy: args.energy.config(),
         targets: Targets::new([]),
         read_mappings: |_, _| Ok(Vec::new()),
     })?;

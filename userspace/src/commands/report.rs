@@ -65,7 +65,7 @@ pub struct Args {
     pub model: ModelArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
 }
 
 fn parse_window(text: &str) -> Result<f64, String> {
@@ -175,7 +175,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let mut options = args.attribute.options();
-    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    options.calibrated =
+        crate::calibration::for_recording(&args.calibration.config(), &rec.header)?;
     let cfg = analysis::config(&rec, options, &args.model.model());
     let mut stdout = std::io::stdout().lock();
     let text = match args.window {

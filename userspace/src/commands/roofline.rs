@@ -67,7 +67,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !freqs.is_empty() {
         cpufreq::check(&args.energy.sysfs_root, &freqs)?;
     }
-    let mut energy_args = args.energy.clone();
+    let mut energy_args = args.energy.config();
     energy_args.energy_interval_ms.get_or_insert(READ_MS);
     // Only who ran matters, not what each run did: a low sampling rate, no stacks kept.
     let mut live = Live::start(LiveOptions {

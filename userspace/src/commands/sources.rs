@@ -28,7 +28,7 @@ pub enum Format {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    energy: EnergyArgs,
+    energy: super::args::EnergyFlags,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -119,7 +119,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// What `sources` prints: every kind probed, its counters, and what would be used.
 fn report(args: &Args) -> anyhow::Result<Report> {
     let cpus = topology::cpus(&args.energy.sysfs_root);
-    let mut plan = detect::plan(&args.energy, &cpus, true).context("choosing energy sources")?;
+    let mut plan =
+        detect::plan(&args.energy.config(), &cpus, true).context("choosing energy sources")?;
     let mut kinds = Vec::new();
     let mut in_use = Vec::new();
     let mut package_counted = false;
@@ -132,7 +133,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
             .enumerate()
             .map(|(ci, (counter, m))| {
                 let used = plan.used.contains(&(pi, ci));
-                let report = counter_report(&args.energy, counter.as_ref(), m, used);
+                let report = counter_report(&args.energy.config(), counter.as_ref(), m, used);
                 if used && report.error.is_none() {
                     in_use.push(format!("{} {}", probe.kind, report.name));
                     package_counted |= detect::is_cpu_package(&counter.describe());
@@ -149,7 +150,7 @@ fn report(args: &Args) -> anyhow::Result<Report> {
         });
     }
     // As the reader does: a package counter that counts nothing leaves the model in charge.
-    plan.cover_packages(&args.energy, &cpus, package_counted)?;
+    plan.cover_packages(&args.energy.config(), &cpus, package_counted)?;
     let model = (!plan.model.is_empty()).then(|| ModelReport {
         estimated: true,
         packages: plan
@@ -352,7 +353,7 @@ mod tests {
 
     fn args(root: &std::path::Path, format: Format) -> Args {
         Args {
-            energy: EnergyArgs {
+            energy: super::super::args::EnergyFlags {
                 sysfs_root: root.to_owned(),
                 dev_cpu_root: root.join("dev/cpu"),
                 energy_source: SourceKind::Auto,
@@ -405,7 +406,7 @@ mod tests {
         fake::FakePowercap::two_packages(tmp.path(), 1 << 30).expect("powercap");
         let a = args(tmp.path(), Format::Text);
         let cpus = topology::cpus(&a.energy.sysfs_root);
-        let mut plan = detect::plan(&a.energy, &cpus, true).expect("plan");
+        let mut plan = detect::plan(&a.energy.config(), &cpus, true).expect("plan");
         let probe = plan
             .probes
             .iter_mut()
@@ -417,7 +418,7 @@ mod tests {
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
         };
-        let c = counter_report(&a.energy, probe.counters[0].as_ref(), Ok(m), true);
+        let c = counter_report(&a.energy.config(), probe.counters[0].as_ref(), Ok(m), true);
         assert_eq!(
             (c.name.as_str(), c.domain.as_str(), c.read_interval_ns),
             ("intel-rapl:0 (package-0)", "package", 10_000_000)
@@ -491,7 +492,7 @@ mod tests {
         )
         .expect("powercap");
         let a = args(tmp.path(), Format::Text);
-        let mut plan = detect::plan(&a.energy, &[], false).expect("plan");
+        let mut plan = detect::plan(&a.energy.config(), &[], false).expect("plan");
         let zone = plan.take_used().pop().expect("zone");
         // A counter updating every 50 ms is read every 250 ms unless the wrap caps it.
         let slow = Measurement {
@@ -499,14 +500,14 @@ mod tests {
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
         };
-        let c = counter_report(&a.energy, zone.as_ref(), Ok(slow), true);
+        let c = counter_report(&a.energy.config(), zone.as_ref(), Ok(slow), true);
         assert_eq!(c.read_interval_ns, 50_000_000);
         // One that never changed while watched counts nothing: not used, and it says so.
         let still = Measurement {
             period_is_lower_bound: true,
             ..slow
         };
-        let s = counter_report(&a.energy, zone.as_ref(), Ok(still), true);
+        let s = counter_report(&a.energy.config(), zone.as_ref(), Ok(still), true);
         assert!(!s.used);
         assert!(
             s.error
@@ -547,7 +548,7 @@ mod tests {
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
         };
-        let c = counter_report(&a.energy, zone.as_ref(), Ok(m), true);
+        let c = counter_report(&a.energy.config(), zone.as_ref(), Ok(m), true);
         assert_eq!(
             (c.read_interval_ns, c.read_interval_note),
             (10_000_000, None)
