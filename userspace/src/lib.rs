@@ -49,6 +49,8 @@ pub mod record;
 pub mod remote;
 pub mod roofline;
 pub mod symbolize;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod timeline;
 pub mod tui;
 pub mod unwind;

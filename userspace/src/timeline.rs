@@ -306,18 +306,7 @@ fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu,
-            tid,
-            tgid: tid,
-            next_known: next.is_some(),
-            next_tid: next.unwrap_or(0),
-            next_tgid: next.unwrap_or(0),
-            ..Default::default()
-        }
-    }
+    use crate::testing::sw_to as sw;
 
     fn spans(t: &Timeline, cpu: u32) -> Vec<(u64, u64, u32)> {
         t.cpu(cpu)

@@ -349,16 +349,7 @@ mod tests {
     use crate::pb::v1::SwitchEvent;
 
     fn sw(ts_ns: u64, tid: u32, next_tid: u32) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu: 0,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid,
-            next_tgid: next_tid,
-            ..Default::default()
-        }
+        crate::testing::sw(ts_ns, 0, tid, next_tid)
     }
 
     fn no_cgroups(_: u64) -> String {
