@@ -16,7 +16,8 @@
 //! - [`container`]: container ids and pod UIDs from cgroup v2 paths.
 //! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
-//! - [`exporter`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
+//! - [`agent::otlp`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
+//! - [`procmaps`]: `/proc/PID/maps` and GNU build-ids (a leaf: symbolize, unwind, python).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
 //! - [`roofline`]: the machine's energy roofline (seed 002): kernels, fit, plot, DVFS.
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
