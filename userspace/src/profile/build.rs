@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use super::Stacks;
 use super::{
     Frame, FrameId, KERNEL_MAPPING, Labels, Location, LocationId, NO_STACK_SAMPLE, Profile,
     ProfileMapping, ProfileMeta, ProfileSample, SAMPLES, SampleValues, ValueType,
 };
 use crate::pb::v1::Mapping;
-use crate::record::Recording;
 use crate::symbolize::perf_map::{JitTable, jit_frame};
 use crate::symbolize::{JitRuntime, Symbolizer, mapping_of};
 
@@ -198,17 +198,19 @@ impl Interner<'_> {
     }
 }
 
-/// Builds the profile of `rec` weighted by `weights` (one row per `rec.samples[i]`).
+/// Builds the profile of `input` (a [`Recording`](crate::record::Recording) or any other
+/// [`Stacks`]) weighted by `weights` (one row per `input.samples[i]`).
 ///
 /// Values are `samples/count` followed by `weights.value_types`. Caller addresses (every
 /// frame but the leaf) are looked up at `addr - 1`: a return address points after the call,
 /// possibly into the next line or function (as perf does).
-pub fn build(
-    rec: &Recording,
+pub fn build<'a>(
+    input: impl Into<Stacks<'a>>,
     weights: &SampleValues,
     symbolizer: &mut Symbolizer,
     filter: &Filter,
 ) -> Profile {
+    let rec: Stacks<'a> = input.into();
     let mut value_types = vec![ValueType::new(SAMPLES, "count")];
     value_types.extend(weights.value_types.iter().cloned());
     let n_weights = weights.value_types.len();
@@ -248,7 +250,7 @@ pub fn build(
         jit: rec
             .jit_symbols
             .iter()
-            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(rec, tgid))))
+            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(&rec, tgid))))
             .collect(),
     };
     let no_mappings: Vec<Mapping> = Vec::new();
@@ -287,12 +289,12 @@ pub fn build(
                 for (depth, &addr) in s.user_stack.iter().enumerate() {
                     let id = interner.user_location(s.tgid, caller_adjusted(addr, depth), mappings);
                     if !groups.is_done() && interner.is_eval(id) {
-                        interner.python(groups.next_group(), &rec.python_frames, &mut stack);
+                        interner.python(groups.next_group(), rec.python_frames, &mut stack);
                     }
                     stack.push(id, &interner.locations);
                 }
                 while !groups.is_done() {
-                    interner.python(groups.next_group(), &rec.python_frames, &mut stack);
+                    interner.python(groups.next_group(), rec.python_frames, &mut stack);
                 }
                 stacks.insert(key, stack.clone());
                 stack
@@ -362,22 +364,22 @@ pub fn build(
 
     let mut profile = Profile {
         meta: ProfileMeta {
-            title: if rec.header.hostname.is_empty() {
+            title: if rec.hostname.is_empty() {
                 "energy-bpf".to_string()
             } else {
-                format!("energy-bpf on {}", rec.header.hostname)
+                format!("energy-bpf on {}", rec.hostname)
             },
             totals: Vec::new(),
-            duration_ns: rec.duration_ns(),
+            duration_ns: rec.duration_ns,
             estimated: weights.estimated,
             source: weights.source.clone(),
-            sample_hz: rec.header.sample_hz,
-            start_unix_ns: rec.header.start_unix_ns,
-            lost_events: crate::record::lost_events(&rec.losses),
+            sample_hz: rec.sample_hz,
+            start_unix_ns: rec.start_unix_ns,
+            lost_events: rec.lost_events,
             unwind: if rec.samples.is_empty() {
                 String::new()
             } else {
-                crate::record::UnwindCounts::of(&rec.samples).label()
+                crate::record::UnwindCounts::of(rec.samples).label()
             },
         },
         value_types,
@@ -418,7 +420,7 @@ impl<'s> PythonGroups<'s> {
 }
 
 /// The runtime of a process, from its name or the program its command line starts.
-fn runtime_of(rec: &Recording, tgid: u32) -> JitRuntime {
+fn runtime_of(rec: &Stacks<'_>, tgid: u32) -> JitRuntime {
     let Some(t) = rec.threads.get(&tgid) else {
         return JitRuntime::Other;
     };
@@ -448,6 +450,7 @@ mod tests {
     use super::*;
     use crate::pb::v1::{Header, Sample, ThreadInfo};
     use crate::profile::Residual;
+    use crate::record::Recording;
 
     fn rec() -> Recording {
         let mut rec = Recording {
