@@ -139,7 +139,7 @@ pub fn sample_values<'a>(
 /// A symbolizer whose kernel symbols are those of the recorded kernel: /proc/kallsyms only
 /// when the recording was made on the running kernel, else kernel frames stay
 /// `[kernel]+0xADDR` rather than get another kernel's names.
-pub fn symbolizer_for(rec: &Recording) -> Symbolizer {
+fn symbolizer_for(rec: &Recording) -> Symbolizer {
     let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let same_kernel =
         rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;

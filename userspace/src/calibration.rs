@@ -118,7 +118,7 @@ impl CalibrationFile {
     }
 
     /// Static power per source key for `host`, as attribution takes it.
-    pub fn for_host(&self, host: &str, file: &Path) -> BTreeMap<String, Calibrated> {
+    fn for_host(&self, host: &str, file: &Path) -> BTreeMap<String, Calibrated> {
         self.hosts
             .get(host)
             .map(|h| {

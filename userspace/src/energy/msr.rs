@@ -61,7 +61,7 @@ pub struct Register {
 }
 
 /// Reads one MSR.
-pub fn read_msr(file: &File, path: &Path, offset: u64) -> Result<u64, EnergyError> {
+fn read_msr(file: &File, path: &Path, offset: u64) -> Result<u64, EnergyError> {
     let mut buf = [0u8; 8];
     file.read_exact_at(&mut buf, offset)
         .map_err(|e| EnergyError::from_io(path, e, PERMISSION_HINT))?;

@@ -125,7 +125,7 @@ fn python_notes(rec: &Recording) -> Vec<String> {
 /// One window as JSON prints it: its bounds, its machine-wide figures and its process rows
 /// (the same document `top --batch --format json` prints per frame).
 #[derive(Serialize)]
-pub struct WindowDoc<'a> {
+struct WindowDoc<'a> {
     /// Window start, CLOCK_MONOTONIC ns.
     pub start_ns: u64,
     /// Window end (exclusive), ns.

@@ -333,7 +333,7 @@ pub fn group_key(p: &ProcessRow, by: GroupBy) -> String {
 
 /// What `--by container` groups a process under: its container id, else its pod, else
 /// `[host]`.
-pub fn container_key(p: &ProcessRow) -> String {
+fn container_key(p: &ProcessRow) -> String {
     if !p.container_id.is_empty() {
         p.container_id.clone()
     } else if !p.pod_uid.is_empty() {

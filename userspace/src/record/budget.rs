@@ -33,7 +33,7 @@ pub const PER_INPUT_BYTE: u64 = 20;
 pub const MAX_RECORD_RATIO: u64 = 24;
 
 /// Decoded bytes any one record may take regardless of its size (a header, a small chunk).
-pub const RECORD_SLACK: u64 = 1 << 20;
+const RECORD_SLACK: u64 = 1 << 20;
 
 /// How a field is stored once decoded.
 #[derive(Clone, Copy)]

@@ -52,7 +52,7 @@ impl SortColumn {
 
     /// Whether a fresh sort on this column puts the largest first: numbers that mean
     /// "cost" are read biggest first, identifiers in natural order (like top).
-    pub fn default_descending(self) -> bool {
+    fn default_descending(self) -> bool {
         !matches!(self, SortColumn::Pid | SortColumn::Command)
     }
 
