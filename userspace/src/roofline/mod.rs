@@ -20,6 +20,7 @@ pub mod fit;
 pub mod kernels;
 pub mod model;
 pub mod plot;
+pub mod points;
 
 use std::io::Read as _;
 
