@@ -31,7 +31,7 @@ fn software_activity_event_is_counted_per_run_and_weighs_the_split() {
     assert_eq!(rec.header.activity_event, "task-clock");
     // The busy loop's runs carry counts, and task-clock counts ns: a run's count is its
     // length (the probe reads at the switch, a few µs after the timestamp at most).
-    let timeline = rec.timeline();
+    let timeline = energy_bpf::timeline::Timeline::of(&rec);
     let (mut counted_ns, mut count, mut runs) = (0u64, 0u64, 0);
     for run in timeline.cpus.iter().flat_map(|c| &c.runs) {
         if run.tgid == busy.pid()

@@ -30,6 +30,8 @@ mod never_idle;
 mod pipeline;
 // `calibrate`: quiet-machine static power, refusal when busy, used by record and report.
 mod calibrate;
+// Golden report outputs: table, JSON and CSV of a fixed recording, byte for byte.
+mod golden;
 // Exporters: flamegraph SVG in Chromium, pprof in `go tool pprof`, on our workload.
 mod outputs;
 // Symbols resolved a file at a time up front equal those looked up one address at a time.

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(rec) = energy_bpf::record::read_from(data, Path::new("fuzz.ebpr")) else {
         return;
     };
-    let timeline = rec.timeline();
+    let timeline = energy_bpf::timeline::Timeline::of(&rec);
     let sources: Vec<_> = rec
         .sources
         .iter()

@@ -86,11 +86,16 @@ pub fn domains(analysis: &Analysis) -> Vec<EnergyDomain> {
         .collect()
 }
 
-/// Per-sample weights of a recording: CPU time (ns), then the attributed energy (µJ) of
-/// each domain present, one row per `rec.samples[i]` (attribution's `sample_energy` is
+/// Per-sample weights of a recording (or of any [`Stacks`](crate::profile::Stacks) the
+/// analysis covers): CPU time (ns), then the attributed energy (µJ) of each domain present,
+/// one row per `samples[i]` (attribution's `sample_energy` is
 /// aligned with them). Thread energy no stack sample carries becomes a residual, shown as
 /// `[no stack sample]`, so a profile's total is every thread's attributed energy.
-pub fn sample_values(rec: &Recording, analysis: &Analysis) -> SampleValues {
+pub fn sample_values<'a>(
+    input: impl Into<crate::profile::Stacks<'a>>,
+    analysis: &Analysis,
+) -> SampleValues {
+    let rec: crate::profile::Stacks<'a> = input.into();
     let attr = &analysis.attribution;
     let domains = domains(analysis);
     let mut out = SampleValues::cpu_time(rec);

@@ -118,7 +118,7 @@ impl CalibrationFile {
     }
 
     /// Static power per source key for `host`, as attribution takes it.
-    pub fn for_host(&self, host: &str, file: &Path) -> BTreeMap<String, Calibrated> {
+    fn for_host(&self, host: &str, file: &Path) -> BTreeMap<String, Calibrated> {
         self.hosts
             .get(host)
             .map(|h| {
@@ -140,12 +140,11 @@ impl CalibrationFile {
     }
 }
 
-/// `--calibration FILE` for the commands that attribute energy.
-#[derive(clap::Args, Debug, Clone, Default)]
+/// Which calibration file the commands that attribute energy read (`--calibration FILE`).
+#[derive(Debug, Clone, Default)]
 pub struct CalibrationArgs {
     /// Calibration file from `energy-bpf calibrate` (default: /var/lib/energy-bpf/calibration.json
     /// when it exists).
-    #[arg(long, value_name = "FILE")]
     pub calibration: Option<PathBuf>,
 }
 

@@ -11,8 +11,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context as _;
-
 use crate::{
     attribute::{Learned, Options, domain_name},
     capture::{ActivityEvent, LiveOptions, host, session::Targets},
@@ -43,11 +41,31 @@ pub struct LiveConfig {
     pub sample_ring_bytes: Option<u32>,
 }
 
+/// Why a live feed or a replay could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FeedError {
+    /// Capture could not start (probes, privileges, energy sources).
+    #[error(transparent)]
+    Capture(#[from] crate::capture::LiveError),
+    /// The feed's thread could not be started.
+    #[error("starting the {what} thread")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The capture thread ended before it said whether capture started.
+    #[error("capture thread ended during start-up")]
+    Ended(#[source] mpsc::RecvError),
+}
+
 /// Starts capture on its own thread and returns the snapshot channel. Start-up errors
 /// (permissions, no BTF, unreadable counters) are returned here, before any screen opens.
-pub fn live(cfg: LiveConfig) -> anyhow::Result<Receiver<Snapshot>> {
+pub fn live(cfg: LiveConfig) -> Result<Receiver<Snapshot>, FeedError> {
     let (tx, rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<()>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), FeedError>>();
     thread::Builder::new()
         .name("energy-bpf-live".into())
         .spawn(move || match Live::start(&cfg) {
@@ -59,10 +77,11 @@ pub fn live(cfg: LiveConfig) -> anyhow::Result<Receiver<Snapshot>> {
                 let _ = ready_tx.send(Err(err));
             }
         })
-        .context("starting the capture thread")?;
-    ready_rx
-        .recv()
-        .context("capture thread ended during start-up")??;
+        .map_err(|source| FeedError::Thread {
+            what: "capture",
+            source,
+        })?;
+    ready_rx.recv().map_err(FeedError::Ended)??;
     Ok(rx)
 }
 
@@ -80,7 +99,7 @@ pub struct Capture {
 
 impl Capture {
     /// Loads the probes, starts the energy reader and opens the first window now.
-    pub fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
+    pub fn start(cfg: &LiveConfig) -> Result<Self, FeedError> {
         let mut live = crate::capture::Live::start(LiveOptions {
             sample_hz: cfg.sample_hz,
             activity: cfg.activity,
@@ -200,7 +219,7 @@ struct Live {
 }
 
 impl Live {
-    fn start(cfg: &LiveConfig) -> anyhow::Result<Self> {
+    fn start(cfg: &LiveConfig) -> Result<Self, FeedError> {
         Ok(Self {
             capture: Capture::start(cfg)?,
         })
@@ -246,7 +265,7 @@ pub fn replay(
     rec: Recording,
     options: Options,
     cfg: ReplayConfig,
-) -> anyhow::Result<Receiver<Snapshot>> {
+) -> Result<Receiver<Snapshot>, FeedError> {
     let (tx, rx) = mpsc::channel();
     thread::Builder::new()
         .name("energy-bpf-replay".into())
@@ -276,7 +295,10 @@ pub fn replay(
                 }
             }
         })
-        .context("starting the replay thread")?;
+        .map_err(|source| FeedError::Thread {
+            what: "replay",
+            source,
+        })?;
     Ok(rx)
 }
 

@@ -17,7 +17,8 @@
 //! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
 //! - [`hot`]: the hot Python, JIT or native function of each thread and process in a window.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
-//! - [`exporter`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
+//! - [`agent::otlp`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
+//! - [`procmaps`]: `/proc/PID/maps` and GNU build-ids (a leaf: symbolize, unwind, python).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
 //! - [`roofline`]: the machine's energy roofline (seed 002): kernels, fit, plot, DVFS.
 //! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
@@ -39,18 +40,20 @@ pub mod commands;
 pub mod container;
 pub mod diff;
 pub mod energy;
-pub mod exporter;
 pub mod feed;
 pub mod hot;
 pub mod kube;
 pub mod output;
 pub mod pipeline;
+pub mod procmaps;
 pub mod profile;
 pub mod python;
 pub mod record;
 pub mod remote;
 pub mod roofline;
 pub mod symbolize;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod timeline;
 pub mod tui;
 pub mod unwind;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     pb::v1::SwitchEvent,
-    record::{CpuOrders, SwitchLog},
+    record::{CpuOrders, Recording, SwitchLog},
 };
 
 /// Thread id of a CPU's idle task (swapper).
@@ -99,6 +99,16 @@ impl Timeline {
     /// `prev` of its first switch; the last is the `next` of its last switch, or unknown.
     pub fn build(start_ns: u64, end_ns: u64, cpus: &[u32], switches: &[SwitchEvent]) -> Self {
         Self::build_from(start_ns, end_ns, cpus, Switches::Events(switches))
+    }
+
+    /// The timeline of every CPU of a recording over its capture window.
+    pub fn of(rec: &Recording) -> Self {
+        Self::build_from(
+            rec.start_ns(),
+            rec.end_ns,
+            &rec.cpu_ids(),
+            Switches::Log(&rec.switches),
+        )
     }
 
     /// [`Self::build`] from events held either way. Each CPU's runs are built as its
@@ -296,18 +306,7 @@ fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
 mod tests {
     use super::*;
 
-    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu,
-            tid,
-            tgid: tid,
-            next_known: next.is_some(),
-            next_tid: next.unwrap_or(0),
-            next_tgid: next.unwrap_or(0),
-            ..Default::default()
-        }
-    }
+    use crate::testing::sw_to as sw;
 
     fn spans(t: &Timeline, cpu: u32) -> Vec<(u64, u64, u32)> {
         t.cpu(cpu)

@@ -3,7 +3,8 @@
 //! - `setup`: install what a fresh machine lacks (apt packages, the pinned eBPF nightly
 //!   with rust-src, bpf-linker built against LLVM 22). Idempotent; does nothing when all
 //!   is present.
-//! - `test`: setup, then format check, clippy, the whole test suite (the eBPF
+//! - `cycles`: fail when files of `userspace/src` import each other in a cycle.
+//! - `test`: setup, then format check, the import-cycle check, clippy, the whole test suite (the eBPF
 //!   integration tests run for real: they need root, which CI has), and each fuzz target
 //!   for a short fixed time.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
@@ -12,6 +13,7 @@
 use std::process::ExitCode;
 
 mod bench;
+mod cycles;
 mod fuzz;
 mod setup;
 mod util;
@@ -20,12 +22,13 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("setup") => setup::run(),
+        Some("cycles") => cycles::run(),
         Some("test") => setup::run().and_then(|()| test(&args[1..])),
         Some("fuzz") => setup::run().and_then(|()| fuzz::run(&args[1..])),
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | test | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
+            "usage: cargo xtask setup | cycles | test | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
                 .into(),
         ),
     };
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
 
 fn test(extra: &[String]) -> util::Result {
     util::cargo(&["fmt", "--all", "--check"])?;
+    cycles::run()?;
     // The probes crate is built for the BPF target by userspace/build.rs; on the host it
     // is only a stub library, so it is left out of the host-side workspace commands.
     let host = ["--workspace", "--exclude", "energy-bpf-probes"];

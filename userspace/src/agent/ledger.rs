@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{
-    container::{self, ContainerRef},
+    container::ContainerRef,
     pipeline::{DomainJoules, ProcessRow},
 };
 
@@ -157,7 +157,7 @@ impl Ledger {
             secs,
         );
         for row in w.rows {
-            let c = container::parse(&row.cgroup);
+            let c = row.container();
             if !c.is_empty() {
                 let key = (
                     c.container_id.clone().unwrap_or_default(),

@@ -1,10 +1,14 @@
 use super::*;
 
+/// A row as the rollup makes it: the container and pod read from the cgroup.
 fn row(pid: u32, comm: &str, cgroup: &str, package_j: f64) -> ProcessRow {
+    let container = crate::container::parse(cgroup);
     ProcessRow {
         pid,
         comm: comm.into(),
         cgroup: cgroup.into(),
+        container_id: container.container_id.unwrap_or_default(),
+        pod_uid: container.pod_uid.unwrap_or_default(),
         energy_j: DomainJoules::from([("package", package_j)]),
         ..Default::default()
     }

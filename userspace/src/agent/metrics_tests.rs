@@ -21,6 +21,8 @@ fn exposition_has_the_families_and_the_sum_rule() {
                 pid: 42,
                 comm: "busy".into(),
                 cgroup: format!("/system.slice/docker-{}.scope", "cd".repeat(32)),
+                // As the rollup reads it from the cgroup.
+                container_id: "cd".repeat(32),
                 energy_j: DomainJoules::from([("package", 3.0)]),
                 ..Default::default()
             },

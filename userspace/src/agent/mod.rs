@@ -14,7 +14,7 @@ mod http;
 pub mod learn;
 pub mod ledger;
 pub mod metrics;
-pub mod otlp_sink;
+pub mod otlp;
 pub mod outputs;
 pub mod selfstat;
 pub mod settings;
@@ -22,7 +22,6 @@ pub mod sink;
 
 use std::sync::{Arc, mpsc};
 
-use anyhow::Context as _;
 use tokio::signal::unix::{SignalKind, signal};
 
 pub use settings::{OtlpSettings, RecordSettings, Retain, Settings};
@@ -30,17 +29,77 @@ pub use sink::{Sink, SinkError};
 
 use crate::feed::Capture;
 
-/// Re-reads the settings (flags and the config file) on SIGHUP.
-pub type Reload = Box<dyn Fn() -> anyhow::Result<Settings> + Send>;
+/// Re-reads the settings (flags and the config file) on SIGHUP; the error is logged and
+/// the running settings kept.
+pub type Reload = Box<dyn Fn() -> Result<Settings, String> + Send>;
+
+/// Why the agent could not start, or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The async runtime or the signal handlers could not be set up.
+    #[error("{what}")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The snapshot socket could not be bound.
+    #[error("cannot serve snapshots on {} (choose another with --socket)", path.display())]
+    Socket {
+        /// The socket path.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: crate::remote::RemoteError,
+    },
+    /// The OTLP exporter could not start.
+    #[error("cannot export OTLP profiles")]
+    Otlp(#[source] otlp::transport::ExportError),
+    /// The OTLP encoder thread could not start.
+    #[error("cannot start the OTLP encoder thread")]
+    OtlpThread(#[source] std::io::Error),
+    /// The metrics registry could not be built.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
+    /// Pod names were asked for and cannot be had.
+    #[error("cannot name pods")]
+    Kube(#[source] crate::kube::KubeError),
+    /// The metrics address could not be bound.
+    #[error("cannot listen on {addr} for /metrics (choose another with --metrics-addr, or port 0)")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Capture could not start.
+    #[error(transparent)]
+    Capture(#[from] crate::feed::FeedError),
+    /// The capture thread ended before it said whether capture started.
+    #[error("the capture thread ended during start-up")]
+    CaptureEnded,
+    /// The capture thread panicked.
+    #[error("the capture thread panicked")]
+    Panicked(#[source] tokio::task::JoinError),
+    /// The capture loop returned although no signal asked it to.
+    #[error("the capture loop stopped on its own")]
+    Stopped,
+}
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub fn run(settings: Settings, reload: Reload) -> anyhow::Result<()> {
+pub fn run(settings: Settings, reload: Reload) -> Result<(), AgentError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .thread_name("energy-bpf-agent")
         .build()
-        .context("starting the async runtime")?
+        .map_err(|source| AgentError::Setup {
+            what: "starting the async runtime",
+            source,
+        })?
         .block_on(serve(settings, reload))
 }
 
@@ -52,14 +111,13 @@ pub fn extra_sinks(
     settings: &Settings,
     runtime: &tokio::runtime::Handle,
     names: Option<Arc<crate::kube::Resolver>>,
-) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+) -> Result<Vec<Box<dyn Sink>>, AgentError> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
-    let server = crate::remote::Server::bind(&settings.socket).with_context(|| {
-        format!(
-            "cannot serve snapshots on {} (choose another with --socket)",
-            settings.socket.display()
-        )
-    })?;
+    let server =
+        crate::remote::Server::bind(&settings.socket).map_err(|source| AgentError::Socket {
+            path: settings.socket.clone(),
+            source,
+        })?;
     sinks.push(Box::new(outputs::SocketSink::new(server)));
     if let Some(record) = &settings.record {
         let rotation = crate::record::rotate::Rotation {
@@ -72,27 +130,33 @@ pub fn extra_sinks(
         )));
     }
     if let Some(otlp) = &settings.otlp {
-        let exporter = crate::exporter::Exporter::spawn(otlp.export.clone(), runtime)
-            .context("cannot export OTLP profiles")?;
+        let exporter = otlp::transport::Exporter::spawn(otlp.export.clone(), runtime)
+            .map_err(AgentError::Otlp)?;
         tracing::info!(
             "exporting energy profiles every {:?} to {}",
             otlp.profile_interval,
             otlp.export.endpoint
         );
         sinks.push(Box::new(
-            otlp_sink::OtlpSink::new(exporter, otlp.profile_interval)
-                .context("cannot start the OTLP encoder thread")?
+            otlp::OtlpSink::new(exporter, otlp.profile_interval)
+                .map_err(AgentError::OtlpThread)?
                 .with_names(names),
         ));
     }
     Ok(sinks)
 }
 
-async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
+async fn serve(settings: Settings, reload: Reload) -> Result<(), AgentError> {
     // Signals first: a SIGTERM during start-up must not kill the process mid-attach.
-    let mut term = signal(SignalKind::terminate()).context("installing signal handlers")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing signal handlers")?;
-    let mut hup = signal(SignalKind::hangup()).context("installing signal handlers")?;
+    let handler = |kind| {
+        signal(kind).map_err(|source| AgentError::Setup {
+            what: "installing signal handlers",
+            source,
+        })
+    };
+    let mut term = handler(SignalKind::terminate())?;
+    let mut int = handler(SignalKind::interrupt())?;
+    let mut hup = handler(SignalKind::hangup())?;
     if !crate::capture::host::has_capability(crate::capture::host::CAP_SYS_PTRACE) {
         tracing::warn!(
             "missing CAP_SYS_PTRACE: other users' processes get no unwind tables or symbols (their /proc/<pid>/maps and /proc/<pid>/root are closed); their stacks use frame pointers"
@@ -101,19 +165,19 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::new(settings.max_process_series)?;
     let names = match &settings.kube {
         Some(kube) => {
-            let resolver =
-                Arc::new(crate::kube::Resolver::start(kube).context("cannot name pods")?);
+            let resolver = Arc::new(crate::kube::Resolver::start(kube).map_err(AgentError::Kube)?);
             metrics.set_names(Arc::clone(&resolver));
             Some(resolver)
         }
         None => None,
     };
-    let (listener, addr) = http::bind(settings.metrics_addr).await.with_context(|| {
-        format!(
-            "cannot listen on {} for /metrics (choose another with --metrics-addr, or port 0)",
-            settings.metrics_addr
-        )
-    })?;
+    let (listener, addr) =
+        http::bind(settings.metrics_addr)
+            .await
+            .map_err(|source| AgentError::Listen {
+                addr: settings.metrics_addr,
+                source,
+            })?;
     let mut sinks: Vec<Box<dyn Sink>> =
         vec![Box::new(metrics::MetricsSink::new(Arc::clone(&metrics)))];
     sinks.extend(extra_sinks(
@@ -123,7 +187,7 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
     )?);
 
     let (control, control_rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<Result<(), AgentError>>();
     let live = settings.live.clone();
     let interval = settings.interval;
     let capture_metrics = Arc::clone(&metrics);
@@ -146,12 +210,10 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
                 .run(&control_rx);
         }
         Err(err) => {
-            let _ = ready_tx.send(Err(err));
+            let _ = ready_tx.send(Err(err.into()));
         }
     });
-    let started = ready_rx
-        .await
-        .context("the capture thread ended during start-up");
+    let started = ready_rx.await.map_err(|_| AgentError::CaptureEnded);
     if let Err(err) = started.and_then(|r| r) {
         server.abort();
         return Err(err);
@@ -177,18 +239,18 @@ async fn serve(settings: Settings, reload: Reload) -> anyhow::Result<()> {
                     apply_reload(&current, &new, &control);
                     current = new;
                 }
-                Err(err) => tracing::warn!("SIGHUP: keeping the running settings: {err:#}"),
+                Err(err) => tracing::warn!("SIGHUP: keeping the running settings: {err}"),
             },
             ended = &mut capture => {
                 server.abort();
-                ended.context("the capture thread panicked")?;
-                anyhow::bail!("the capture loop stopped on its own");
+                ended.map_err(AgentError::Panicked)?;
+                return Err(AgentError::Stopped);
             }
         }
     }
     // The receiver only goes away when the loop has ended, which the join below reports.
     let _ = control.send(collect::Control::Stop);
-    capture.await.context("the capture thread panicked")?;
+    capture.await.map_err(AgentError::Panicked)?;
     server.abort();
     tracing::info!("stopped");
     Ok(())

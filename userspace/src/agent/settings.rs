@@ -33,7 +33,7 @@ pub struct Settings {
 #[derive(Clone, Debug, PartialEq)]
 pub struct OtlpSettings {
     /// Where and how.
-    pub export: crate::exporter::ExportConfig,
+    pub export: crate::agent::otlp::transport::ExportConfig,
     /// Windows per exported profile, as time.
     pub profile_interval: Duration,
 }

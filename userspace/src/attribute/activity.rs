@@ -114,15 +114,8 @@ mod tests {
 
     fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32, activity: Option<u64>) -> SwitchEvent {
         SwitchEvent {
-            ts_ns,
-            cpu,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid: next,
-            next_tgid: next,
             activity,
-            ..Default::default()
+            ..crate::testing::sw(ts_ns, cpu, tid, next)
         }
     }
 

@@ -54,7 +54,8 @@ pub use attribution::{
 };
 pub use ci::{Estimate, estimate_samples};
 pub use split::ThreadKey;
-pub use static_power::{Calibrated, Learned, StaticOrigin, Unidentified, source_key};
+pub use static_power::{Calibrated, Learned, StaticOrigin, source_key};
+pub use zero_load::Unidentified;
 
 /// What attribution reads. All slices may be in any order.
 #[derive(Clone, Copy, Debug)]

@@ -76,20 +76,8 @@ mod tests {
     use super::*;
     use crate::attribute::split::equal_power;
     use crate::attribute::{IdlePolicy, split::split_cpu};
-    use crate::pb::v1::SwitchEvent;
 
-    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid: next,
-            next_tgid: next,
-            ..Default::default()
-        }
-    }
+    use crate::testing::sw;
 
     #[test]
     fn co_running_siblings_share_their_core() {

@@ -207,20 +207,8 @@ pub fn split_gpu(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::v1::SwitchEvent;
 
-    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid: next,
-            next_tgid: next,
-            ..Default::default()
-        }
-    }
+    use crate::testing::sw;
 
     fn ones(_: u32, _: &Run) -> f64 {
         1.0

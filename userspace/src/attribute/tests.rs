@@ -27,18 +27,7 @@ fn reading(source_id: u32, ts_ns: u64, energy_uj: f64) -> EnergyReading {
     }
 }
 
-fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
-    SwitchEvent {
-        ts_ns,
-        cpu,
-        tid,
-        tgid: tid,
-        next_known: true,
-        next_tid: next,
-        next_tgid: next,
-        ..Default::default()
-    }
-}
+use crate::testing::sw;
 
 pub(super) fn input<'a>(
     timeline: &'a Timeline,

@@ -7,7 +7,62 @@ use rand::{RngExt, SeedableRng, rngs::ChaCha8Rng};
 
 use super::interval::Interval;
 use super::split::Occupancy;
-use super::static_power::Unidentified;
+
+/// Why static power could not be identified from the recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unidentified {
+    /// Utilisation never varied (e.g. every CPU always busy): no intercept to extrapolate.
+    NoSpread,
+    /// Utilisation varies, but only faster than the counter resolves: rows long enough to
+    /// measure power all see the same average load.
+    LoadTooFast,
+    /// Utilisation took too few distinct levels to fit a line through.
+    FewLevels,
+    /// Too few intervals to fit (a short recording on a busy machine).
+    TooFewIntervals,
+    /// Power did not rise with load, so the linear model does not hold.
+    NoSlope,
+    /// The bootstrap interval of the extrapolated value is too wide to use.
+    Uncertain,
+}
+
+impl Unidentified {
+    /// Words for outputs.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::NoSpread => "utilisation never varied: every CPU was always busy",
+            Self::LoadTooFast => {
+                "load varies faster than the counter resolves (counter too slow for this \
+                 load): every row the counter can measure sees the same average load"
+            }
+            Self::FewLevels => "utilisation took too few distinct levels",
+            Self::TooFewIntervals => "too few intervals on a busy machine",
+            Self::NoSlope => "power did not rise with load",
+            Self::Uncertain => "the extrapolation to zero load is too uncertain",
+        }
+    }
+}
+
+impl Unidentified {
+    /// What a user can do about it, for the warning line.
+    pub fn remedy(self) -> &'static str {
+        const CALIBRATE: &str =
+            "run `energy-bpf calibrate` on a quiet machine or pass --static-power-w";
+        match self {
+            Self::TooFewIntervals => {
+                "record longer, or run `energy-bpf calibrate` on a quiet machine or pass \
+                 --static-power-w"
+            }
+            Self::LoadTooFast => {
+                "run `energy-bpf calibrate` on a quiet machine or pass --static-power-w (a \
+                 counter that updates faster, such as RAPL's ~1 ms, resolves loads that change \
+                 every ~10 ms)"
+            }
+            _ => CALIBRATE,
+        }
+    }
+}
 
 /// The robust fit of interval power on busy CPUs (`P ≈ static + slope·busy_cpus`) and the
 /// measures of how well it identifies the intercept.

@@ -150,6 +150,24 @@ impl Live {
         chunk
     }
 
+    /// Polls every 100 ms for `how_long`, keeping only the switches and readings (what
+    /// `calibrate` measures a quiet or loaded machine with).
+    pub fn drain_for(
+        &mut self,
+        how_long: std::time::Duration,
+        switches: &mut Vec<pb::SwitchEvent>,
+        readings: &mut Vec<pb::EnergyReading>,
+    ) {
+        let until = std::time::Instant::now() + how_long;
+        while std::time::Instant::now() < until {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            std::thread::sleep(std::time::Duration::from_millis(100).min(left));
+            let chunk = self.poll();
+            switches.extend(chunk.switches);
+            readings.extend(chunk.readings);
+        }
+    }
+
     /// Energy sources that failed since the last call (the others go on).
     pub fn new_faults(&mut self) -> Vec<String> {
         let faults = self.energy.faults();

@@ -29,7 +29,7 @@ const RETRY_EVERY: Duration = Duration::from_millis(50);
 const MAX_TRACKED: usize = 4 * energy_bpf_abi::PY_PROCESSES as usize;
 
 /// Environment variable that turns the walker off (`0` or `off`).
-pub const ENV_OFF: &str = "ENERGY_BPF_PYTHON";
+const ENV_OFF: &str = "ENERGY_BPF_PYTHON";
 
 /// Whether the walker should be loaded.
 pub fn wanted() -> bool {

@@ -27,7 +27,7 @@ impl Targets {
     }
 
     /// Whether samples are kept for some processes only (`-p`, a command).
-    pub fn is_explicit(&self) -> bool {
+    fn is_explicit(&self) -> bool {
         !self.pids.is_empty()
     }
 

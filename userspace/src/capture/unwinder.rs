@@ -50,7 +50,7 @@ pub const MAX_PROCESSES: usize = energy_bpf_abi::UNWIND_PROCESSES as usize;
 
 /// How often processes that are gone without an exit event (the lifecycle ring buffer was
 /// full) are forgotten on both sides, so lost exits never fill the tables for good.
-pub const PRUNE_EVERY: Duration = Duration::from_secs(60);
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Shortest time between two reloads of one process's tables for unmapped PCs.
 pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
@@ -58,7 +58,7 @@ pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
 /// Shortest time between two rebuilds of a full arena: when the files in use do not fit,
 /// new processes keep frame pointers rather than the loader rewriting the arena again and
 /// again.
-pub const REBUILD_EVERY: Duration = Duration::from_secs(60);
+const REBUILD_EVERY: Duration = Duration::from_secs(60);
 
 /// What the tables cost and hold, for `sources`, the agent's metrics and the record summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -62,7 +62,7 @@ pub struct Args {
     pub freq: u32,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: crate::energy::EnergyArgs,
+    pub energy: super::args::EnergyFlags,
     /// How energy is split between threads. `auto` means busy time here, as in `top`: a
     /// per-class regression needs minutes of intervals, and a window has seconds.
     #[command(flatten)]
@@ -73,7 +73,7 @@ pub struct Args {
     pub otlp_endpoint: Option<String>,
     /// gRPC metadata sent with every export, e.g. `authorization=Bearer TOKEN` (repeat for
     /// more; values are never logged).
-    #[arg(long, value_name = "K=V", value_parser = crate::exporter::parse_header)]
+    #[arg(long, value_name = "K=V", value_parser = crate::agent::otlp::transport::parse_header)]
     pub otlp_header: Vec<(String, String)>,
     /// Allow plaintext http:// to a collector that is not on loopback.
     #[arg(long)]
@@ -89,7 +89,7 @@ pub struct Args {
     pub unwind: super::args::UnwindArgs,
     /// Static power measured by `energy-bpf calibrate` (the default file when it exists).
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
     /// Directory of state kept across restarts: the quietest intervals static power is
     /// learned from (`static-learned.json`, mode 0600).
     #[arg(long, value_name = "DIR", default_value = crate::agent::learn::store::DEFAULT_STATE_DIR)]
@@ -130,6 +130,7 @@ impl Args {
         let (_, hostname) = crate::capture::host::uname();
         attribute.calibrated = self
             .calibration
+            .config()
             .resolve(&hostname)
             .context("cannot use the calibration")?;
         if attribute.power_model == PowerModel::Auto {
@@ -144,7 +145,7 @@ impl Args {
             live: LiveConfig {
                 sample_hz: u64::from(self.freq),
                 interval,
-                energy: self.energy.clone(),
+                energy: self.energy.config(),
                 attribute,
                 activity: self.activity.event,
                 unwind: self.unwind.mode,
@@ -169,7 +170,7 @@ impl Args {
                 .otlp_endpoint
                 .as_ref()
                 .map(|endpoint| crate::agent::OtlpSettings {
-                    export: crate::exporter::ExportConfig {
+                    export: crate::agent::otlp::transport::ExportConfig {
                         endpoint: endpoint.clone(),
                         headers: self.otlp_header.clone(),
                         insecure: self.otlp_insecure,
@@ -200,9 +201,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         None => args,
     };
     let config = args.config.clone();
-    let reload: agent::Reload = Box::new(move || match &config {
-        Some(path) => merged(path, &cli)?.settings(),
-        None => anyhow::bail!("no --config file to reload"),
+    let reload: agent::Reload = Box::new(move || {
+        let settings = match &config {
+            Some(path) => merged(path, &cli).and_then(|args| args.settings()),
+            None => Err(anyhow::anyhow!("no --config file to reload")),
+        };
+        settings.map_err(|err| format!("{err:#}"))
     });
     agent::run(args.settings()?, reload)?;
     Ok(ExitCode::SUCCESS)

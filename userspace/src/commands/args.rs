@@ -188,6 +188,195 @@ impl ValueEnum for PowerModel {
     }
 }
 
+/// Arguments of `energy-bpf calibrate` (and of `calibrate --roofline`).
+#[derive(clap::Args, Debug)]
+pub struct CalibrateArgs {
+    /// Seconds to measure (with `--load`, each load step lasts this long too).
+    #[arg(short = 'd', long = "duration", default_value_t = 10.0)]
+    pub duration: f64,
+    /// Calibration file to update.
+    #[arg(long, value_name = "FILE", default_value = crate::calibration::DEFAULT_PATH)]
+    pub calibration: std::path::PathBuf,
+    /// Refuse when more than this share of CPU time is busy, %.
+    #[arg(long = "max-busy", value_name = "PCT", default_value_t = 10.0)]
+    pub max_busy: f64,
+    /// Then spin 1..N CPUs in turn to measure watts per busy CPU.
+    #[arg(long)]
+    pub load: bool,
+    /// Measure the energy roofline instead: time and energy per flop and per byte, constant
+    /// power, balance points, whether racing to halt saves energy (stored under `roofline`).
+    #[arg(long)]
+    pub roofline: bool,
+    /// With --roofline: also draw the normalised roofline and arch line to this SVG file.
+    #[arg(long, value_name = "FILE.svg", requires = "roofline")]
+    pub plot: Option<std::path::PathBuf>,
+    /// With --roofline: repeat the sweep with every CPU pinned to each of these frequencies
+    /// (kHz, or with an MHz/GHz suffix) and fit the V²-scaling model; needs cpufreq.
+    #[arg(
+        long,
+        value_name = "F1,F2,...",
+        value_delimiter = ',',
+        requires = "roofline"
+    )]
+    pub frequencies: Vec<String>,
+    /// With --roofline: how long each kernel runs, ms (at least 50 counter updates).
+    #[arg(long = "kernel-ms", value_name = "MS", default_value_t = 500)]
+    pub kernel_ms: u64,
+    /// With --roofline: the kernels' buffer, MiB (default: twice the last-level cache,
+    /// 64 to 1024 MiB).
+    #[arg(long = "buffer-mib", value_name = "MIB")]
+    pub buffer_mib: Option<usize>,
+    /// With --roofline: keep the kernels' cumulative flops and bytes in this file (two
+    /// little-endian u64, mapped shared, updated as they run), for emulated counters.
+    #[arg(long = "progress-file", value_name = "FILE", hide = true)]
+    pub progress_file: Option<std::path::PathBuf>,
+    /// Energy sources (counters, fake trees for testing, model parameters).
+    #[command(flatten)]
+    pub energy: EnergyFlags,
+}
+
+/// The energy flags; commands flatten this into their own `Args`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EnergyFlags {
+    /// Energy source to use (auto: best available per domain; model: estimated only).
+    #[arg(long, value_enum, default_value_t = crate::energy::SourceKind::Auto)]
+    pub energy_source: crate::energy::SourceKind,
+    /// Root of sysfs, where powercap, hwmon and the power PMU are found (tests pass a fake
+    /// tree).
+    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    pub sysfs_root: std::path::PathBuf,
+    /// Root of the MSR device files (`N/msr` under it).
+    #[arg(long, value_name = "DIR", default_value = "/dev/cpu")]
+    pub dev_cpu_root: std::path::PathBuf,
+    /// Read interval in ms (default: at least 5x the measured update period and 10 ms).
+    #[arg(long, value_name = "N")]
+    pub energy_interval_ms: Option<u64>,
+    /// Estimated model: power of one package with all its CPUs idle, watts.
+    #[arg(long, value_name = "W")]
+    pub model_idle_w: Option<f64>,
+    /// Estimated model: power of one package with all its CPUs busy, watts.
+    #[arg(long, value_name = "W")]
+    pub model_max_w: Option<f64>,
+    /// Estimated model parameters from a file of `key = value` lines (`idle_w`, `max_w`,
+    /// per package; `#` comments).
+    #[arg(long, value_name = "PATH")]
+    pub model_config: Option<std::path::PathBuf>,
+}
+
+impl Default for EnergyFlags {
+    fn default() -> Self {
+        let d = crate::energy::EnergyArgs::default();
+        Self {
+            energy_source: d.energy_source,
+            sysfs_root: d.sysfs_root,
+            dev_cpu_root: d.dev_cpu_root,
+            energy_interval_ms: d.energy_interval_ms,
+            model_idle_w: d.model_idle_w,
+            model_max_w: d.model_max_w,
+            model_config: d.model_config,
+        }
+    }
+}
+
+impl EnergyFlags {
+    /// The library's energy options.
+    pub fn config(&self) -> crate::energy::EnergyArgs {
+        crate::energy::EnergyArgs {
+            energy_source: self.energy_source,
+            sysfs_root: self.sysfs_root.clone(),
+            dev_cpu_root: self.dev_cpu_root.clone(),
+            energy_interval_ms: self.energy_interval_ms,
+            model_idle_w: self.model_idle_w,
+            model_max_w: self.model_max_w,
+            model_config: self.model_config.clone(),
+        }
+    }
+}
+
+/// `--calibration FILE` for the commands that attribute energy.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct CalibrationFlags {
+    /// Calibration file from `energy-bpf calibrate` (default: /var/lib/energy-bpf/calibration.json
+    /// when it exists).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<std::path::PathBuf>,
+}
+
+impl CalibrationFlags {
+    /// The library's calibration choice.
+    pub fn config(&self) -> crate::calibration::CalibrationArgs {
+        crate::calibration::CalibrationArgs {
+            calibration: self.calibration.clone(),
+        }
+    }
+}
+
+impl ValueEnum for crate::energy::SourceKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        use crate::energy::SourceKind::*;
+        &[Auto, Perf, Powercap, Msr, Hwmon, Nvml, Model]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        use crate::energy::SourceKind::*;
+        let help = match self {
+            Auto => {
+                "The best per domain: perf PMU > powercap > MSR > hwmon, plus NVML for GPUs; the estimated model when no CPU counter exists"
+            }
+            Perf => "perf `power/energy-*` PMU events",
+            Powercap => "powercap sysfs (`intel-rapl:*` zones; AMD exposes the same tree)",
+            Msr => "Raw RAPL MSRs through `/dev/cpu/N/msr`",
+            Hwmon => "hwmon `energyN_input` (amd_energy, zenergy, ...)",
+            Nvml => "NVIDIA GPUs through NVML",
+            Model => "The estimated model only",
+        };
+        Some(PossibleValue::new(self.as_str()).help(help))
+    }
+}
+
+impl ValueEnum for crate::output::table::By {
+    fn value_variants<'a>() -> &'a [Self] {
+        use crate::output::table::By::*;
+        &[Process, Thread, Cgroup, Command, Container, Function]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        use crate::output::table::By::*;
+        let (name, help) = match self {
+            Process => ("process", "One row per process"),
+            Thread => ("thread", "One row per thread"),
+            Cgroup => (
+                "cgroup",
+                "One row per cgroup (container, service): its processes summed",
+            ),
+            Command => ("command", "One row per command name: its processes summed"),
+            Container => (
+                "container",
+                "One row per container (or Kubernetes pod; `[host]` for the rest), from the cgroup",
+            ),
+            Function => ("function", "One row per function (self and total energy)"),
+        };
+        Some(PossibleValue::new(name).help(help))
+    }
+}
+
+impl ValueEnum for crate::output::table::Format {
+    fn value_variants<'a>() -> &'a [Self] {
+        use crate::output::table::Format::*;
+        &[Table, Json, Csv]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        use crate::output::table::Format::*;
+        let (name, help) = match self {
+            Table => ("table", "Aligned columns for a terminal"),
+            Json => ("json", "One JSON document (`meta` + `rows`)"),
+            Csv => ("csv", "Comma-separated values with a header line"),
+        };
+        Some(PossibleValue::new(name).help(help))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +415,37 @@ mod tests {
         let cli = Cli::parse_from(["x", "--activity-event", "task-clock"]);
         assert_eq!(cli.activity.event, ActivityEvent::TaskClock);
         assert!(Cli::try_parse_from(["x", "--activity-event", "joules"]).is_err());
+    }
+
+    #[derive(Parser)]
+    struct EnergyCli {
+        #[command(flatten)]
+        energy: EnergyFlags,
+    }
+
+    #[test]
+    fn energy_flags_parse_with_defaults_and_map_onto_the_library_options() {
+        use crate::energy::SourceKind;
+        use std::path::PathBuf;
+        let cli = EnergyCli::parse_from(["x"]);
+        assert_eq!(cli.energy.energy_source, SourceKind::Auto);
+        assert_eq!(cli.energy.sysfs_root, PathBuf::from("/sys"));
+        assert_eq!(cli.energy.dev_cpu_root, PathBuf::from("/dev/cpu"));
+        let cli = EnergyCli::parse_from([
+            "x",
+            "--energy-source",
+            "powercap",
+            "--sysfs-root",
+            "/tmp/f",
+            "--energy-interval-ms",
+            "20",
+            "--model-idle-w",
+            "3.5",
+        ]);
+        let energy = cli.energy.config();
+        assert_eq!(energy.energy_source, SourceKind::Powercap);
+        assert_eq!(energy.sysfs_root, PathBuf::from("/tmp/f"));
+        assert_eq!(energy.energy_interval_ms, Some(20));
+        assert_eq!(energy.model_idle_w, Some(3.5));
     }
 }

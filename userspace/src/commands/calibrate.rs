@@ -5,14 +5,13 @@
 //! what did run); the measurement itself is the pure [`crate::attribute::calibrate`].
 
 use std::{
-    path::PathBuf,
     process::ExitCode,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -25,52 +24,7 @@ use crate::{
     timeline::Timeline,
 };
 
-/// Arguments of `energy-bpf calibrate`.
-#[derive(clap::Args, Debug)]
-pub struct Args {
-    /// Seconds to measure (with `--load`, each load step lasts this long too).
-    #[arg(short = 'd', long = "duration", default_value_t = 10.0)]
-    pub duration: f64,
-    /// Calibration file to update.
-    #[arg(long, value_name = "FILE", default_value = calibration::DEFAULT_PATH)]
-    pub calibration: PathBuf,
-    /// Refuse when more than this share of CPU time is busy, %.
-    #[arg(long = "max-busy", value_name = "PCT", default_value_t = 10.0)]
-    pub max_busy: f64,
-    /// Then spin 1..N CPUs in turn to measure watts per busy CPU.
-    #[arg(long)]
-    pub load: bool,
-    /// Measure the energy roofline instead: time and energy per flop and per byte, constant
-    /// power, balance points, whether racing to halt saves energy (stored under `roofline`).
-    #[arg(long)]
-    pub roofline: bool,
-    /// With --roofline: also draw the normalised roofline and arch line to this SVG file.
-    #[arg(long, value_name = "FILE.svg", requires = "roofline")]
-    pub plot: Option<PathBuf>,
-    /// With --roofline: repeat the sweep with every CPU pinned to each of these frequencies
-    /// (kHz, or with an MHz/GHz suffix) and fit the V²-scaling model; needs cpufreq.
-    #[arg(
-        long,
-        value_name = "F1,F2,...",
-        value_delimiter = ',',
-        requires = "roofline"
-    )]
-    pub frequencies: Vec<String>,
-    /// With --roofline: how long each kernel runs, ms (at least 50 counter updates).
-    #[arg(long = "kernel-ms", value_name = "MS", default_value_t = 500)]
-    pub kernel_ms: u64,
-    /// With --roofline: the kernels' buffer, MiB (default: twice the last-level cache,
-    /// 64 to 1024 MiB).
-    #[arg(long = "buffer-mib", value_name = "MIB")]
-    pub buffer_mib: Option<usize>,
-    /// With --roofline: keep the kernels' cumulative flops and bytes in this file (two
-    /// little-endian u64, mapped shared, updated as they run), for emulated counters.
-    #[arg(long = "progress-file", value_name = "FILE", hide = true)]
-    pub progress_file: Option<PathBuf>,
-    /// Energy sources (counters, fake trees for testing, model parameters).
-    #[command(flatten)]
-    pub energy: crate::energy::EnergyArgs,
-}
+pub use super::args::CalibrateArgs as Args;
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -88,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: ActivityEvent::None,
         unwind: crate::capture::UnwindMode::Fp,
         sample_ring_bytes: None,
-        energy: args.energy.clone(),
+        energy: args.energy.config(),
         targets: Targets::new([]),
         read_mappings: |_, _| Ok(Vec::new()),
     })?;
@@ -108,7 +62,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         sources.len(),
         args.duration
     );
-    collect(&mut live, step, &mut switches, &mut readings);
+    live.drain_for(step, &mut switches, &mut readings);
     // Load steps: 1..N spinners, distinct physical cores first, then SMT siblings.
     let order = if args.load {
         calibrate::spin_order(&cpus)
@@ -131,7 +85,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let stop = Arc::new(AtomicBool::new(false));
         let spinners: Vec<_> = spun.iter().map(|c| spin(c.id, Arc::clone(&stop))).collect();
         let from = crate::clock::monotonic_ns() + (step.as_nanos() / 5) as u64;
-        collect(&mut live, step, &mut switches, &mut readings);
+        live.drain_for(step, &mut switches, &mut readings);
         steps.push((n as u32, cores as u32, from, crate::clock::monotonic_ns()));
         stop.store(true, Ordering::Relaxed);
         for s in spinners {
@@ -215,22 +169,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.calibration.display()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Drains capture and energy every 100 ms for `how_long`.
-pub(super) fn collect(
-    live: &mut Live,
-    how_long: Duration,
-    switches: &mut Vec<SwitchEvent>,
-    readings: &mut Vec<EnergyReading>,
-) {
-    let until = Instant::now() + how_long;
-    while Instant::now() < until {
-        thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
-        let chunk = live.poll();
-        switches.extend(chunk.switches);
-        readings.extend(chunk.readings);
-    }
 }
 
 /// A thread that spins on `cpu` until `stop`.

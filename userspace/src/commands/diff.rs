@@ -104,7 +104,7 @@ pub struct Args {
     pub model: ModelArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
 }
 
 fn parse_per(text: &str) -> Result<Per, String> {
@@ -165,7 +165,8 @@ fn read_side(args: &Args, paths: &[PathBuf], by: By, stacks: bool) -> anyhow::Re
             .read(path)
             .with_context(|| format!("cannot read recording {}", path.display()))?;
         let mut options = args.attribute.options();
-        options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+        options.calibrated =
+            crate::calibration::for_recording(&args.calibration.config(), &rec.header)?;
         let cfg = analysis::config(&rec, options, &args.model.model());
         inputs.push(Input {
             label: path.display().to_string(),

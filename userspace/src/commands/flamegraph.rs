@@ -64,7 +64,7 @@ pub struct Args {
     pub range: RangeArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Svg)]
     pub format: Format,
@@ -114,7 +114,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .read(&args.file)
         .with_context(|| format!("cannot read recording {}", args.file.display()))?;
     let mut options = args.attribute.options();
-    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    options.calibrated =
+        crate::calibration::for_recording(&args.calibration.config(), &rec.header)?;
     let cfg = analysis::config(&rec, options, &args.model.model());
     let analysis = analysis::analyze(&rec, &cfg);
     let filter = Filter {

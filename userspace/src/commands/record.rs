@@ -43,10 +43,10 @@ pub struct Args {
     pub drain_ms: u64,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: crate::energy::EnergyArgs,
+    pub energy: super::args::EnergyFlags,
     /// Static power from `energy-bpf calibrate`, stored in the recording's header.
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
     /// The per-run activity counter, stored with every switch event.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
@@ -181,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: args.activity.event,
         unwind: args.unwind.mode,
         sample_ring_bytes: None,
-        energy: args.energy.clone(),
+        energy: args.energy.config(),
         targets: Targets::new(args.pids.iter().copied()),
         // Build-ids too, so symbolization finds the same binary after it is gone.
         read_mappings: crate::symbolize::process_mappings,
@@ -195,6 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
     let calibration = args
         .calibration
+        .config()
         .resolve(&header.hostname)
         .context("cannot use the calibration")?;
     for (key, c) in &calibration {

@@ -3,31 +3,23 @@
 //! power, share and a 95% confidence interval; the idle/static row and the totals; the
 //! source and `estimated`.
 //!
-//! The recording goes through the [`pipeline`]: one window covering all of it, or with
+//! The recording goes through the [`crate::pipeline`]: one window covering all of it, or with
 //! `--window SECS` consecutive windows (a time series: `windows[]` in JSON, a row per
-//! window and process in CSV). Rows come from the pipeline's rollup; this module only
-//! picks the renderer.
+//! window and process in CSV). The document is built by [`crate::output::report`]; this
+//! module parses the flags, warns about damaged recordings and prints.
 
 use std::{io::Write as _, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use serde::Serialize;
 
 use crate::{
-    analysis::{self, Analysis},
-    attribute::domain_name,
+    analysis,
     commands::args::{AttributeArgs, ModelArgs, RangeArgs},
     output::{
-        functions,
-        table::{self, By, EnergyCell, Format, RenderOptions, Report, ReportRow, RowKey},
+        report::{self, ReportOptions},
+        table::{By, Format},
     },
-    pipeline::{self, Config, ProcessRow, Totals},
-    profile::Filter,
-    record::Recording,
 };
-
-/// Rows a table shows when `--limit` is not given (JSON and CSV show all).
-const DEFAULT_TABLE_ROWS: usize = 25;
 
 /// Arguments of `energy-bpf report`.
 #[derive(clap::Args, Debug)]
@@ -65,7 +57,7 @@ pub struct Args {
     pub model: ModelArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
     /// With `--by function`: place each function against the machine's balance points
     /// (the calibration's `roofline`, from `calibrate --roofline`), using the run counts of
     /// `record --activity-events instructions,cycles,llc-misses`.
@@ -85,84 +77,6 @@ fn parse_window(text: &str) -> Result<f64, String> {
     Ok(secs)
 }
 
-/// What a JSON report says about the recording besides its windows.
-#[derive(Serialize)]
-struct RecordingFacts {
-    lost_events: u64,
-    truncated: bool,
-    damage: serde_json::Value,
-    losses: Losses,
-    /// How user stacks were walked: samples per method and per stop reason.
-    unwind: crate::record::UnwindCounts,
-    /// CPython processes found (or ruled out): `{pid, version, status}`.
-    python: Vec<serde_json::Value>,
-}
-
-#[derive(Serialize)]
-struct Losses {
-    switch_dropped: u64,
-    sample_dropped: u64,
-    process_dropped: u64,
-    stack_errors: u64,
-    vanished_processes: u64,
-}
-
-impl RecordingFacts {
-    fn of(rec: &Recording) -> Self {
-        let l = &rec.losses;
-        Self {
-            lost_events: crate::record::lost_events(l),
-            truncated: rec.truncated,
-            damage: rec.damage.to_json(),
-            losses: Losses {
-                switch_dropped: l.switch_dropped,
-                sample_dropped: l.sample_dropped,
-                process_dropped: l.process_dropped,
-                stack_errors: l.stack_errors,
-                vanished_processes: l.vanished_processes,
-            },
-            unwind: crate::record::UnwindCounts::of(&rec.samples),
-            python: rec
-                .python_processes
-                .iter()
-                .map(|p| serde_json::json!({"pid": p.tgid, "version": p.version, "status": p.status}))
-                .collect(),
-        }
-    }
-}
-
-/// One line per CPython process found: `python: pid 123 (3.11) walked`.
-fn python_notes(rec: &Recording) -> Vec<String> {
-    let mut seen = std::collections::HashSet::new();
-    rec.python_processes
-        .iter()
-        .filter(|p| seen.insert((p.tgid, p.status.as_str())))
-        .take(20)
-        .map(|p| {
-            if p.version.is_empty() {
-                format!("python: pid {} {}", p.tgid, p.status)
-            } else {
-                format!("python: pid {} ({}) {}", p.tgid, p.version, p.status)
-            }
-        })
-        .collect()
-}
-
-/// One window as JSON prints it: its bounds, its machine-wide figures and its process rows
-/// (the same document `top --batch --format json` prints per frame).
-#[derive(Serialize)]
-pub struct WindowDoc<'a> {
-    /// Window start, CLOCK_MONOTONIC ns.
-    pub start_ns: u64,
-    /// Window end (exclusive), ns.
-    pub end_ns: u64,
-    /// Machine-wide figures.
-    #[serde(flatten)]
-    pub totals: &'a Totals,
-    /// Process rows with their threads.
-    pub processes: &'a [ProcessRow],
-}
-
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rec = args.range.read(&args.file).context("cannot report")?;
@@ -180,7 +94,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let mut options = args.attribute.options();
-    options.calibrated = crate::calibration::for_recording(&args.calibration, &rec.header)?;
+    options.calibrated =
+        crate::calibration::for_recording(&args.calibration.config(), &rec.header)?;
     let cfg = analysis::config(&rec, options, &args.model.model());
     if args.roofline {
         anyhow::ensure!(
@@ -196,7 +111,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         for warning in &report.warnings {
             eprintln!("energy-bpf: warning: {warning}");
         }
-        let text = report.render(args.format, render_options(&args).limit)?;
+        let limit = args
+            .limit
+            .or((args.format == Format::Table).then_some(report::DEFAULT_TABLE_ROWS));
+        let text = report.render(args.format, limit)?;
         let mut stdout = std::io::stdout().lock();
         stdout
             .write_all(&text)
@@ -205,408 +123,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut stdout = std::io::stdout().lock();
-    let text = match args.window {
-        Some(secs) => windowed(&args, &rec, &cfg, secs)?,
-        None => whole(&args, &rec, &cfg)?,
+    let opts = ReportOptions {
+        by: args.by,
+        format: args.format,
+        window: args.window,
+        sort: args.sort.clone(),
+        limit: args.limit,
     };
+    let text = report::render(&rec, &cfg, &opts)?;
     stdout
         .write_all(&text)
         .context("cannot write to standard output")?;
     stdout.flush().context("cannot write to standard output")?;
     Ok(ExitCode::SUCCESS)
-}
-
-fn whole(args: &Args, rec: &Recording, cfg: &Config) -> anyhow::Result<Vec<u8>> {
-    let analysis = analysis::analyze(rec, cfg);
-    let input = rec.window();
-    let names = pipeline::recorded_cgroup_names(rec);
-    let rows = pipeline::rows(&input, &analysis, &rec.threads, &names);
-    let totals = analysis.totals();
-    let mut out = Vec::new();
-    if args.format == Format::Json && args.by != By::Function {
-        let mut value = serde_json::to_value(WindowDoc {
-            start_ns: input.start_ns,
-            end_ns: input.end_ns,
-            totals: &totals,
-            processes: &rows,
-        })?;
-        merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
-        out.extend(format!("{value:#}\n").into_bytes());
-        return Ok(out);
-    }
-    let report = report(args.by, &rows, &totals, rec, &analysis, None);
-    table::render(&report, &render_options(args), args.format, &mut out)
-        .context("cannot report")?;
-    Ok(out)
-}
-
-fn windowed(args: &Args, rec: &Recording, cfg: &Config, secs: f64) -> anyhow::Result<Vec<u8>> {
-    if args.by == By::Function {
-        anyhow::bail!(
-            "`--window` gives a time series of processes; `--by function` has none (use `flamegraph`)"
-        );
-    }
-    let windows: Vec<pipeline::Window> =
-        pipeline::windows(rec, cfg.clone(), std::time::Duration::from_secs_f64(secs)).collect();
-    let mut out = Vec::new();
-    match args.format {
-        Format::Json => {
-            let docs: Vec<serde_json::Value> = windows
-                .iter()
-                .map(|w| {
-                    serde_json::to_value(WindowDoc {
-                        start_ns: w.start_ns(),
-                        end_ns: w.end_ns(),
-                        totals: &w.totals,
-                        processes: &w.processes,
-                    })
-                })
-                .collect::<Result<_, _>>()?;
-            let mut value = serde_json::json!({
-                "window_s": secs,
-                "start_ns": rec.start_ns(),
-                "end_ns": rec.end_ns,
-                "windows": docs,
-            });
-            merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
-            out.extend(format!("{value:#}\n").into_bytes());
-        }
-        Format::Csv => {
-            for (i, w) in windows.iter().enumerate() {
-                let report = report(args.by, &w.processes, &w.totals, rec, &w.analysis, None);
-                let mut text = Vec::new();
-                table::render(&report, &render_options(args), Format::Csv, &mut text)
-                    .context("cannot report")?;
-                let text = String::from_utf8_lossy(&text);
-                let (t0, t1) = window_secs(rec, w);
-                for (n, line) in text.lines().enumerate() {
-                    if n == 0 {
-                        if i == 0 {
-                            out.extend(
-                                format!("window_start_s,window_end_s,{line}\n").into_bytes(),
-                            );
-                        }
-                    } else {
-                        out.extend(format!("{t0:.3},{t1:.3},{line}\n").into_bytes());
-                    }
-                }
-            }
-        }
-        Format::Table => {
-            for (i, w) in windows.iter().enumerate() {
-                if i > 0 {
-                    out.push(b'\n');
-                }
-                let report = report(
-                    args.by,
-                    &w.processes,
-                    &w.totals,
-                    rec,
-                    &w.analysis,
-                    Some(window_secs(rec, w)),
-                );
-                table::render(&report, &render_options(args), Format::Table, &mut out)
-                    .context("cannot report")?;
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn window_secs(rec: &Recording, w: &pipeline::Window) -> (f64, f64) {
-    let s = |t: u64| t.saturating_sub(rec.start_ns()) as f64 / 1e9;
-    (s(w.start_ns()), s(w.end_ns()))
-}
-
-fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
-    if let (Some(a), serde_json::Value::Object(b)) = (into.as_object_mut(), from) {
-        a.extend(b);
-    }
-}
-
-fn render_options(args: &Args) -> RenderOptions {
-    RenderOptions {
-        sort: args.sort.clone(),
-        limit: args
-            .limit
-            .or((args.format == Format::Table).then_some(DEFAULT_TABLE_ROWS)),
-    }
-}
-
-/// The table rows of `--by` over one window's process rows, with the title, notes and the
-/// idle/unknown/total rows. `window` is the window's place in the recording, seconds.
-fn report(
-    by: By,
-    rows: &[ProcessRow],
-    totals: &Totals,
-    rec: &Recording,
-    a: &Analysis,
-    window: Option<(f64, f64)>,
-) -> Report {
-    let attr = &a.attribution;
-    let domains = analysis::domains(a);
-    let names: Vec<String> = domains
-        .iter()
-        .map(|&d| domain_name(d).to_string())
-        .collect();
-    let secs = (totals.duration_ns as f64 / 1e9).max(1e-9);
-    let total = attr.total_uj();
-    let cpus: Vec<u32> = a.timeline.cpus.iter().map(|c| c.cpu).collect();
-    let span = match window {
-        Some((t0, t1)) => format!("window {t0:.1}-{t1:.1} s"),
-        None => format!("{secs:.1} s"),
-    };
-    let title = format!(
-        "energy-bpf report: {span} on {} ({} CPUs), {} Hz sampling{}",
-        rec.header.hostname,
-        cpus.len(),
-        rec.header.sample_hz,
-        if rec.truncated { ", TRUNCATED" } else { "" }
-    );
-    let notes = vec![
-        format!(
-            "energy: {:.3} J ({:.2} W) from {}, split by {:?}; idle/static {:.3} J",
-            totals.total_j,
-            totals.total_j / secs,
-            analysis::source_description(&a.sources),
-            totals.power_model,
-            totals.idle_j.max(0.0),
-        ),
-        format!("activity: {}", totals.activity.label()),
-        format!("{} events lost", crate::record::lost_events(&rec.losses)),
-        crate::record::UnwindCounts::of(&rec.samples).label(),
-    ];
-    let mut notes = notes;
-    notes.extend(python_notes(rec));
-    notes.extend(crate::attribute::static_power::describe(&attr.sources));
-    // Whole threads and processes carry no sampling error (attribute::ci), so a process's
-    // interval is its headline interval (`ci_j`) scaled to each domain.
-    let cells = |e: &pipeline::DomainJoules, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {
-        let headline: f64 = attr
-            .headline
-            .iter()
-            .map(|&d| e.get(domain_name(d)).copied().unwrap_or(0.0))
-            .sum();
-        names
-            .iter()
-            .map(|d| {
-                let joules = e.get(d.as_str()).copied().unwrap_or(0.0);
-                let (lo, hi) = match ci {
-                    Some([lo, hi]) if headline > 0.0 => (lo / headline, hi / headline),
-                    _ => (1.0, 1.0),
-                };
-                EnergyCell {
-                    joules,
-                    ci_low: joules * lo,
-                    ci_high: joules * hi,
-                }
-            })
-            .collect()
-    };
-    let summary_row = |label: &str, e: &crate::attribute::PerDomain| {
-        let uj = attr.headline_uj(e);
-        ReportRow {
-            key: RowKey::Label(label.into()),
-            cpu_ns: 0.0,
-            samples: 0,
-            energy: cells(&e.joules_by_name(), None),
-            total_energy: None,
-            power_w: uj * 1e-6 / secs,
-            share: if total > 0.0 { uj / total } else { 0.0 },
-            cpu_share: Vec::new(),
-        }
-    };
-    let mut footer = vec![summary_row("[idle/static]", &attr.idle)];
-    if attr.headline_uj(&attr.unknown) != 0.0 {
-        footer.push(summary_row("[unknown]", &attr.unknown));
-    }
-    footer.push(summary_row("[total]", &attr.measured));
-    let process_row = |key: RowKey, p: &ProcessRow| ReportRow {
-        key,
-        cpu_ns: p.cpu_ns as f64,
-        samples: p.samples,
-        energy: cells(&p.energy_j, Some(p.ci_j)),
-        total_energy: None,
-        power_w: p.power_w,
-        share: p.share,
-        cpu_share: p.cpu_share.clone(),
-    };
-    let (rows, cpus) = match by {
-        By::Process => (
-            rows.iter()
-                .map(|p| {
-                    process_row(
-                        RowKey::Process {
-                            pid: p.pid,
-                            comm: p.comm.clone(),
-                        },
-                        p,
-                    )
-                })
-                .collect(),
-            cpus,
-        ),
-        By::Cgroup | By::Command | By::Container => {
-            let group_by = match by {
-                By::Cgroup => pipeline::GroupBy::Cgroup,
-                By::Command => pipeline::GroupBy::Command,
-                _ => pipeline::GroupBy::Container,
-            };
-            (
-                pipeline::group(rows, group_by)
-                    .iter()
-                    .map(|g| process_row(RowKey::Group(g.comm.clone()), g))
-                    .collect(),
-                cpus,
-            )
-        }
-        By::Thread => {
-            // Threads running JIT-compiled (or Python) code show their busiest such
-            // function: the thread's name alone says `node` or `java`.
-            let top = if rec.jit_symbols.is_empty() {
-                std::collections::HashMap::new()
-            } else {
-                functions::top_managed_by_thread(&analysis::profile(rec, a, &Filter::default()))
-            };
-            (
-                rows.iter()
-                    .flat_map(|p| {
-                        let top = &top;
-                        p.threads.iter().map(move |t| ReportRow {
-                            key: RowKey::Thread {
-                                pid: p.pid,
-                                tid: t.tid,
-                                comm: match top.get(&t.tid) {
-                                    Some(f) => format!("{} [{f}]", t.comm),
-                                    None => t.comm.clone(),
-                                },
-                            },
-                            cpu_ns: t.cpu_ns as f64,
-                            samples: t.samples,
-                            energy: cells(&t.energy_j, None),
-                            total_energy: None,
-                            power_w: t.power_w,
-                            share: t.share,
-                            cpu_share: Vec::new(),
-                        })
-                    })
-                    .collect(),
-                Vec::new(),
-            )
-        }
-        By::Function => {
-            let profile = analysis::profile(rec, a, &Filter::default());
-            let mut r = functions::by_function(&profile, &names);
-            r.title = title;
-            r.notes = notes;
-            r.notes.push(
-                "self = samples whose leaf is the function; total = anywhere on the stack".into(),
-            );
-            return r;
-        }
-    };
-    Report {
-        by,
-        domains: names,
-        rows,
-        estimated: attr.estimated,
-        title,
-        notes,
-        cpus,
-        duration_ns: totals.duration_ns,
-        footer,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn render_fixture(by: By, format: Format, sort: Option<&str>) -> String {
-        let rec = crate::analysis::fixture::recording();
-        let cfg = analysis::config(
-            &rec,
-            AttributeArgs::default().options(),
-            &ModelArgs::default().model(),
-        );
-        let a = analysis::analyze(&rec, &cfg);
-        let rows = pipeline::rows(&rec.window(), &a, &rec.threads, &|id| id.to_string());
-        let report = report(by, &rows, &a.totals(), &rec, &a, None);
-        let opts = RenderOptions {
-            sort: sort.map(String::from),
-            limit: None,
-        };
-        let mut out = Vec::new();
-        table::render(&report, &opts, format, &mut out).expect("render");
-        String::from_utf8(out).expect("utf-8")
-    }
-
-    #[test]
-    fn process_table_has_energy_intervals_idle_total_and_estimated() {
-        let text = render_fixture(By::Process, Format::Table, None);
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].ends_with("[estimated]"), "{text}");
-        assert!(
-            lines[1].contains("energy: 3.000 J (3.00 W) from model (estimated)"),
-            "{text}"
-        );
-        assert!(text.contains("0 events lost"), "{text}");
-        // heavy 1.2 J over 1 s (60% of the CPU), then light, then quiet.
-        let row = |name: &str| {
-            lines
-                .iter()
-                .find(|l| l.split_whitespace().nth(1) == Some(name))
-                .unwrap_or_else(|| panic!("no {name} row: {text}"))
-                .split_whitespace()
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(&row("heavy")[2..7], ["0.600", "60.0", "60.0", "6", "1.200"]);
-        assert_eq!(row("heavy")[7..9], ["[1.200,", "1.200]"]);
-        assert_eq!(row("quiet")[6], "0.200");
-        assert_eq!(row("[idle/static]")[2], "1.000");
-        assert_eq!(row("[total]")[2..4], ["3.000", "[3.000,"]);
-        let heavy_at = text.find("heavy").expect("heavy");
-        assert!(
-            heavy_at < text.find("light").expect("light"),
-            "sorted by energy"
-        );
-        assert!(text.contains("energy is estimated"), "{text}");
-    }
-
-    #[test]
-    fn thread_csv_sorts_by_samples_and_tags_estimated() {
-        let text = render_fixture(By::Thread, Format::Csv, Some("samples"));
-        let mut lines = text.lines();
-        assert_eq!(
-            lines.next(),
-            Some(
-                "pid,tid,comm,cpu_s,cpu_pct,samples,package_j,package_ci_low,package_ci_high,power_w,share_pct,estimated"
-            )
-        );
-        let first: Vec<&str> = lines.next().expect("row").split(',').collect();
-        assert_eq!(first[..3], ["10", "10", "heavy"]);
-        assert_eq!(first[5], "6");
-        assert_eq!(first.last(), Some(&"true"));
-        assert!(
-            text.lines().any(|l| l.starts_with("-,-,[total],")),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn function_json_has_self_and_total_energy() {
-        let text = render_fixture(By::Function, Format::Json, None);
-        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
-        assert_eq!(v["estimated"], true);
-        let rows = v["rows"].as_array().expect("rows");
-        let j = |name: &str| {
-            rows.iter()
-                .find(|r| r["function"].as_str().is_some_and(|f| f.contains(name)))
-                .and_then(|r| r["self_package_j"].as_f64())
-                .unwrap_or_else(|| panic!("no {name}: {text}"))
-        };
-        assert!((j("+0x100a") - 1.2).abs() < 1e-6, "{text}");
-        assert!((j("+0x1014") - 0.6).abs() < 1e-6, "{text}");
-        assert!((j("[no stack sample]") - 0.2).abs() < 1e-6, "{text}");
-    }
 }

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::calibrate::{Args, collect};
+use super::args::CalibrateArgs as Args;
 use crate::{
     attribute::{calibrate, source_key},
     calibration::{self, CalibrationFile, SourceCalibration},
@@ -31,6 +31,7 @@ use crate::{
         cpufreq::{self, Pinned},
         dvfs,
         kernels::{self, Body, Buffer, Counters, INTENSITIES, Isa, Progress},
+        points::{Meter, Run, const_w_interval, point},
     },
     timeline::Timeline,
 };
@@ -38,20 +39,8 @@ use crate::{
 /// Counter readings every 10 ms unless `--energy-interval-ms` says otherwise: a kernel
 /// spans tens of readings.
 const READ_MS: u64 = 10;
-/// The first part of each kernel is not measured (threads starting, caches filling).
-const SETTLE: f64 = 0.1;
 /// Each kernel runs in this many round-robin passes, summed.
 const PASSES: u32 = 3;
-
-/// One kernel run: which, where, and its progress log.
-struct Run {
-    body: Body,
-    threads: u32,
-    khz: Option<u64>,
-    start_ns: u64,
-    end_ns: u64,
-    log: Vec<Progress>,
-}
 
 /// Runs `calibrate --roofline`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -67,7 +56,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     if !freqs.is_empty() {
         cpufreq::check(&args.energy.sysfs_root, &freqs)?;
     }
-    let mut energy_args = args.energy.clone();
+    let mut energy_args = args.energy.config();
     energy_args.energy_interval_ms.get_or_insert(READ_MS);
     // Only who ran matters, not what each run did: a low sampling rate, no stacks kept.
     let mut live = Live::start(LiveOptions {
@@ -105,8 +94,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         "energy-bpf: measuring constant power for {:.1} s; keep the machine quiet",
         args.duration
     );
-    collect(
-        &mut live,
+    live.drain_for(
         Duration::from_secs_f64(args.duration),
         &mut switches,
         &mut readings,
@@ -372,79 +360,6 @@ impl Sweeper<'_> {
             self.readings.extend(chunk.readings);
         }
     }
-}
-
-/// How a source's kernel energy is read.
-#[derive(Clone, Copy)]
-enum Meter {
-    /// The counter's readings over the window.
-    Counter,
-    /// The estimated model: it is linear in busy CPUs, so the kernel's own modelled energy
-    /// is exact: π_0 over the window plus (P_max − P_idle)/CPUs per second its threads ran
-    /// (other load on the machine is not the kernel's).
-    Model { const_w: f64, per_cpu_w: f64 },
-}
-
-/// A kernel's point for one source: energy between the first and last readings inside the
-/// kernel (after it settled), flops, bytes and the threads' on-CPU time over that span.
-fn point(
-    run: &Run,
-    readings: &[&EnergyReading],
-    timeline: &Timeline,
-    own_tgid: u32,
-    meter: Meter,
-) -> Option<KernelPoint> {
-    let from = run.start_ns + ((run.end_ns - run.start_ns) as f64 * SETTLE) as u64;
-    let mut inside = readings
-        .iter()
-        .filter(|r| r.ts_ns >= from && r.ts_ns <= run.end_ns);
-    let first = inside.next()?;
-    let last = inside.next_back()?;
-    let seconds = last.ts_ns.checked_sub(first.ts_ns).filter(|&d| d > 0)? as f64 / 1e9;
-    let (w0, q0) = kernels::progress_at(&run.log, first.ts_ns);
-    let (w1, q1) = kernels::progress_at(&run.log, last.ts_ns);
-    let own_ns: u64 = timeline
-        .thread_ns(first.ts_ns, last.ts_ns)
-        .into_iter()
-        .filter(|((tgid, _), _)| *tgid == own_tgid)
-        .map(|(_, ns)| ns)
-        .sum();
-    let own_s = own_ns as f64 / 1e9;
-    let joules = match meter {
-        Meter::Counter => (last.energy_uj - first.energy_uj) / 1e6,
-        Meter::Model { const_w, per_cpu_w } => const_w * seconds + per_cpu_w * own_s,
-    };
-    Some(KernelPoint {
-        flop_per_byte: run.body.intensity(),
-        flops: w1 - w0,
-        bytes: q1 - q0,
-        seconds,
-        busy_seconds: (own_s / run.threads.max(1) as f64).min(seconds),
-        joules,
-        threads: run.threads,
-    })
-}
-
-/// 95% interval of π_0: the static value ± 1.96 standard errors of the quiet window's
-/// power over ten equal slices.
-fn const_w_interval(readings: &[&EnergyReading], from: u64, to: u64, static_w: f64) -> [f64; 2] {
-    let slices = 10u64;
-    let len = (to - from) / slices;
-    let rs: Vec<EnergyReading> = readings.iter().map(|r| (*r).clone()).collect();
-    let watts: Vec<f64> = (0..slices)
-        .filter_map(|k| {
-            let a = from + k * len;
-            calibrate::mean_power(&rs, rs.first()?.source_id, a, a + len)
-        })
-        .collect();
-    if watts.len() < 3 {
-        return [static_w; 2];
-    }
-    let n = watts.len() as f64;
-    let mean = watts.iter().sum::<f64>() / n;
-    let sd = (watts.iter().map(|w| (w - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-    let half = 1.96 * sd / n.sqrt();
-    [(static_w - half).max(0.0), static_w + half]
 }
 
 fn print_summary(name: &str, r: &Roofline) {

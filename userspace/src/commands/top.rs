@@ -63,14 +63,14 @@ pub struct Args {
     pub pids: Vec<u32>,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: crate::energy::EnergyArgs,
+    pub energy: super::args::EnergyFlags,
     /// How energy is split between threads. `auto` means busy time here: a per-class
     /// regression needs minutes of intervals, which `report` has and a live view does not.
     #[command(flatten)]
     pub attribute: AttributeArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: crate::calibration::CalibrationArgs,
+    pub calibration: super::args::CalibrationFlags,
     /// The per-run activity counter.
     #[command(flatten)]
     pub activity: super::args::ActivityArgs,
@@ -144,13 +144,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (_, hostname) = crate::capture::host::uname();
     attribute.calibrated = args
         .calibration
+        .config()
         .resolve(&hostname)
         .context("cannot use the calibration")?;
     crate::capture::probe_log::enable(args.unwind.debug_probes);
     let feed = crate::feed::live(crate::feed::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),
-        energy: args.energy.clone(),
+        energy: args.energy.config(),
         attribute,
         activity: args.activity.event,
         unwind: args.unwind.mode,

@@ -155,7 +155,7 @@ pub fn svg(
     );
     opts.subtitle = Some(format!(
         "total {}; base {}, new {}{}",
-        super::render::describe(&d.total, &d.unit),
+        super::describe(&d.total, &d.unit),
         d.base.facts.files.join(", "),
         d.new.facts.files.join(", "),
         if d.mismatch.is_empty() {

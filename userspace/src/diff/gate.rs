@@ -86,7 +86,7 @@ pub fn check(d: &Diff, scope: &Scope, fail_above_pct: f64) -> Result<Verdict, Ga
     let line = format!(
         "energy-bpf diff: {}: {scope_name} {} (limit +{fail_above_pct}%){}",
         if failed { "FAIL" } else { "PASS" },
-        super::render::describe(&row, &d.unit),
+        super::describe(&row, &d.unit),
         if d.estimated {
             ", estimated energy"
         } else {

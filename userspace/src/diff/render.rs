@@ -4,7 +4,7 @@
 
 use std::io::{self, Write};
 
-use super::{Diff, Row};
+use super::{Diff, describe, pct};
 
 /// Writes the header and the first `limit` rows (all when `None`) as aligned columns.
 pub fn table(d: &Diff, limit: Option<usize>, out: &mut dyn Write) -> io::Result<()> {
@@ -87,35 +87,6 @@ pub fn table(d: &Diff, limit: Option<usize>, out: &mut dyn Write) -> io::Result<
         )?;
     }
     Ok(())
-}
-
-fn pct(p: Option<f64>) -> String {
-    p.map_or_else(|| "new".to_string(), |p| format!("{p:+.1}%"))
-}
-
-/// One line about a row: its change, interval and whether it is significant.
-pub fn describe(r: &Row, unit: &str) -> String {
-    let rel = |j: f64| {
-        if r.base_j > 0.0 {
-            format!("{:+.1}%", 100.0 * j / r.base_j)
-        } else {
-            format!("{j:+.4} {unit}")
-        }
-    };
-    format!(
-        "{:.4} -> {:.4} {unit}: {:+.4} {unit} ({}), 95% CI [{}, {}], {}",
-        r.base_j,
-        r.new_j,
-        r.delta_j,
-        pct(r.delta_pct),
-        rel(r.ci95[0]),
-        rel(r.ci95[1]),
-        if r.significant {
-            "significant"
-        } else {
-            "not significant"
-        }
-    )
 }
 
 /// The whole diff as one JSON document (`gate` added when a gate ran).

@@ -109,7 +109,7 @@ pub const Z95: f64 = crate::attribute::ci::Z95;
 
 /// The 97.5% quantile of Student's t with `df` degrees of freedom (z at infinity), by
 /// bisection on the distribution function.
-pub fn t975(df: f64) -> f64 {
+fn t975(df: f64) -> f64 {
     if !df.is_finite() || df > 1e7 {
         return Z95;
     }

@@ -1,10 +1,11 @@
-//! Command-line options shared by every command that reads energy (`record`, `top`,
-//! `report`, `sources`): which source, where the roots are, how often, and the model.
+//! Energy options shared by every command that reads energy (`record`, `top`, `report`,
+//! `sources`): which source, where the roots are, how often, and the model. Plain data:
+//! `commands::args` maps the command-line flags onto it.
 
 use std::{fmt, path::PathBuf};
 
 /// Which kind of energy source to use.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceKind {
     /// The best per domain: perf PMU > powercap > MSR > hwmon, plus NVML for GPUs; the
@@ -53,31 +54,24 @@ impl fmt::Display for SourceKind {
     }
 }
 
-/// Energy options; commands flatten this into their own `Args`.
-#[derive(clap::Args, Debug, Clone)]
+/// Energy options (`commands::args::EnergyFlags` fills them from the command line).
+#[derive(Debug, Clone)]
 pub struct EnergyArgs {
     /// Energy source to use (auto: best available per domain; model: estimated only).
-    #[arg(long, value_enum, default_value_t = SourceKind::Auto)]
     pub energy_source: SourceKind,
     /// Root of sysfs, where powercap, hwmon and the power PMU are found (tests pass a fake
     /// tree).
-    #[arg(long, value_name = "DIR", default_value = "/sys")]
     pub sysfs_root: PathBuf,
     /// Root of the MSR device files (`N/msr` under it).
-    #[arg(long, value_name = "DIR", default_value = "/dev/cpu")]
     pub dev_cpu_root: PathBuf,
     /// Read interval in ms (default: at least 5x the measured update period and 10 ms).
-    #[arg(long, value_name = "N")]
     pub energy_interval_ms: Option<u64>,
     /// Estimated model: power of one package with all its CPUs idle, watts.
-    #[arg(long, value_name = "W")]
     pub model_idle_w: Option<f64>,
     /// Estimated model: power of one package with all its CPUs busy, watts.
-    #[arg(long, value_name = "W")]
     pub model_max_w: Option<f64>,
     /// Estimated model parameters from a file of `key = value` lines (`idle_w`, `max_w`,
     /// per package; `#` comments).
-    #[arg(long, value_name = "PATH")]
     pub model_config: Option<PathBuf>,
 }
 
@@ -92,41 +86,5 @@ impl Default for EnergyArgs {
             model_max_w: None,
             model_config: None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(flatten)]
-        energy: EnergyArgs,
-    }
-
-    #[test]
-    fn parses_flags_and_defaults() {
-        let cli = Cli::parse_from(["x"]);
-        assert_eq!(cli.energy.energy_source, SourceKind::Auto);
-        assert_eq!(cli.energy.sysfs_root, PathBuf::from("/sys"));
-        assert_eq!(cli.energy.dev_cpu_root, PathBuf::from("/dev/cpu"));
-        let cli = Cli::parse_from([
-            "x",
-            "--energy-source",
-            "powercap",
-            "--sysfs-root",
-            "/tmp/f",
-            "--energy-interval-ms",
-            "20",
-            "--model-idle-w",
-            "3.5",
-        ]);
-        assert_eq!(cli.energy.energy_source, SourceKind::Powercap);
-        assert_eq!(cli.energy.sysfs_root, PathBuf::from("/tmp/f"));
-        assert_eq!(cli.energy.energy_interval_ms, Some(20));
-        assert_eq!(cli.energy.model_idle_w, Some(3.5));
     }
 }

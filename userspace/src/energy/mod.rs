@@ -30,6 +30,7 @@ mod nvml;
 mod perf;
 mod powercap;
 pub mod reader;
+pub mod survey;
 pub mod topology;
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use super::{EnergyError, EnergySource, RawSample, SourceKind, source_desc};
 use crate::pb::v1 as pb;
 
 /// The library file NVML is loaded from.
-pub const LIBRARY: &str = "libnvidia-ml.so.1";
+const LIBRARY: &str = "libnvidia-ml.so.1";
 
 type Ret = c_int;
 type Device = *mut c_void;

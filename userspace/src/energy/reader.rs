@@ -20,7 +20,7 @@ use crate::{pb::v1 as pb, timeline::Timeline};
 /// How long start-up spends watching a CPU counter change, ns.
 pub const MEASURE_WINDOW_NS: u64 = 50_000_000;
 /// The same for NVML, which updates every 20–100 ms (docs/ARCHITECTURE.md, "Energy counters").
-pub const MEASURE_WINDOW_NVML_NS: u64 = 300_000_000;
+const MEASURE_WINDOW_NVML_NS: u64 = 300_000_000;
 /// Changes to watch before the period is known well enough (3 gaps).
 pub const MEASURE_CHANGES: usize = 4;
 /// The read interval is at least this many update periods...

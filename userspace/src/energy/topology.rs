@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::pb::v1 as pb;
 
 /// Parses a kernel CPU list such as `0-3,8,10-11`.
-pub fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
     let mut out = Vec::new();
     for part in text.trim().split(',').filter(|p| !p.is_empty()) {
         match part.split_once('-') {

@@ -58,7 +58,7 @@ impl WeightSums {
     }
 
     /// Adds energy that was not sampled.
-    pub fn add_exact(&mut self, w: f64) {
+    fn add_exact(&mut self, w: f64) {
         self.exact += w;
     }
 

@@ -9,6 +9,7 @@ pub mod file;
 pub mod functions;
 pub mod otlp;
 pub mod pprof;
+pub mod report;
 pub mod speedscope;
 pub mod svg;
 pub mod table;

@@ -92,7 +92,7 @@ impl ProfileSink for Svg {
 
 /// Colours of the frames named by a runtime: JIT code green, Python blue, each name a
 /// stable shade. Other frames are left to inferno's palette (so their colours do not change).
-pub fn kind_colours(profile: &Profile) -> PaletteMap {
+fn kind_colours(profile: &Profile) -> PaletteMap {
     let mut map = PaletteMap::default();
     for frame in &profile.frames {
         if let Some(colour) = kind_colour(frame.kind, &frame.function) {
@@ -103,7 +103,7 @@ pub fn kind_colours(profile: &Profile) -> PaletteMap {
 }
 
 /// The colour of a frame of `kind` named `name`, for Python and JIT frames.
-pub fn kind_colour(kind: FrameKind, name: &str) -> Option<Color> {
+fn kind_colour(kind: FrameKind, name: &str) -> Option<Color> {
     // A stable shade per name (FNV-1a), as inferno's hash option does.
     let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)

@@ -55,7 +55,7 @@ pub struct Config {
 impl Config {
     /// Ids of the sources whose readings are measured (not modelled): windows end on their
     /// readings.
-    pub fn counter_ids(&self) -> Vec<u32> {
+    fn counter_ids(&self) -> Vec<u32> {
         self.sources
             .iter()
             .filter(|s| !energy::model::is_model(s))
@@ -445,7 +445,7 @@ impl Pipeline {
     }
 
     /// Adds a whole recording (its events, names and loss counters).
-    pub fn push_recording(&mut self, rec: &Recording) {
+    fn push_recording(&mut self, rec: &Recording) {
         for t in rec.threads.values() {
             self.learn_cgroup(t);
             record::merge_thread(&mut self.threads, t.clone());

@@ -290,14 +290,10 @@ pub enum GroupBy {
 /// Sums process rows into one row per cgroup or command (the key in `comm`, `pid` 0, the
 /// member processes' threads in `threads`); largest share first. Confidence intervals add
 /// as if the members' errors were independent and of the same sign, which is conservative.
-pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
+pub fn group<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>, by: GroupBy) -> Vec<ProcessRow> {
     let mut groups: BTreeMap<String, ProcessRow> = BTreeMap::new();
     for p in rows {
-        let key = match by {
-            GroupBy::Cgroup => p.cgroup.clone(),
-            GroupBy::Command => p.comm.clone(),
-            GroupBy::Container => container_key(p),
-        };
+        let key = group_key(p, by);
         let g = groups.entry(key.clone()).or_insert_with(|| ProcessRow {
             comm: key.clone(),
             container_id: p.container_id.clone(),
@@ -331,9 +327,18 @@ pub fn group(rows: &[ProcessRow], by: GroupBy) -> Vec<ProcessRow> {
     out
 }
 
+/// The group a process row sums into (the grouped row's `comm`).
+pub fn group_key(p: &ProcessRow, by: GroupBy) -> String {
+    match by {
+        GroupBy::Cgroup => p.cgroup.clone(),
+        GroupBy::Command => p.comm.clone(),
+        GroupBy::Container => container_key(p),
+    }
+}
+
 /// What `--by container` groups a process under: its container id, else its pod, else
 /// `[host]`.
-pub fn container_key(p: &ProcessRow) -> String {
+fn container_key(p: &ProcessRow) -> String {
     if !p.container_id.is_empty() {
         p.container_id.clone()
     } else if !p.pod_uid.is_empty() {
@@ -349,16 +354,7 @@ mod tests {
     use crate::pb::v1::SwitchEvent;
 
     fn sw(ts_ns: u64, tid: u32, next_tid: u32) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu: 0,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid,
-            next_tgid: next_tid,
-            ..Default::default()
-        }
+        crate::testing::sw(ts_ns, 0, tid, next_tid)
     }
 
     fn no_cgroups(_: u64) -> String {

@@ -92,6 +92,18 @@ pub struct ProcessRow {
     pub top_function: String,
 }
 
+impl ProcessRow {
+    /// The container and pod the rollup read from the row's cgroup (`container_id`,
+    /// `pod_uid`), without parsing the path again; the runtime is not kept.
+    pub fn container(&self) -> crate::container::ContainerRef {
+        crate::container::ContainerRef {
+            container_id: (!self.container_id.is_empty()).then(|| self.container_id.clone()),
+            pod_uid: (!self.pod_uid.is_empty()).then(|| self.pod_uid.clone()),
+            runtime: None,
+        }
+    }
+}
+
 fn is_zero(v: &u32) -> bool {
     *v == 0
 }

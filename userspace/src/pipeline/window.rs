@@ -236,18 +236,7 @@ impl Windower {
 mod tests {
     use super::*;
 
-    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            cpu,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid: next,
-            next_tgid: next,
-            ..Default::default()
-        }
-    }
+    use crate::testing::sw;
 
     fn reading(source_id: u32, ts_ns: u64, energy_uj: f64) -> EnergyReading {
         EnergyReading {

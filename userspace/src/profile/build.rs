@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use super::Stacks;
 use super::{
     Frame, FrameId, KERNEL_MAPPING, Labels, Location, LocationId, NO_STACK_SAMPLE, NOT_SYMBOLIZED,
     Profile, ProfileMapping, ProfileMeta, ProfileSample, SAMPLES, SampleValues, ValueType,
 };
 use crate::pb::v1::Mapping;
-use crate::record::Recording;
 use crate::symbolize::perf_map::{JitTable, jit_frame};
 use crate::symbolize::{JitRuntime, Symbolizer, mapping_of};
 
@@ -220,35 +220,36 @@ impl Interner<'_> {
     }
 }
 
-/// Builds the profile of `rec` weighted by `weights` (one row per `rec.samples[i]`).
+/// Builds the profile of `input` (a [`Recording`](crate::record::Recording) or any other
+/// [`Stacks`]) weighted by `weights` (one row per `input.samples[i]`).
 ///
 /// Values are `samples/count` followed by `weights.value_types`. Caller addresses (every
 /// frame but the leaf) are looked up at `addr - 1`: a return address points after the call,
 /// possibly into the next line or function (as perf does).
-pub fn build(
-    rec: &Recording,
+pub fn build<'a>(
+    input: impl Into<Stacks<'a>>,
     weights: &SampleValues,
     symbolizer: &mut Symbolizer,
     filter: &Filter,
 ) -> Profile {
-    build_with(rec, weights, symbolizer, filter, false)
+    build_with(input.into(), weights, symbolizer, filter, false)
 }
 
 /// [`build`] with only each stack's leaf symbolized (kernel, native, Python or JIT, with its
 /// inlined frames): every caller frame is one [`NOT_SYMBOLIZED`] frame. Self energy per
 /// function (samples whose leaf it is) comes out exactly as from [`build`], for a fraction
 /// of the symbolizing; totals, stacks and anything else that reads callers do not.
-pub fn build_leaves(
-    rec: &Recording,
+pub fn build_leaves<'a>(
+    input: impl Into<Stacks<'a>>,
     weights: &SampleValues,
     symbolizer: &mut Symbolizer,
     filter: &Filter,
 ) -> Profile {
-    build_with(rec, weights, symbolizer, filter, true)
+    build_with(input.into(), weights, symbolizer, filter, true)
 }
 
 fn build_with(
-    rec: &Recording,
+    rec: Stacks<'_>,
     weights: &SampleValues,
     symbolizer: &mut Symbolizer,
     filter: &Filter,
@@ -293,7 +294,7 @@ fn build_with(
         jit: rec
             .jit_symbols
             .iter()
-            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(rec, tgid))))
+            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(&rec, tgid))))
             .collect(),
         leaves_only,
         caller: None,
@@ -301,7 +302,7 @@ fn build_with(
     let no_mappings: Vec<Mapping> = Vec::new();
     // Every address the kept samples need, resolved a file at a time up front (far faster
     // than one lookup per address); the lookups below are then cache hits.
-    let (user, kernel) = addresses(rec, &no_mappings, leaves_only, |tid, tgid| {
+    let (user, kernel) = addresses(&rec, &no_mappings, leaves_only, |tid, tgid| {
         thread(tid, tgid).1
     });
     interner.symbolizer.prefetch(user, kernel);
@@ -345,12 +346,12 @@ fn build_with(
                     }
                     let id = interner.user_location(s.tgid, caller_adjusted(addr, depth), mappings);
                     if !groups.is_done() && interner.is_eval(id) {
-                        interner.python(groups.next_group(), &rec.python_frames, &mut stack);
+                        interner.python(groups.next_group(), rec.python_frames, &mut stack);
                     }
                     stack.push(id, &interner.locations);
                 }
                 while !groups.is_done() {
-                    interner.python(groups.next_group(), &rec.python_frames, &mut stack);
+                    interner.python(groups.next_group(), rec.python_frames, &mut stack);
                 }
                 stacks.insert(key, stack.clone());
                 stack
@@ -420,22 +421,22 @@ fn build_with(
 
     let mut profile = Profile {
         meta: ProfileMeta {
-            title: if rec.header.hostname.is_empty() {
+            title: if rec.hostname.is_empty() {
                 "energy-bpf".to_string()
             } else {
-                format!("energy-bpf on {}", rec.header.hostname)
+                format!("energy-bpf on {}", rec.hostname)
             },
             totals: Vec::new(),
-            duration_ns: rec.duration_ns(),
+            duration_ns: rec.duration_ns,
             estimated: weights.estimated,
             source: weights.source.clone(),
-            sample_hz: rec.header.sample_hz,
-            start_unix_ns: rec.header.start_unix_ns,
-            lost_events: crate::record::lost_events(&rec.losses),
+            sample_hz: rec.sample_hz,
+            start_unix_ns: rec.start_unix_ns,
+            lost_events: rec.lost_events,
             unwind: if rec.samples.is_empty() {
                 String::new()
             } else {
-                crate::record::UnwindCounts::of(&rec.samples).label()
+                crate::record::UnwindCounts::of(rec.samples).label()
             },
         },
         value_types,
@@ -452,7 +453,7 @@ fn build_with(
 /// adjusted as the stacks look them up, of the samples `keep(tid, tgid)` keeps; with
 /// `leaves_only`, of each stack's leaf alone.
 fn addresses<'r>(
-    rec: &'r Recording,
+    rec: &Stacks<'r>,
     no_mappings: &'r [Mapping],
     leaves_only: bool,
     mut keep: impl FnMut(u32, u32) -> bool,
@@ -461,7 +462,7 @@ fn addresses<'r>(
     let mut seen_user: foldhash::HashSet<(u32, u64)> = Default::default();
     let mut seen_kernel: foldhash::HashSet<u64> = Default::default();
     let (mut user, mut kernel) = (Vec::new(), Vec::new());
-    for s in &rec.samples {
+    for s in rec.samples {
         if !keep(s.tid, s.tgid)
             || !stacks.insert((s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice()))
         {
@@ -520,7 +521,7 @@ impl<'s> PythonGroups<'s> {
 }
 
 /// The runtime of a process, from its name or the program its command line starts.
-fn runtime_of(rec: &Recording, tgid: u32) -> JitRuntime {
+fn runtime_of(rec: &Stacks<'_>, tgid: u32) -> JitRuntime {
     let Some(t) = rec.threads.get(&tgid) else {
         return JitRuntime::Other;
     };
@@ -550,6 +551,7 @@ mod tests {
     use super::*;
     use crate::pb::v1::{Header, Sample, ThreadInfo};
     use crate::profile::Residual;
+    use crate::record::Recording;
 
     fn rec() -> Recording {
         let mut rec = Recording {

@@ -3,17 +3,19 @@
 //! A [`Profile`] holds interned [`Frame`]s and [`ProfileSample`]s (leaf-first frame ids, one
 //! value per [`ValueType`], labels). Each sample also lists its [`Location`]s: the sampled
 //! addresses, each with its inline chain of frames and the [`ProfileMapping`] it lies in, for
-//! outputs that keep addresses (pprof). [`build`] makes one from a [`Recording`] plus
+//! outputs that keep addresses (pprof). [`build`] makes one from [`Stacks`] (a
+//! [`Recording`](crate::record::Recording)'s, or the agent's windows') plus
 //! per-sample weights ([`SampleValues`]): CPU time now, energy per domain once attribution
 //! provides it — the builder does not care which.
 
 mod build;
+mod stacks;
 
 pub use build::{Filter, build, build_leaves};
+pub use stacks::Stacks;
 
 use std::sync::Arc;
 
-use crate::record::Recording;
 pub use crate::symbolize::{Frame, FrameKind, JitRuntime};
 
 /// Index of a frame in [`Profile::frames`].
@@ -205,8 +207,9 @@ pub struct SampleValues {
 
 impl SampleValues {
     /// CPU-time weights: each sample stands for one sampling period, 1e9 / sample_hz ns.
-    pub fn cpu_time(rec: &Recording) -> Self {
-        let period_ns = 1e9 / f64::from(rec.header.sample_hz.max(1));
+    pub fn cpu_time<'a>(input: impl Into<Stacks<'a>>) -> Self {
+        let rec: Stacks<'a> = input.into();
+        let period_ns = 1e9 / f64::from(rec.sample_hz.max(1));
         Self {
             value_types: vec![ValueType::new(CPU, "nanoseconds")],
             values: vec![period_ns; rec.samples.len()],

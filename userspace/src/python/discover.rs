@@ -8,7 +8,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use super::PythonError;
 use super::memory::Memory;
 use super::offsets::{DEBUG_OFFSETS_LEN, NEWEST, OLDEST, Table, Version};
-use crate::symbolize::maps::parse_maps_line;
+use crate::procmaps::parse_maps_line;
 
 /// Largest ELF file read to look for `_PyRuntime`.
 const MAX_ELF: u64 = 512 << 20;

@@ -33,7 +33,7 @@ pub struct RawFrames {
 }
 
 /// The sample's Python stop reason, as the recording has it.
-pub fn stop_of(stop: u32) -> pb::PythonStop {
+fn stop_of(stop: u32) -> pb::PythonStop {
     match stop {
         py_stop::END => pb::PythonStop::PythonEnd,
         py_stop::DEPTH => pb::PythonStop::PythonDepth,

@@ -13,7 +13,7 @@
 pub const SYNC: [u8; 4] = [0xeb, 0x9f, 0x5a, 0xc3];
 
 /// Sync marker, length, checksum.
-pub const FRAME_HEADER_LEN: usize = 12;
+const FRAME_HEADER_LEN: usize = 12;
 
 /// The largest record a reader accepts, bytes. A drain of the busiest machine we know of
 /// writes a few MiB; anything larger is a damaged length. Keeps a single record from

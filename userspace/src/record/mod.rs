@@ -235,16 +235,6 @@ impl Recording {
     pub fn cpu_ids(&self) -> Vec<u32> {
         self.header.cpus.iter().map(|c| c.id).collect()
     }
-
-    /// The timeline of every CPU over the capture window.
-    pub fn timeline(&self) -> crate::timeline::Timeline {
-        crate::timeline::Timeline::build_from(
-            self.start_ns(),
-            self.end_ns,
-            &self.cpu_ids(),
-            crate::timeline::Switches::Log(&self.switches),
-        )
-    }
 }
 
 #[cfg(test)]

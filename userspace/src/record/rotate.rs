@@ -23,7 +23,7 @@ use crate::pb::v1::{
 /// is sorting by time.
 const PREFIX: &str = "energy-bpf-";
 /// Extension of recording files.
-pub const EXTENSION: &str = "ebpr";
+const EXTENSION: &str = "ebpr";
 
 /// How much to keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +130,7 @@ impl RotatingWriter {
     }
 
     /// The file being written, if any.
-    pub fn current_path(&self) -> Option<&Path> {
+    fn current_path(&self) -> Option<&Path> {
         self.current.as_ref().map(|(_, p, _)| p.as_path())
     }
 

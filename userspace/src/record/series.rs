@@ -46,7 +46,7 @@ impl TimeRange {
     }
 
     /// True when both ends are open.
-    pub fn is_all(&self) -> bool {
+    fn is_all(&self) -> bool {
         self.from_unix_ns.is_none() && self.to_unix_ns.is_none()
     }
 }

@@ -26,7 +26,7 @@ use crate::tui::Snapshot;
 pub const MAX_CLIENTS: usize = 64;
 
 /// How long a write to a client may block before the client is dropped.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Latest {

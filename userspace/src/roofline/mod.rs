@@ -28,6 +28,7 @@ pub mod model;
 pub mod per_function;
 pub mod place;
 pub mod plot;
+pub mod points;
 pub mod report;
 
 use std::io::Read as _;

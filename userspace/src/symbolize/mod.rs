@@ -11,11 +11,10 @@
 
 mod batch;
 mod frame;
-pub(crate) mod maps;
 pub mod perf_map;
 
+pub use crate::procmaps::{mappings_of, process_mappings, read_build_id};
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
-pub use maps::{mappings_of, process_mappings, read_build_id};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -20,7 +20,7 @@ use crate::pb::v1::JitSymbol;
 /// Longest name kept, bytes (Java signatures can be long; anything past this is cut).
 pub const MAX_NAME_BYTES: usize = 1024;
 /// Longest line looked at, bytes: a longer one is skipped whole.
-pub const MAX_LINE_BYTES: usize = 4096;
+const MAX_LINE_BYTES: usize = 4096;
 /// Most bytes read from one map file over a recording (a large Node app writes tens of MB).
 pub const MAX_FILE_BYTES: u64 = 256 << 20;
 /// Most bytes read from a map file at one time.

@@ -8,6 +8,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::snapshot::{ProcessRow, ThreadRow};
+use crate::pipeline::rollup::{self, GroupBy};
 
 /// A column the table can be sorted by, in display order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,7 +52,7 @@ impl SortColumn {
 
     /// Whether a fresh sort on this column puts the largest first: numbers that mean
     /// "cost" are read biggest first, identifiers in natural order (like top).
-    pub fn default_descending(self) -> bool {
+    fn default_descending(self) -> bool {
         !matches!(self, SortColumn::Pid | SortColumn::Command)
     }
 
@@ -175,18 +176,24 @@ pub fn build_rows(processes: &[ProcessRow], opts: &ViewOptions<'_>) -> Vec<Table
     match opts.grouping {
         Grouping::Process => push_processes(&mut out, selected, 0, opts),
         Grouping::Cgroup | Grouping::Container => {
-            let mut groups: BTreeMap<String, Vec<&ProcessRow>> = BTreeMap::new();
-            for p in selected {
-                let key = match opts.grouping {
-                    Grouping::Container => crate::pipeline::rollup::container_key(p),
-                    _ => p.cgroup.clone(),
-                };
-                groups.entry(key).or_default().push(p);
+            // The sums are the pipeline's rollup; only the members shown under an
+            // expanded group are gathered here.
+            let by = match opts.grouping {
+                Grouping::Container => GroupBy::Container,
+                _ => GroupBy::Cgroup,
+            };
+            let mut members: BTreeMap<String, Vec<&ProcessRow>> = BTreeMap::new();
+            for p in &selected {
+                members.entry(rollup::group_key(p, by)).or_default().push(p);
             }
-            let mut rows: Vec<(TableRow, Vec<&ProcessRow>)> = groups
-                .into_iter()
-                .map(|(key, members)| (group_row(&key, &members, opts), members))
-                .collect();
+            let mut rows: Vec<(TableRow, Vec<&ProcessRow>)> =
+                rollup::group(selected.iter().copied(), by)
+                    .into_iter()
+                    .map(|g| {
+                        let members = members.remove(&g.comm).unwrap_or_default();
+                        (group_row(&g, members.len(), opts), members)
+                    })
+                    .collect();
             rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
             for (row, members) in rows {
                 let expanded = row.expanded;
@@ -282,44 +289,32 @@ fn with_function(command: String, function: &str) -> String {
     }
 }
 
-fn group_row(cgroup: &str, members: &[&ProcessRow], opts: &ViewOptions<'_>) -> TableRow {
-    let key = RowKey::Group(cgroup.to_string());
+fn group_row(g: &ProcessRow, members: usize, opts: &ViewOptions<'_>) -> TableRow {
+    let key = RowKey::Group(g.comm.clone());
     TableRow {
         expanded: opts.expanded.contains(&key),
         key,
         depth: 0,
         // Bracketed so a process count never reads as a PID.
-        id: format!("[{}]", members.len()),
-        power_w: members.iter().map(|p| p.power_w).sum(),
-        energy_j: members.iter().map(|p| p.since_start_j).sum(),
-        cpu_pct: members.iter().map(|p| p.cpu_pct).sum(),
-        share: members.iter().map(|p| p.share).sum(),
-        command: cgroup_label(cgroup),
+        id: format!("[{members}]"),
+        power_w: g.power_w,
+        energy_j: g.since_start_j,
+        cpu_pct: g.cpu_pct,
+        share: g.share,
+        command: cgroup_label(&g.comm),
         expandable: true,
     }
 }
 
-/// A readable name for a cgroup path: container scopes become `runtime:<12-hex id>`,
-/// anything else is shown as its path.
+/// A readable name for a cgroup path: a container's cgroup becomes `runtime:<12-hex id>`
+/// (as [`crate::container::parse`] reads it), anything else is shown as its path.
 pub fn cgroup_label(cgroup: &str) -> String {
     if cgroup.is_empty() {
         return "(unknown cgroup)".to_string();
     }
-    let last = cgroup.rsplit('/').next().unwrap_or(cgroup);
-    let stem = last.strip_suffix(".scope").unwrap_or(last);
-    // Scope names written by the common runtimes' systemd cgroup drivers.
-    for (prefix, runtime) in [
-        ("docker-", "docker"),
-        ("cri-containerd-", "containerd"),
-        ("crio-", "cri-o"),
-        ("libpod-", "podman"),
-    ] {
-        if let Some(id) = stem.strip_prefix(prefix)
-            && id.len() >= 12
-            && id.bytes().all(|b| b.is_ascii_hexdigit())
-        {
-            return format!("{runtime}:{}", &id[..12]);
-        }
+    let container = crate::container::parse(cgroup);
+    if let (Some(id), Some(runtime)) = (&container.container_id, container.runtime) {
+        return format!("{runtime}:{}", id.get(..12).unwrap_or(id));
     }
     cgroup.to_string()
 }

@@ -155,6 +155,10 @@ fn container_scopes_get_short_labels() {
             "/machine.slice/libpod-0011223344556677.scope",
             "podman:001122334455",
         ),
+        (
+            "/kubepods.slice/kubepods-pod1.slice/crio-aabbccddeeff0011.scope",
+            "crio:aabbccddeeff",
+        ),
         ("/system.slice/sshd.service", "/system.slice/sshd.service"),
         (
             "/system.slice/docker-short.scope",

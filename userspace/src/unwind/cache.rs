@@ -229,7 +229,7 @@ impl UnwindCache {
     }
 
     /// The cache file of `build_id`.
-    pub fn path_for(&self, build_id: &[u8]) -> PathBuf {
+    fn path_for(&self, build_id: &[u8]) -> PathBuf {
         let hex: String = build_id.iter().map(|b| format!("{b:02x}")).collect();
         self.dir.join(format!("{hex}.unw"))
     }

@@ -46,16 +46,6 @@ pub(super) fn build_id_and_table(
     })
 }
 
-/// The GNU build-id of the ELF file at `path`: the `GNU` note of type `NT_GNU_BUILD_ID`
-/// only (a SystemTap note shares the type number); empty when there is none or the file
-/// cannot be read.
-pub fn file_build_id(path: &Path) -> Vec<u8> {
-    with_file(path, |obj| {
-        Ok(obj.build_id().ok().flatten().unwrap_or_default().to_vec())
-    })
-    .unwrap_or_default()
-}
-
 fn with_file<T>(
     path: &Path,
     f: impl for<'d> FnOnce(&object::File<'d, &'d ReadCache<std::fs::File>>) -> Result<T, UnwindError>,

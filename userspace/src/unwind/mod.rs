@@ -28,9 +28,7 @@ pub mod walk;
 mod walk_tests;
 
 pub use cache::{CacheError, TableSource, UnwindCache};
-pub use compile::{
-    Segment, compile_eh_frame, compile_elf, compile_file, file_build_id, load_segments,
-};
+pub use compile::{Segment, compile_eh_frame, compile_elf, compile_file, load_segments};
 pub use energy_bpf_abi::{UnwindRow, unwind_kind, unwind_reg};
 
 use std::path::PathBuf;

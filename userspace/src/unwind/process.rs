@@ -11,7 +11,7 @@ use super::{UnwindCache, UnwindRow, unwind_kind};
 /// Most executable mappings kept per process: the walker scans them linearly, and the
 /// verifier bounds that loop. Programs beyond it (hundreds of shared objects) keep their
 /// first ones; PCs in the others fall back to frame pointers.
-pub const MAX_MAPPINGS: usize = energy_bpf_abi::UNWIND_MAPPINGS;
+const MAX_MAPPINGS: usize = energy_bpf_abi::UNWIND_MAPPINGS;
 
 /// Why a process's table could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -135,7 +135,7 @@ impl RowArena {
     }
 
     /// Remembers a file larger than the whole arena.
-    pub fn mark_too_big(&mut self, key: &[u8]) {
+    fn mark_too_big(&mut self, key: &[u8]) {
         // Bounded: a machine with this many huge files gets them looked at again.
         if self.too_big.len() >= 4096 {
             self.too_big.clear();
@@ -217,7 +217,7 @@ pub fn process_entries(
     // Read once: the file mappings and the vDSO's both come from it.
     let text = std::fs::read_to_string(format!("/proc/{tgid}/maps"))
         .map_err(|source| ProcessError::Maps { tgid, source })?;
-    let maps = crate::symbolize::mappings_of(tgid, 0, &text);
+    let maps = crate::procmaps::mappings_of(tgid, 0, &text);
     let mut out = Vec::new();
     for m in &maps {
         if out.len() == MAX_MAPPINGS {

@@ -18,7 +18,7 @@ use super::keeper::{CAPACITY, Keeper};
 /// Where the agent keeps state unless `--state-dir` says otherwise.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/energy-bpf";
 /// The file's name in the state directory.
-pub const FILE_NAME: &str = "static-learned.json";
+const FILE_NAME: &str = "static-learned.json";
 /// Format version.
 pub const VERSION: u32 = 1;
 /// Sources kept per host: more than any machine has counters.

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use super::OutputError;
 
 /// What a row stands for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum By {
     /// One row per process.
     Process,
@@ -27,7 +27,7 @@ pub enum By {
 }
 
 /// How to render.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     /// Aligned columns for a terminal.
     Table,

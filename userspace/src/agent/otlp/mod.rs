@@ -1,3 +1,6 @@
+//! OTLP out of the agent: the sink here, the gRPC transport in [`transport`]; the request
+//! itself is encoded by [`crate::output::otlp`], shared with `flamegraph --format otlp`.
+//!
 //! Energy profiles out of the agent: every `--profile-interval`, the windows since the last
 //! export become one OTLP request (a CPU profile and an energy profile per zone, see
 //! [`crate::output::otlp`]), symbolized here, and go to the [`Exporter`]'s bounded queue.
@@ -8,6 +11,8 @@
 //! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
 //! waits on them, and a backlog is dropped and counted like a full export queue.
 
+pub mod transport;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,19 +21,53 @@ use super::sink::{Sink, SinkError};
 use crate::{
     analysis,
     container::ContainerRef,
-    exporter::Exporter,
     output::otlp::{self, Origin},
     pb::v1::{self as pb, process_event::Kind},
     pipeline::Window,
-    profile::{self, Filter, SampleValues},
-    record::{Recording, merge_thread},
+    profile::{self, Filter, SampleValues, Stacks},
+    record::{PythonFrames, merge_thread},
     symbolize::Symbolizer,
 };
+use transport::Exporter;
+
+/// The samples of the windows since the last export, the tables that resolve them as they
+/// stood at the latest window, and their weights: what one profile is built from.
+struct Batch {
+    hostname: String,
+    sample_hz: u32,
+    start_ns: u64,
+    start_unix_ns: u64,
+    end_ns: u64,
+    samples: Vec<pb::Sample>,
+    threads: HashMap<u32, pb::ThreadInfo>,
+    mappings: HashMap<u32, Vec<pb::Mapping>>,
+    jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
+    /// The agent walks no Python frames: always empty.
+    python_frames: PythonFrames,
+    weights: SampleValues,
+}
+
+impl Batch {
+    /// The profile builder's view of the batch.
+    fn stacks(&self) -> Stacks<'_> {
+        Stacks {
+            hostname: &self.hostname,
+            sample_hz: self.sample_hz,
+            start_unix_ns: self.start_unix_ns,
+            duration_ns: self.end_ns.saturating_sub(self.start_ns),
+            lost_events: 0,
+            samples: &self.samples,
+            threads: &self.threads,
+            mappings: &self.mappings,
+            python_frames: &self.python_frames,
+            jit_symbols: &self.jit_symbols,
+        }
+    }
+}
 
 /// One profile's worth of windows, on its way to the encoding thread.
 struct Job {
-    rec: Recording,
-    weights: SampleValues,
+    batch: Batch,
     attributed_uj: BTreeMap<&'static str, f64>,
     container_attrs: HashMap<u64, otlp::ContainerAttrs>,
 }
@@ -36,12 +75,12 @@ struct Job {
 /// The OTLP sink.
 pub struct OtlpSink {
     jobs: std::sync::mpsc::SyncSender<Job>,
-    stats: std::sync::Arc<crate::exporter::ExportStats>,
+    stats: std::sync::Arc<transport::ExportStats>,
     interval_ns: u64,
     threads: HashMap<u32, pb::ThreadInfo>,
     mappings: HashMap<u32, Vec<pb::Mapping>>,
     jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
-    pending: Option<(Recording, SampleValues)>,
+    pending: Option<Batch>,
     /// Energy the windows since the last export gave threads, µJ per zone: what the
     /// exported profiles must add up to.
     attributed_uj: BTreeMap<&'static str, f64>,
@@ -76,8 +115,12 @@ impl OtlpSink {
                     // profiles let RSS climb by ~100 MiB where binaries carry large debug
                     // info), at the price of reopening them every --profile-interval.
                     let mut symbolizer = Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
-                    let profile =
-                        profile::build(&job.rec, &job.weights, &mut symbolizer, &Filter::default());
+                    let profile = profile::build(
+                        job.batch.stacks(),
+                        &job.batch.weights,
+                        &mut symbolizer,
+                        &Filter::default(),
+                    );
                     let attrs = job.container_attrs;
                     let mut request = otlp::request(&profile, &origin, &|cgroup| {
                         attrs.get(&cgroup).cloned().unwrap_or_default()
@@ -132,17 +175,16 @@ impl OtlpSink {
     }
 
     /// The exporter's counters (the self-metrics read them).
-    pub fn stats(&self) -> &std::sync::Arc<crate::exporter::ExportStats> {
+    pub fn stats(&self) -> &std::sync::Arc<transport::ExportStats> {
         &self.stats
     }
 
     fn export(&mut self) {
-        let Some((rec, weights)) = self.pending.take() else {
+        let Some(batch) = self.pending.take() else {
             return;
         };
         let job = Job {
-            rec,
-            weights,
+            batch,
             attributed_uj: std::mem::take(&mut self.attributed_uj),
             container_attrs: self.container_attrs(),
         };
@@ -174,7 +216,7 @@ impl Sink for OtlpSink {
     }
 
     fn window(&mut self, window: &Window, header: &pb::Header) -> Result<(), SinkError> {
-        // Container ids of the window's cgroups, from the paths the pipeline named them by.
+        // Container ids of the window's cgroups, as the pipeline's rollup read them.
         for p in &window.processes {
             if let Some(t) = window
                 .analysis
@@ -186,23 +228,40 @@ impl Sink for OtlpSink {
             {
                 self.containers
                     .entry(t.cgroup_id)
-                    .or_insert_with(|| crate::container::parse(&p.cgroup));
+                    .or_insert_with(|| p.container());
             }
         }
-        let mut rec = Recording {
-            header: header.clone(),
+        let start_unix_ns = header
+            .start_unix_ns
+            .saturating_add(window.start_ns().saturating_sub(header.start_ns));
+        let no_python = PythonFrames::default();
+        // The window's samples, resolved by the tables the sink keeps from chunks.
+        let stacks = Stacks {
+            hostname: &header.hostname,
+            sample_hz: header.sample_hz,
+            start_unix_ns,
+            duration_ns: window.end_ns().saturating_sub(window.start_ns()),
+            lost_events: 0,
+            samples: &window.events.samples,
+            threads: &self.threads,
+            mappings: &self.mappings,
+            python_frames: &no_python,
+            jit_symbols: &self.jit_symbols,
+        };
+        let weights = analysis::sample_values(stacks, &window.analysis);
+        let batch = Batch {
+            hostname: header.hostname.clone(),
+            sample_hz: header.sample_hz,
+            start_ns: window.start_ns(),
+            start_unix_ns,
+            end_ns: window.end_ns(),
             samples: window.events.samples.clone(),
             threads: self.threads.clone(),
             mappings: self.mappings.clone(),
             jit_symbols: self.jit_symbols.clone(),
-            end_ns: window.end_ns(),
-            ..Recording::default()
+            python_frames: no_python,
+            weights,
         };
-        rec.header.start_unix_ns = header
-            .start_unix_ns
-            .saturating_add(window.start_ns().saturating_sub(header.start_ns));
-        rec.header.start_ns = window.start_ns();
-        let weights = analysis::sample_values(&rec, &window.analysis);
         let attr = &window.analysis.attribution;
         for s in &attr.sources {
             let name = crate::attribute::domain_name(s.domain);
@@ -219,25 +278,25 @@ impl Sink for OtlpSink {
             }
         }
         match &mut self.pending {
-            None => self.pending = Some((rec, weights)),
-            Some((acc, w)) if w.value_types == weights.value_types => {
-                acc.samples.extend(rec.samples);
-                acc.threads = rec.threads;
-                acc.mappings = rec.mappings;
-                acc.jit_symbols = rec.jit_symbols;
-                acc.end_ns = rec.end_ns;
-                w.values.extend(weights.values);
-                w.residuals.extend(weights.residuals);
+            None => self.pending = Some(batch),
+            Some(acc) if acc.weights.value_types == batch.weights.value_types => {
+                acc.samples.extend(batch.samples);
+                acc.threads = batch.threads;
+                acc.mappings = batch.mappings;
+                acc.jit_symbols = batch.jit_symbols;
+                acc.end_ns = batch.end_ns;
+                acc.weights.values.extend(batch.weights.values);
+                acc.weights.residuals.extend(batch.weights.residuals);
             }
             // The zones changed (a source came or went): send what was gathered first.
             Some(_) => {
                 self.export();
-                self.pending = Some((rec, weights));
+                self.pending = Some(batch);
             }
         }
-        if let Some((acc, _)) = &mut self.pending {
-            acc.header.sample_hz = header.sample_hz;
-            if acc.end_ns.saturating_sub(acc.header.start_ns) >= self.interval_ns {
+        if let Some(acc) = &mut self.pending {
+            acc.sample_hz = header.sample_hz;
+            if acc.end_ns.saturating_sub(acc.start_ns) >= self.interval_ns {
                 self.export();
             }
         }

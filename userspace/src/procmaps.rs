@@ -1,5 +1,6 @@
 //! Executable mappings of a live process, read from `/proc/PID/maps` with each file's GNU
-//! build-id, so a recording can symbolize addresses after the process has exited.
+//! build-id, so a recording can symbolize addresses after the process has exited. A leaf:
+//! symbolization, the unwinder and the Python walker all read maps and build-ids here.
 //!
 //! The recorder calls [`process_mappings`] when it first sees a process (and after exec);
 //! build-ids are read once per (device, inode, path) and cached process-wide.
@@ -7,6 +8,8 @@
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Mutex, OnceLock};
+
+use object::Object as _;
 
 use crate::pb::v1::Mapping;
 
@@ -113,7 +116,15 @@ fn cached_build_id(key: &FileKey) -> Vec<u8> {
 /// note name as well as type: a SystemTap note has the same type number, and taking one
 /// (as a type-only reader does) would give every user of one library the same "build-id".
 pub fn read_build_id(path: &std::path::Path) -> Vec<u8> {
-    crate::unwind::file_build_id(path)
+    let Ok(file) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let cache = object::ReadCache::new(file);
+    // object checks the note's name and type (`GNU`, NT_GNU_BUILD_ID).
+    object::File::parse(&cache)
+        .ok()
+        .and_then(|obj| obj.build_id().ok().flatten().map(<[u8]>::to_vec))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -1,0 +1,23 @@
+//! Builders the unit tests share (compiled for tests only): one place for the event
+//! shapes many modules' tests need, so a field added to an event is filled in once.
+
+use crate::pb::v1::SwitchEvent;
+
+/// A switch on `cpu` at `ts_ns` from thread `tid` to `next` (each its own process).
+pub(crate) fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
+    sw_to(ts_ns, cpu, tid, Some(next))
+}
+
+/// [`sw`] where the probe may not have read the next task (`None`: unknown).
+pub(crate) fn sw_to(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> SwitchEvent {
+    SwitchEvent {
+        ts_ns,
+        cpu,
+        tid,
+        tgid: tid,
+        next_known: next.is_some(),
+        next_tid: next.unwrap_or(0),
+        next_tgid: next.unwrap_or(0),
+        ..Default::default()
+    }
+}
