@@ -218,7 +218,7 @@ mod tests {
                 .contains("llc-misses")
         );
         assert_eq!(rec.damage.records_damaged, 0);
-        // A recording made before run counters: no counts, no counters, no damage.
+        // A recording made before run counters: no counts.
         let old = write(dir.path(), &[]);
         let rec = crate::record::read_file(&old).expect("read");
         assert!(rec.run_counts.is_empty());
