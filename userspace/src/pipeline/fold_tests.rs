@@ -320,3 +320,68 @@ fn folded_cells_keep_the_exact_per_interval_sums() {
     // Nothing of the window is left behind; the next window starts at its end.
     assert_eq!(folder.close(end + 5 * MS).start_ns, end);
 }
+
+/// The learner's load rows (`agent::learn`) of every window: (end, length, busy CPUs).
+fn load_rows(pipeline: &mut Pipeline, stream: &mut Stream, cpus: &[Cpu]) -> Vec<(u64, u64, f64)> {
+    let mut rows = Vec::new();
+    let mut take = |w: Window| {
+        let a = &w.analysis;
+        let input = crate::attribute::Input {
+            timeline: &a.timeline,
+            samples: &[],
+            sources: &a.sources,
+            readings: &a.readings,
+            cpus,
+            threads: &[],
+            activity: None,
+        };
+        for load in crate::attribute::load::load_rows(&input, 20 * MS) {
+            rows.extend(load.rows.iter().map(|r| (r.end_ns, r.len_ns, r.busy_cpus)));
+        }
+    };
+    for _ in 0..30 {
+        pipeline.push(stream.chunk());
+        let limit = stream.now - 30 * MS;
+        if limit >= pipeline.window_start_ns() + 1_000 * MS {
+            match pipeline.close(limit) {
+                Some(w) => take(w),
+                None => take(pipeline.close_at(limit)),
+            }
+        }
+    }
+    take(pipeline.close_at(stream.now));
+    rows
+}
+
+#[test]
+fn folded_and_exact_give_the_learner_the_same_load_rows() {
+    // What the agent learns static power from: busy CPUs between counter readings, rows of
+    // 20 ms here (1 s live) so that a shift of busy time between rows shows.
+    let cpu_list = cpus(4, false);
+    let cfg = config(&cpu_list, true, true);
+    let want = load_rows(
+        &mut Pipeline::new(cfg.clone(), START),
+        &mut Stream::new(4, true, Some(1)),
+        &cpu_list,
+    );
+    let got = load_rows(
+        &mut Pipeline::folded(cfg, START),
+        &mut Stream::new(4, true, Some(1)),
+        &cpu_list,
+    );
+    assert!(want.len() >= 50, "{} rows", want.len());
+    assert_eq!(want.len(), got.len(), "same rows");
+    let spread = want.iter().map(|r| r.2).fold(f64::MAX, f64::min)
+        < want.iter().map(|r| r.2).fold(0.0, f64::max) - 0.1;
+    assert!(spread, "the stream's load varies: {want:?}");
+    for (w, g) in want.iter().zip(&got) {
+        assert_eq!((w.0, w.1), (g.0, g.1), "same spans");
+        assert!(
+            (w.2 - g.2).abs() <= 1e-9,
+            "busy CPUs at {}: exact {} folded {}",
+            w.0,
+            w.2,
+            g.2
+        );
+    }
+}
