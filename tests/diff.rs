@@ -13,13 +13,12 @@ use energy_bpf::record::{FORMAT_VERSION, Writer};
 
 use crate::util::{bin, exclusive, require_root, text};
 
-/// Builds `ab.c` with `hot()` doing `hot_pct` percent of `steady()`'s work.
-fn build_ab(dir: &Path, hot_pct: u32) -> PathBuf {
+/// Builds `ab.c`; its second argument sets `hot()`'s work in percent of `steady()`'s.
+fn build_ab(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/ab.c");
-    let out = dir.join(format!("ab{hot_pct}"));
+    let out = dir.join("ab");
     let status = Command::new("gcc")
         .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline"])
-        .arg(format!("-DHOT_PCT={hot_pct}"))
         .arg("-o")
         .arg(&out)
         .arg(&src)
@@ -29,13 +28,13 @@ fn build_ab(dir: &Path, hot_pct: u32) -> PathBuf {
     out
 }
 
-fn record_runs(prog: &Path, runs: u32, file: &Path) {
+fn record_runs(prog: &Path, hot_pct: u32, runs: u32, file: &Path) {
     let out = Command::new(bin())
         .args(["record", "-F", "999", "--repeat", &runs.to_string(), "-o"])
         .arg(file)
         .arg("--")
         .arg(prog)
-        .arg("400")
+        .args(["1600", &hot_pct.to_string()])
         .output()
         .expect("run energy-bpf record");
     assert!(out.status.success(), "record failed: {}", text(&out));
@@ -68,14 +67,16 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     }
     let _guard = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (base_prog, new_prog) = (build_ab(dir.path(), 100), build_ab(dir.path(), 125));
+    let prog = build_ab(dir.path());
     let (base, new) = (dir.path().join("base.ebpr"), dir.path().join("new.ebpr"));
-    record_runs(&base_prog, 5, &base);
-    record_runs(&new_prog, 5, &new);
+    // Ten runs of 1,600 calls of one binary (two builds differ in code layout, which moved
+    // steady by up to 10%; five runs of 400 calls gave hot +14% to +37%).
+    record_runs(&prog, 100, 10, &base);
+    record_runs(&prog, 125, 10, &new);
     let (b, n) = (base.to_str().expect("path"), new.to_str().expect("path"));
     let d = diff_json(&[b, n]);
-    assert_eq!(d["base"]["runs"], 5, "one value per marked run: {d:#}");
-    assert_eq!(d["new"]["runs"], 5);
+    assert_eq!(d["base"]["runs"], 10, "one value per marked run: {d:#}");
+    assert_eq!(d["new"]["runs"], 10);
     let hot = row(&d, "hot");
     let steady = row(&d, "steady");
     let pct = |r: &serde_json::Value| r["delta_pct"].as_f64().expect("delta_pct");
@@ -104,7 +105,7 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
 
     // The same program twice (A/A): neither function is called changed.
     let base2 = dir.path().join("base2.ebpr");
-    record_runs(&base_prog, 5, &base2);
+    record_runs(&prog, 100, 10, &base2);
     let aa = diff_json(&[b, base2.to_str().expect("path")]);
     for f in ["hot", "steady"] {
         let r = row(&aa, f);

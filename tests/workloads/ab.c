@@ -1,23 +1,22 @@
 /* A/B workload for `energy-bpf diff`: fixed work per run in two functions. Each of CALLS
  * rounds calls hot() then steady(); hot() does HOT_PCT percent of steady()'s loop, so a
- * build with -DHOT_PCT=125 does 25% more work in hot() and the same in steady().
+ * run with HOT_PCT 125 does 25% more work in hot() and the same in steady(). One binary
+ * serves both sides, so code layout (which alone moves a loop's speed by 10% at -O0) is
+ * the same for A and B.
  *
- * Build: gcc -O0 -g -fno-omit-frame-pointer -fno-inline [-DHOT_PCT=125] -o ab ab.c
- * Run:   ./ab [CALLS]   (default 1000)
+ * Build: gcc -O0 -g -fno-omit-frame-pointer -fno-inline -o ab ab.c
+ * Run:   ./ab [CALLS [HOT_PCT]]   (defaults 1000 and 100)
  */
 #include <stdlib.h>
-
-#ifndef HOT_PCT
-#define HOT_PCT 100
-#endif
 
 #define STEADY_ITERS 200000UL
 
 static volatile unsigned long sink;
+static unsigned long hot_iters = STEADY_ITERS;
 
 __attribute__((noinline)) void hot(void)
 {
-	for (unsigned long i = 0; i < STEADY_ITERS * HOT_PCT / 100; i++)
+	for (unsigned long i = 0; i < hot_iters; i++)
 		sink += i;
 }
 
@@ -30,6 +29,8 @@ __attribute__((noinline)) void steady(void)
 int main(int argc, char **argv)
 {
 	long calls = argc > 1 ? atol(argv[1]) : 1000;
+	if (argc > 2)
+		hot_iters = STEADY_ITERS * strtoul(argv[2], NULL, 10) / 100;
 	for (long c = 0; c < calls; c++) {
 		hot();
 		steady();
