@@ -328,6 +328,8 @@ fn marked_runs_are_the_distribution_and_several_recordings_make_one_side() {
 /// screenshot shows both red and blue.
 #[test]
 fn differential_svg_shows_red_and_blue_in_chromium() {
+    // Chromium would skew a timing test running beside it.
+    let _guard = exclusive();
     use energy_bpf::diff::{self, By, Per, flame, side};
     let dir = tempfile::tempdir().expect("tempdir");
     let run = |hot: f64, cold: f64| side::Run {

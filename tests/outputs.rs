@@ -252,6 +252,8 @@ fn synthetic_burn_recording(bin: &Path) -> Recording {
 
 #[test]
 fn burn_profile_opens_in_go_pprof_and_chromium() {
+    // gcc, go and Chromium would skew a timing test running beside them.
+    let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = build_burn(dir.path());
     let rec = synthetic_burn_recording(&bin);
