@@ -68,13 +68,20 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     let _guard = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let prog = build_ab(dir.path());
-    let (base, new) = (dir.path().join("base.ebpr"), dir.path().join("new.ebpr"));
-    // Ten runs of 1,600 calls of one binary (two builds differ in code layout, which moved
-    // steady by up to 10%; five runs of 400 calls gave hot +14% to +37%).
-    record_runs(&prog, 100, 10, &base);
-    record_runs(&prog, 125, 10, &new);
-    let (b, n) = (base.to_str().expect("path"), new.to_str().expect("path"));
-    let d = diff_json(&[b, n]);
+    // One binary (two builds differ in code layout, which moved steady by up to 10%), and
+    // A, B and A again recorded in turn, two runs at a time, five times over: a change in
+    // the machine's speed while the test runs lands on every side alike (back-to-back
+    // blocks of ten runs gave hot +33% in the full suite).
+    let mut sides: [Vec<String>; 3] = Default::default();
+    for i in 0..5 {
+        for (k, hot_pct) in [(0, 100), (1, 125), (2, 100)] {
+            let file = dir.path().join(format!("side{k}-{i}.ebpr"));
+            record_runs(&prog, hot_pct, 2, &file);
+            sides[k].push(file.to_str().expect("path").to_owned());
+        }
+    }
+    let [b, n, a2] = sides.map(|files| files.join(","));
+    let d = diff_json(&["--base", &b, "--new", &n]);
     assert_eq!(d["base"]["runs"], 10, "one value per marked run: {d:#}");
     assert_eq!(d["new"]["runs"], 10);
     let hot = row(&d, "hot");
@@ -104,9 +111,7 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     );
 
     // The same program twice (A/A): neither function is called changed.
-    let base2 = dir.path().join("base2.ebpr");
-    record_runs(&prog, 100, 10, &base2);
-    let aa = diff_json(&[b, base2.to_str().expect("path")]);
+    let aa = diff_json(&["--base", &b, "--new", &a2]);
     for f in ["hot", "steady"] {
         let r = row(&aa, f);
         eprintln!("A/A: {f} {:+.1}% significant={}", pct(r), r["significant"]);
@@ -116,7 +121,7 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     // The differential flamegraph of the real recordings opens in Chromium; hot is red.
     let svg = dir.path().join("diff.svg");
     let out = Command::new(bin())
-        .args(["diff", b, n, "--format", "svg", "-o"])
+        .args(["diff", "--base", &b, "--new", &n, "--format", "svg", "-o"])
         .arg(&svg)
         .output()
         .expect("run diff");
@@ -130,8 +135,10 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     let out = Command::new(bin())
         .args([
             "diff",
-            b,
-            n,
+            "--base",
+            &b,
+            "--new",
+            &n,
             "--fail-above",
             "10",
             "--scope",
@@ -148,7 +155,17 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
         serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
     assert_eq!(gate["failed"], true, "{gate}");
     let out = Command::new(bin())
-        .args(["diff", b, n, "--fail-above", "50", "--scope", "hot"])
+        .args([
+            "diff",
+            "--base",
+            &b,
+            "--new",
+            &n,
+            "--fail-above",
+            "50",
+            "--scope",
+            "hot",
+        ])
         .output()
         .expect("run diff");
     assert!(out.status.success(), "a 50% limit passes: {}", text(&out));
