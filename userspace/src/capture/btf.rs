@@ -37,7 +37,7 @@ const BTF_MAGIC: u16 = 0xeb9f;
 const KIND_STRUCT: u32 = 4;
 
 /// Byte offsets of the named members of a struct in raw BTF.
-fn member_offsets(btf: &[u8], ty: &str, members: &[&str]) -> Result<Vec<u32>, BtfError> {
+pub fn member_offsets(btf: &[u8], ty: &str, members: &[&str]) -> Result<Vec<u32>, BtfError> {
     let u16_at = |o: usize| btf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let u32_at = |o: usize| {
         btf.get(o..o + 4)

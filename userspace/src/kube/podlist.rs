@@ -13,7 +13,7 @@ pub const MAX_BYTES: usize = 32 << 20;
 /// Pods kept from one list.
 pub const MAX_PODS: usize = 4096;
 /// Containers kept per pod (init, regular and ephemeral).
-const MAX_CONTAINERS: usize = 64;
+pub const MAX_CONTAINERS: usize = 64;
 
 /// The names of one container, or of a pod when the cgroup names no container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
