@@ -172,9 +172,24 @@ fn recorder_killed_with_sigkill_keeps_what_it_recorded() {
     let mut child = Command::new(bin())
         .args(["record", "-o"])
         .arg(&file)
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn record");
+    // Loading the probes takes from under a second to several on a loaded
+    // machine: the clock starts when the recorder says it is recording.
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.starts_with("energy-bpf: recording") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the recorder starts recording within 60 s");
     std::thread::sleep(std::time::Duration::from_millis(2000));
     child.kill().expect("SIGKILL");
     let _ = child.wait();

@@ -109,13 +109,27 @@ struct Queue {
     ready: Notify,
     /// A drop burst is logged once, until a send succeeds again.
     dropping: AtomicBool,
+    /// Most requests held, the one being retried included.
+    capacity: usize,
+}
+
+impl Queue {
+    /// Counts one dropped window; the first of a burst is logged.
+    fn dropped(&self, stats: &ExportStats) {
+        stats.dropped.fetch_add(1, Ordering::Relaxed);
+        if !self.dropping.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "OTLP export is behind: dropping the oldest windows (queue of {}); counted in energy_bpf_export_total{{outcome=\"dropped\"}}",
+                self.capacity
+            );
+        }
+    }
 }
 
 /// A running exporter.
 pub struct Exporter {
     queue: Arc<Queue>,
     stats: Arc<ExportStats>,
-    capacity: usize,
 }
 
 /// Parses `K=V` (from `--otlp-header`).
@@ -145,6 +159,7 @@ impl Exporter {
             items: Mutex::new(VecDeque::new()),
             ready: Notify::new(),
             dropping: AtomicBool::new(false),
+            capacity: cfg.queue_windows.max(1),
         });
         let stats = Arc::new(ExportStats::default());
         // connect_lazy needs the runtime's context to spawn its connection task.
@@ -157,11 +172,7 @@ impl Exporter {
             Arc::clone(&stats),
             cfg.timeout,
         ));
-        Ok(Self {
-            queue,
-            stats,
-            capacity: cfg.queue_windows.max(1),
-        })
+        Ok(Self { queue, stats })
     }
 
     /// Queues one window's request; when the queue is full the oldest is dropped.
@@ -171,15 +182,9 @@ impl Exporter {
             .items
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        while items.len() >= self.capacity {
+        while items.len() >= self.queue.capacity {
             items.pop_front();
-            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            if !self.queue.dropping.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "OTLP export is behind: dropping the oldest windows (queue of {}); counted in energy_bpf_export_total{{outcome=\"dropped\"}}",
-                    self.capacity
-                );
-            }
+            self.queue.dropped(&self.stats);
         }
         items.push_back(req);
         self.stats
@@ -304,10 +309,15 @@ async fn send_loop(
                     };
                     tracing::warn!("OTLP export failed, retrying with backoff: {why}");
                 }
-                // Put it back in front, unless newer windows filled the queue meanwhile.
+                // Put it back in front, unless newer windows filled the queue meanwhile:
+                // then it is the oldest, and dropped.
                 {
                     let mut items = queue.items.lock().unwrap_or_else(PoisonError::into_inner);
-                    items.push_front(req);
+                    if items.len() < queue.capacity {
+                        items.push_front(req);
+                    } else {
+                        queue.dropped(&stats);
+                    }
                     stats
                         .queue_depth
                         .store(items.len() as u64, Ordering::Relaxed);
@@ -382,6 +392,48 @@ mod tests {
             let s = ex.stats();
             assert!(s.dropped.load(Ordering::Relaxed) >= 3);
             assert!(s.queue_depth.load(Ordering::Relaxed) <= 2);
+        });
+    }
+
+    #[test]
+    fn a_retried_window_does_not_overfill_the_queue() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            // A collector that accepts and never answers: each call runs into the timeout.
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                while let Ok((conn, _)) = listener.accept().await {
+                    held.push(conn);
+                }
+            });
+            let ex = Exporter::spawn(
+                ExportConfig {
+                    endpoint: format!("http://127.0.0.1:{port}"),
+                    queue_windows: 2,
+                    timeout: Duration::from_millis(300),
+                    ..ExportConfig::default()
+                },
+                &tokio::runtime::Handle::current(),
+            )
+            .expect("spawn");
+            ex.push(ExportProfilesServiceRequest::default());
+            ex.push(ExportProfilesServiceRequest::default());
+            // The first is in flight; a third fills the queue behind it.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            ex.push(ExportProfilesServiceRequest::default());
+            // The call times out and its window comes back to a full queue.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let s = ex.stats();
+            assert_eq!(s.failed.load(Ordering::Relaxed), 1);
+            assert_eq!(s.dropped.load(Ordering::Relaxed), 1);
+            assert_eq!(s.queue_depth.load(Ordering::Relaxed), 2);
         });
     }
 }
