@@ -118,8 +118,10 @@ impl Capture {
             activity_event: live.activity_event().map(|e| e.name().to_owned()),
         };
         let names = std::cell::RefCell::new(CgroupNames::default());
-        // The exact path; `Pipeline::folded` (what `top --replay` runs) is not yet used live.
-        let mut pipeline = Pipeline::new(config, clock::monotonic_ns())
+        // Switches are folded as they come (each CPU's arrive in time order: the session
+        // delivers a CPU's batches oldest first), so a window holds one run per thread and
+        // interval, not every switch.
+        let mut pipeline = Pipeline::folded(config, clock::monotonic_ns())
             .with_cgroup_names(move |id| names.borrow_mut().name(id));
         // The first readings open the first window of every counter.
         pipeline.push_readings(live.drain_readings());

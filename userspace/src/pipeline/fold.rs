@@ -1,4 +1,4 @@
-//! The folded switch path (`top --replay`, the agent-scale bench): switch events are folded
+//! The folded switch path (live `top`, the agent, `top --replay`): switch events are folded
 //! as they are pushed into per-CPU, per-interval accumulators (thread → on-CPU ns,
 //! activity count, cgroup), cut exactly at the energy readings' timestamps (a run spanning
 //! a reading is split there), instead of being held for a window and rebuilt into runs.

@@ -361,8 +361,8 @@ impl Pipeline {
     }
 
     /// A pipeline that folds switch events into per-interval, per-CPU runs as they are
-    /// pushed ([`fold`]): what `top --replay` runs. Without counters its windows end
-    /// on the modelled readings' grid.
+    /// pushed ([`fold`]): what live `top`, the agent and `top --replay` run. Without
+    /// counters its windows end on the modelled readings' grid.
     pub fn folded(cfg: Config, start_ns: u64) -> Self {
         let modelled = cfg.sources.iter().any(energy::model::is_model);
         let counters: Vec<(u32, u64)> = cfg
@@ -560,8 +560,8 @@ pub fn windows(
     windows_of(rec, Pipeline::new(cfg, rec.start_ns()), interval)
 }
 
-/// [`windows`] through the folded path `top` runs live ([`Pipeline::folded`]): what
-/// `top --replay` shows.
+/// [`windows`] through the folded path `top` and the agent run live
+/// ([`Pipeline::folded`]): what `top --replay` shows.
 pub fn folded_windows(
     rec: &Recording,
     cfg: Config,
