@@ -10,7 +10,9 @@
 //! at 99 Hz usually holds no sample of a given thread; a thread with energy but no sample in
 //! a window keeps that energy at thread level (the `[no stack sample]` residual).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 
 use super::split::{Occupancy, Split, ThreadKey};
 
@@ -40,7 +42,7 @@ impl SampleSplitter {
         Self {
             window_ns,
             window_start_ns: None,
-            acc: HashMap::new(),
+            acc: HashMap::default(),
             sample_uj: Vec::new(),
             residual: BTreeMap::new(),
         }
@@ -62,13 +64,21 @@ impl SampleSplitter {
             self.flush();
         }
         self.window_start_ns.get_or_insert(start_ns);
-        let mut power: HashMap<ThreadKey, f64> = HashMap::with_capacity(split.threads.len());
+        // Power per thread is only looked up by the interval's samples: most intervals have
+        // none.
+        let mut power: HashMap<ThreadKey, f64> = HashMap::default();
+        // `split.threads` is built from `occ.threads` in its order: walk both together,
+        // looking a thread up only where they differ.
+        let mut in_occ = occ.threads.iter();
         for &(key, e) in &split.threads {
-            let ns = occ.threads.get(&key).map_or(0.0, |t| t.ns);
+            let ns = match in_occ.next() {
+                Some((k, t)) if *k == key => t.ns,
+                _ => occ.threads.get(&key).map_or(0.0, |t| t.ns),
+            };
             let acc = self.acc.entry(key).or_default();
             acc.energy_uj += e;
             acc.ns += ns;
-            if ns > 0.0 {
+            if ns > 0.0 && !samples.is_empty() {
                 power.insert(key, e / ns);
             }
         }

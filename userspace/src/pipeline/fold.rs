@@ -195,17 +195,26 @@ impl Folder {
     pub fn push_switches(&mut self, events: impl IntoIterator<Item = SwitchEvent>) {
         let start = self.start_ns;
         let mut touched: Vec<u32> = Vec::new();
+        // Events come a CPU's batch at a time: its state is taken out of the map once per
+        // batch, not looked up per event.
+        let mut current: Option<(u32, CpuFold)> = None;
         for s in events {
-            let exact = self.smt.contains(&s.cpu);
-            let cpu = self.cpus.entry(s.cpu).or_insert_with(|| CpuFold {
-                cursor: start,
-                raw_start: start,
-                exact,
-                ..Default::default()
-            });
-            if touched.last() != Some(&s.cpu) {
+            if current.as_ref().is_none_or(|(id, _)| *id != s.cpu) {
+                if let Some((id, cpu)) = current.take() {
+                    self.cpus.insert(id, cpu);
+                }
+                let cpu = self.cpus.remove(&s.cpu).unwrap_or_else(|| CpuFold {
+                    cursor: start,
+                    raw_start: start,
+                    exact: self.smt.contains(&s.cpu),
+                    ..Default::default()
+                });
                 touched.push(s.cpu);
+                current = Some((s.cpu, cpu));
             }
+            let Some((_, cpu)) = current.as_mut() else {
+                continue;
+            };
             if cpu.previous.is_some_and(|p| s.ts_ns < p) {
                 continue; // out of order: its place is folded already
             }
@@ -243,6 +252,9 @@ impl Folder {
             }
             cpu.previous = Some(s.ts_ns);
             cpu.last_next = s.next_known.then_some((s.next_tid, s.next_tgid));
+        }
+        if let Some((id, cpu)) = current {
+            self.cpus.insert(id, cpu);
         }
         let horizon = self.horizon();
         touched.sort_unstable();
@@ -359,7 +371,11 @@ impl Folder {
             cpu.raw_head = 0;
             // This window's runs; a CPU ahead of the end keeps the rest for the next one.
             let keep = cpu.done.partition_point(|r| r.end_ns <= end);
-            let mut runs: Vec<Run> = cpu.done.drain(..keep).collect();
+            let mut runs: Vec<Run> = if keep == cpu.done.len() {
+                std::mem::take(&mut cpu.done)
+            } else {
+                cpu.done.drain(..keep).collect()
+            };
             if let Some(first) = cpu.done.first_mut()
                 && first.start_ns < end
             {
