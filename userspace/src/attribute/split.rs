@@ -47,6 +47,10 @@ impl Occupancy {
         weight: &dyn Fn(u32, &Run) -> f64,
     ) -> Self {
         let mut occ = Occupancy::default();
+        // Threads' parts in the order met, then stably sorted and summed per thread: the
+        // same sums in the same order as adding to the map part by part, and the map is
+        // built in one pass from sorted keys (an insert per part cost most of the tally).
+        let mut parts: Vec<(ThreadKey, ThreadTime)> = Vec::new();
         for &cpu in cpus {
             let mut covered = 0u64;
             if let Some(ct) = timeline.cpu(cpu) {
@@ -60,9 +64,13 @@ impl Occupancy {
                         occ.unknown.ns += ns;
                         occ.unknown.weighted += ns * weight(cpu, run);
                     } else {
-                        let t = occ.threads.entry((run.tgid, run.tid)).or_default();
-                        t.ns += ns;
-                        t.weighted += ns * weight(cpu, run);
+                        parts.push((
+                            (run.tgid, run.tid),
+                            ThreadTime {
+                                ns,
+                                weighted: ns * weight(cpu, run),
+                            },
+                        ));
                     }
                 }
             }
@@ -81,6 +89,18 @@ impl Occupancy {
                 occ.unknown.weighted += gap * weight(cpu, &unknown_run);
             }
         }
+        parts.sort_by_key(|p| p.0);
+        let mut summed: Vec<(ThreadKey, ThreadTime)> = Vec::with_capacity(parts.len());
+        for (key, part) in parts {
+            match summed.last_mut() {
+                Some((last, t)) if *last == key => {
+                    t.ns += part.ns;
+                    t.weighted += part.weighted;
+                }
+                _ => summed.push((key, part)),
+            }
+        }
+        occ.threads = summed.into_iter().collect();
         occ
     }
 
