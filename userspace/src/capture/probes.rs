@@ -53,6 +53,9 @@ pub enum CaptureError {
     /// The activity counter asked for could not be opened or installed.
     #[error(transparent)]
     Activity(#[from] ActivityError),
+    /// The run counters of `--activity-events` could not be installed in the probes.
+    #[error("cannot set up the run counters of --activity-events: {0}")]
+    RunCounts(#[from] super::run_counts::RunCountsError),
     /// `--unwind dwarf` was asked for and the table walker could not be set up.
     #[error(
         "the eBPF table walker for --unwind dwarf could not be set up: {0}; \
@@ -127,7 +130,7 @@ pub struct Probes {
     unwinder: Option<Unwinder>,
     /// The CPython frame walker's process map and namer, when it is loaded.
     python: Option<super::python::PythonWalker>,
-    /// Run counters (`record --activity-events`), once turned on.
+    /// Run counters (`record --activity-events`), when asked for.
     run_counts: Option<super::run_counts::RunCounters>,
     /// The probes' log reader, with `--debug-probes`.
     log: Option<super::probe_log::Logger>,
@@ -152,17 +155,20 @@ impl Probes {
         activity: ActivityEvent,
         unwind: UnwindMode,
     ) -> Result<Self, CaptureError> {
-        Self::start_sized(sample_hz, activity, unwind, None)
+        Self::start_sized(sample_hz, activity, unwind, None, &[])
     }
 
     /// [`Self::start`] with the stack-sample ring buffer resized to `sample_ring_bytes`
-    /// (see [`sample_ring_bytes`]); `None` keeps the probes' 16 MiB, sized for `record`'s
-    /// high rates on large machines.
+    /// (see [`sample_ring_bytes`]; `None` keeps the probes' 16 MiB, sized for `record`'s
+    /// high rates on large machines), and run counters for `run_events` (`record
+    /// --activity-events`, at most three; see [`super::run_counts`]): an event this machine
+    /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error.
     pub fn start_sized(
         sample_hz: u64,
         activity: ActivityEvent,
         unwind: UnwindMode,
         sample_ring_bytes: Option<u32>,
+        run_events: &[super::run_counts::RunEvent],
     ) -> Result<Self, CaptureError> {
         host::preflight(Path::new(VMLINUX_BTF))?;
         let (pid_off, tgid_off) = match btf::task_pid_offsets(Path::new(VMLINUX_BTF)) {
@@ -185,6 +191,12 @@ impl Probes {
         // Opened before loading: whether there is a counter is frozen into the probe.
         let activity = ActivityCounters::open(activity, &cpus)?;
         let activity_on = u32::from(activity.is_some());
+        // Likewise how many run counters there are: none leaves their reads out of the probe.
+        let run_counters = (!run_events.is_empty())
+            .then(|| super::run_counts::OpenRunCounters::open(&cpus, run_events));
+        let run_counters_on = run_counters
+            .as_ref()
+            .map_or(0, super::run_counts::OpenRunCounters::probe_counters);
         // bpf_task_pt_regs: user registers for samples taken in kernel mode.
         let task_regs_on = u32::from(host::kernel_at_least(&host::uname().0, (5, 15)));
         let (debug_on, log_level) = (
@@ -197,6 +209,7 @@ impl Probes {
                 .override_global("TASK_PID_OFFSET", &pid_off, true)
                 .override_global("TASK_TGID_OFFSET", &tgid_off, true)
                 .override_global("ACTIVITY_ON", &activity_on, true)
+                .override_global("RUN_COUNTERS_ON", &run_counters_on, true)
                 .override_global("UNWIND_ON", &unwind_on, true)
                 .override_global("TASK_REGS_ON", &task_regs_on, true)
                 .override_global("TASK_FSBASE_OFFSET", &fsbase_off, true)
@@ -241,6 +254,9 @@ impl Probes {
                 _ => return Err(CaptureError::Map("ACTIVITY")),
             }
         }
+        let run_counts = run_counters
+            .map(|counters| counters.install(&mut ebpf))
+            .transpose()?;
         let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(Box::new(e.into())))?;
         for (program, tracepoint) in [
             ("sched_switch", "sched_switch"),
@@ -309,22 +325,19 @@ impl Probes {
             next_known: pid_off != 0,
             unwinder,
             python,
-            run_counts: None,
+            run_counts,
             log,
         };
         probes.sweep_cpus();
         Ok(probes)
     }
 
-    /// Opens and turns on run counters for `events` (at most three; see
-    /// [`super::run_counts`]). An event this machine cannot count is listed as unavailable,
-    /// not an error.
-    pub fn count_runs(
-        &mut self,
-        events: &[super::run_counts::RunEvent],
-    ) -> Result<&[super::run_counts::RunCounterStatus], super::run_counts::RunCountsError> {
-        let counters = super::run_counts::RunCounters::start(&mut self._ebpf, &self.cpus, events)?;
-        Ok(self.run_counts.insert(counters).statuses())
+    /// Each run counter asked for at start, in counter order, with whether it counts; empty
+    /// without run counters.
+    pub fn run_counters(&self) -> &[super::run_counts::RunCounterStatus] {
+        self.run_counts
+            .as_ref()
+            .map_or(&[], super::run_counts::RunCounters::statuses)
     }
 
     /// The run counts sent since the last call (with `last`, those still batched in the
