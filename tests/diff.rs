@@ -132,43 +132,36 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
 
     // CI gate: hot rose ~25%, so a 10% limit on it fails with status 3 and one line.
     let summary = dir.path().join("gate.json");
-    let out = Command::new(bin())
-        .args([
-            "diff",
-            "--base",
-            &b,
-            "--new",
-            &n,
-            "--fail-above",
-            "10",
-            "--scope",
-            "hot",
-            "--summary",
-        ])
-        .arg(&summary)
-        .output()
-        .expect("run diff");
+    let out = diff_gate(&b, &n, "10", Some(&summary));
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.lines().any(|l| l.contains("FAIL: hot")), "{stderr}");
     let gate: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary).expect("summary")).expect("json");
     assert_eq!(gate["failed"], true, "{gate}");
-    let out = Command::new(bin())
-        .args([
-            "diff",
-            "--base",
-            &b,
-            "--new",
-            &n,
-            "--fail-above",
-            "50",
-            "--scope",
-            "hot",
-        ])
-        .output()
-        .expect("run diff");
+    let out = diff_gate(&b, &n, "50", None);
     assert!(out.status.success(), "a 50% limit passes: {}", text(&out));
+}
+
+/// `diff` of `base` against `new` as a CI gate on function `hot`: fails above `limit`
+/// percent, and writes its summary to `summary` when given.
+fn diff_gate(base: &str, new: &str, limit: &str, summary: Option<&Path>) -> std::process::Output {
+    let mut cmd = Command::new(bin());
+    cmd.args([
+        "diff",
+        "--base",
+        base,
+        "--new",
+        new,
+        "--fail-above",
+        limit,
+        "--scope",
+        "hot",
+    ]);
+    if let Some(summary) = summary {
+        cmd.arg("--summary").arg(summary);
+    }
+    cmd.output().expect("run diff")
 }
 
 /// A tiny modelled recording made on `host`, with `runs` marked runs of 100 ms whose

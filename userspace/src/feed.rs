@@ -105,6 +105,7 @@ impl Capture {
             activity: cfg.activity,
             unwind: cfg.unwind,
             sample_ring_bytes: cfg.sample_ring_bytes,
+            run_events: Vec::new(),
             energy: cfg.energy.clone(),
             targets: Targets::default(),
             read_mappings: crate::symbolize::process_mappings,

@@ -27,13 +27,13 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext},
 };
 use energy_bpf_abi::{
-    COMM_LEN, MAX_STACK_DEPTH, PY_PROCESSES, ProcEvent, PyProcess, SWITCH_BATCH,
-    SWITCH_BATCH_HEADER, SWITCH_BATCH_MAX_AGE_NS, SampleEvent, SwitchBatch, SwitchEvent,
-    UNWIND_MAPPINGS, UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow,
-    counter, proc_kind, py_stop, switch_flags, unwind_flags, unwind_kind, unwind_method,
+    COMM_LEN, MAX_STACK_DEPTH, PY_PROCESSES, ProcEvent, PyProcess, SampleEvent, SwitchBatch,
+    SwitchEvent, UNWIND_MAPPINGS, UNWIND_PROCESSES, UNWIND_ROWS, UnwindMapping, UnwindProcess,
+    UnwindRow, counter, proc_kind, py_stop, switch_flags, unwind_flags, unwind_kind, unwind_method,
     unwind_reg, unwind_stop,
 };
 
+mod batch;
 mod python;
 mod run_counts;
 mod walk;
@@ -253,26 +253,8 @@ fn activity_delta() -> Option<u64> {
 /// tracepoint fires with interrupts off and the sampler runs from the timer interrupt.
 #[inline(always)]
 fn flush_switches(batch: *mut SwitchBatch) {
-    // SAFETY: `batch` is this CPU's slot of SWITCH_BATCHES.
-    unsafe {
-        let len = (*batch).len;
-        if len == 0 {
-            return;
-        }
-        if len as usize > SWITCH_BATCH {
-            (*batch).len = 0;
-            return;
-        }
-        // The header goes out with the events, `len` included, so reset it afterwards.
-        let bytes = core::slice::from_raw_parts(
-            batch.cast::<u8>(),
-            SWITCH_BATCH_HEADER + len as usize * core::mem::size_of::<SwitchEvent>(),
-        );
-        if SWITCHES.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
-            bump_by(counter::SWITCH_DROPPED, u64::from(len));
-        }
-        (*batch).len = 0;
-    }
+    // SAFETY: `batch` is this CPU's slot of SWITCH_BATCHES (see above).
+    unsafe { batch::flush(batch, &SWITCHES, counter::SWITCH_DROPPED) };
 }
 
 /// `tp_btf/sched_switch(bool preempt, task_struct *prev, task_struct *next, unsigned int prev_state)`.
@@ -295,41 +277,25 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
             }
         };
     run_counts::on_boundary(ts_ns, prev_tid);
+    let event = SwitchEvent {
+        ts_ns,
+        prev_tid,
+        prev_tgid,
+        next_tid,
+        next_tgid,
+        prev_state: prev_state as u32,
+        flags: (preempt & 1) as u32
+            | known
+            | if activity.is_some() {
+                switch_flags::ACTIVITY
+            } else {
+                0
+            },
+        activity: activity.unwrap_or(0),
+    };
     // SAFETY: `batch` is this CPU's slot, and nothing else runs on this CPU meanwhile (see
-    // flush_switches); the index is bounds-checked before the write.
-    unsafe {
-        let len = (*batch).len as usize;
-        if len >= SWITCH_BATCH {
-            // Unreachable (a full batch is sent at once); keeps the verifier's bounds.
-            (*batch).len = 0;
-            return 0;
-        }
-        if len == 0 {
-            (*batch).cpu = bpf_get_smp_processor_id();
-        }
-        (*batch).events[len] = SwitchEvent {
-            ts_ns,
-            prev_tid,
-            prev_tgid,
-            next_tid,
-            next_tgid,
-            prev_state: prev_state as u32,
-            flags: (preempt & 1) as u32
-                | known
-                | if activity.is_some() {
-                    switch_flags::ACTIVITY
-                } else {
-                    0
-                },
-            activity: activity.unwrap_or(0),
-        };
-        (*batch).len = len as u32 + 1;
-        if len + 1 == SWITCH_BATCH
-            || ts_ns.wrapping_sub((*batch).events[0].ts_ns) > SWITCH_BATCH_MAX_AGE_NS
-        {
-            flush_switches(batch);
-        }
-    }
+    // flush_switches).
+    unsafe { batch::push(batch, event, &SWITCHES, counter::SWITCH_DROPPED) };
     0
 }
 

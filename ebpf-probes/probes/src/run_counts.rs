@@ -1,23 +1,20 @@
 //! Run counters (`record --activity-events`): up to [`RUN_COUNTERS`] perf events per CPU,
 //! opened by userspace, read at every `sched_switch` the way the activity counter is and
 //! at every sampler tick, and sent as [`CountEvent`]s on a ring buffer of their own, so
-//! switch events keep their size and a capture without run counters pays one map lookup
-//! per switch. Each event holds the counts of one interval of a thread on a CPU: from the
+//! switch events keep their size. How many counters there are is a load-time constant, so
+//! without run counters the verifier prunes all of it and a switch pays nothing. Each event holds the counts of one interval of a thread on a CPU: from the
 //! previous read there to a switch or a tick, at most one sampling period long, so a
 //! stack sample is matched with the counts of the interval it opens.
 
 use aya_ebpf::{
     bindings::{BPF_F_CURRENT_CPU, bpf_perf_event_value},
-    helpers::{bpf_get_smp_processor_id, generated::bpf_perf_event_read_value},
+    helpers::generated::bpf_perf_event_read_value,
     macros::map,
-    maps::{Array, PerCpuArray, PerfEventArray, RingBuf},
+    maps::{PerCpuArray, PerfEventArray, RingBuf},
 };
-use energy_bpf_abi::{
-    CountBatch, CountEvent, RUN_COUNTERS, SWITCH_BATCH, SWITCH_BATCH_HEADER,
-    SWITCH_BATCH_MAX_AGE_NS, counter,
-};
+use energy_bpf_abi::{CountBatch, CountEvent, RUN_COUNTERS, counter};
 
-use crate::{BPF_RB_NO_WAKEUP, bump_by};
+use crate::{batch, global};
 
 /// Counter 0 of each CPU, stored at the CPU's index by userspace.
 #[map]
@@ -29,10 +26,10 @@ static RUN_COUNTER_1: PerfEventArray<u32> = PerfEventArray::new(0);
 #[map]
 static RUN_COUNTER_2: PerfEventArray<u32> = PerfEventArray::new(0);
 
-/// Entry 0: how many counters userspace installed (0: off). A map, not a load-time global,
-/// so counters can be turned on after the probes are loaded.
-#[map]
-static RUN_COUNTERS_ON: Array<u32> = Array::with_max_entries(1, 0);
+/// How many counters userspace opened (0: off). Set before load and frozen in `.rodata`, so
+/// with 0 the verifier prunes every read, as it does for `ACTIVITY_ON`.
+#[unsafe(no_mangle)]
+static RUN_COUNTERS_ON: u32 = 0;
 
 /// Each CPU's counter values at its previous switch.
 #[map]
@@ -81,10 +78,7 @@ fn read(map: &PerfEventArray<u32>) -> Option<u64> {
 /// `ts_ns`, batched.
 #[inline(always)]
 pub fn on_boundary(ts_ns: u64, tid: u32) {
-    let on = match RUN_COUNTERS_ON.get(0) {
-        Some(&n) => n,
-        None => return,
-    };
+    let on = global(&RUN_COUNTERS_ON);
     if on == 0 {
         return;
     }
@@ -106,7 +100,7 @@ pub fn on_boundary(ts_ns: u64, tid: u32) {
         counts: [0; RUN_COUNTERS],
     };
     // SAFETY: this CPU's slots; nothing else runs on this CPU meanwhile: sched_switch runs
-    // with interrupts off and the sampler from the timer interrupt (see flush_switches).
+    // with interrupts off and the sampler from the timer interrupt (see `batch`).
     unsafe {
         let mut known = 0u64;
         for (k, value) in values.iter().enumerate() {
@@ -123,44 +117,6 @@ pub fn on_boundary(ts_ns: u64, tid: u32) {
         if event.valid == 0 {
             return;
         }
-        let len = (*batch).len as usize;
-        if len >= SWITCH_BATCH {
-            (*batch).len = 0;
-            return;
-        }
-        if len == 0 {
-            (*batch).cpu = bpf_get_smp_processor_id();
-        }
-        (*batch).events[len] = event;
-        (*batch).len = len as u32 + 1;
-        if len + 1 == SWITCH_BATCH
-            || ts_ns.wrapping_sub((*batch).events[0].ts_ns) > SWITCH_BATCH_MAX_AGE_NS
-        {
-            flush(batch);
-        }
-    }
-}
-
-/// Sends this CPU's pending count events and empties the batch (as `flush_switches`).
-#[inline(always)]
-fn flush(batch: *mut CountBatch) {
-    // SAFETY: `batch` is this CPU's slot of RUN_COUNT_BATCHES.
-    unsafe {
-        let len = (*batch).len;
-        if len == 0 {
-            return;
-        }
-        if len as usize > SWITCH_BATCH {
-            (*batch).len = 0;
-            return;
-        }
-        let bytes = core::slice::from_raw_parts(
-            batch.cast::<u8>(),
-            SWITCH_BATCH_HEADER + len as usize * core::mem::size_of::<CountEvent>(),
-        );
-        if RUN_COUNTS.output::<[u8]>(bytes, BPF_RB_NO_WAKEUP).is_err() {
-            bump_by(counter::COUNT_DROPPED, u64::from(len));
-        }
-        (*batch).len = 0;
+        batch::push(batch, event, &RUN_COUNTS, counter::COUNT_DROPPED);
     }
 }

@@ -28,6 +28,8 @@ pub struct LiveOptions {
     pub unwind: UnwindMode,
     /// Size of the stack-sample ring buffer (`None`: the probes' default).
     pub sample_ring_bytes: Option<u32>,
+    /// Run counters (`record --activity-events`; empty: none).
+    pub run_events: Vec<super::run_counts::RunEvent>,
     /// Energy sources.
     pub energy: EnergyArgs,
     /// Whose stacks are kept.
@@ -66,6 +68,7 @@ impl Live {
             opts.activity,
             opts.unwind,
             opts.sample_ring_bytes,
+            &opts.run_events,
         )
         .map_err(LiveError::Probes)?;
         let cpus = energy::topology::of(&opts.energy.sysfs_root, probes.cpus());
@@ -99,13 +102,10 @@ impl Live {
         self.session.probes().activity_event()
     }
 
-    /// Turns run counters on for `events` (`record --activity-events`): each asked-for
-    /// event with whether it counts on this machine (see [`super::run_counts`]).
-    pub fn count_runs(
-        &mut self,
-        events: &[super::run_counts::RunEvent],
-    ) -> Result<Vec<super::run_counts::RunCounterStatus>, super::run_counts::RunCountsError> {
-        self.session.count_runs(events).map(<[_]>::to_vec)
+    /// Each run counter asked for (`record --activity-events`) with whether it counts on
+    /// this machine (see [`super::run_counts`]); empty without run counters.
+    pub fn run_counters(&self) -> &[super::run_counts::RunCounterStatus] {
+        self.session.probes().run_counters()
     }
 
     /// What the unwind tables hold, when user stacks are walked with them.

@@ -10,6 +10,7 @@ pub mod activity;
 mod bpf_sys;
 pub mod btf;
 pub mod cgroupns;
+mod decode;
 pub mod host;
 pub mod jit;
 pub mod live;
@@ -21,8 +22,9 @@ pub mod session;
 pub mod unwinder;
 
 pub use activity::ActivityEvent;
+pub use decode::{Comm, Event, comm_string};
 pub use live::{Live, LiveError, LiveOptions};
-pub use probes::{CaptureError, Comm, Event, Probes, UnwindMode, comm_string, sample_ring_bytes};
+pub use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
 pub(crate) static PROBES_OBJECT: &[u8] =

@@ -1,4 +1,5 @@
-//! The loaded probes: attach, drain, decode, count losses.
+//! The loaded probes: load, attach, drain, count losses. What the drained bytes mean is
+//! [`super::decode`]'s.
 
 use std::{collections::HashMap, path::Path, thread, time::Duration};
 
@@ -10,17 +11,16 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use energy_bpf_abi::{
-    ProcEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER, SampleEvent, SwitchBatch, SwitchEvent,
-    comm_bytes, counter, proc_kind, switch_flags, unwind_method, unwind_stop,
-};
+use energy_bpf_abi::{ProcEvent, SWITCH_BATCH, SampleEvent, SwitchBatch, counter};
 
 use super::{
     activity::{ActivityCounters, ActivityError, ActivityEvent},
-    btf, host,
+    btf,
+    decode::{Event, decode_proc, decode_sample, deliver, read, switch_batch},
+    host,
     unwinder::{UnwindStats, Unwinder},
 };
-use crate::pb::v1::{self as pb, process_event::Kind};
+use crate::pb::v1 as pb;
 
 const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -53,6 +53,9 @@ pub enum CaptureError {
     /// The activity counter asked for could not be opened or installed.
     #[error(transparent)]
     Activity(#[from] ActivityError),
+    /// The run counters of `--activity-events` could not be installed in the probes.
+    #[error("cannot set up the run counters of --activity-events: {0}")]
+    RunCounts(#[from] super::run_counts::RunCountsError),
     /// `--unwind dwarf` was asked for and the table walker could not be set up.
     #[error(
         "the eBPF table walker for --unwind dwarf could not be set up: {0}; \
@@ -86,27 +89,6 @@ impl UnwindMode {
     }
 }
 
-/// A task's `comm` as the kernel keeps it: NUL-padded bytes. Kept raw on the hot path (one
-/// per switch event) and turned into a `String` only when a thread is new or renamed.
-pub type Comm = [u8; energy_bpf_abi::COMM_LEN];
-
-/// `comm` as text.
-pub fn comm_string(raw: &Comm) -> String {
-    String::from_utf8_lossy(comm_bytes(raw)).into_owned()
-}
-
-/// One decoded probe event, in the recording's types.
-#[derive(Debug)]
-pub enum Event {
-    /// A context switch.
-    Switch(pb::SwitchEvent),
-    /// A stack sample, the sampled task's raw comm, and the probe's `unwind` word
-    /// (`SampleEvent::unwind`).
-    Sample(pb::Sample, Comm, u32, crate::python::RawFrames),
-    /// A lifecycle event.
-    Process(pb::ProcessEvent),
-}
-
 /// Loaded and attached probes. Dropping detaches everything.
 pub struct Probes {
     _ebpf: Ebpf,
@@ -127,7 +109,7 @@ pub struct Probes {
     unwinder: Option<Unwinder>,
     /// The CPython frame walker's process map and namer, when it is loaded.
     python: Option<super::python::PythonWalker>,
-    /// Run counters (`record --activity-events`), once turned on.
+    /// Run counters (`record --activity-events`), when asked for.
     run_counts: Option<super::run_counts::RunCounters>,
     /// The probes' log reader, with `--debug-probes`.
     log: Option<super::probe_log::Logger>,
@@ -152,17 +134,20 @@ impl Probes {
         activity: ActivityEvent,
         unwind: UnwindMode,
     ) -> Result<Self, CaptureError> {
-        Self::start_sized(sample_hz, activity, unwind, None)
+        Self::start_sized(sample_hz, activity, unwind, None, &[])
     }
 
     /// [`Self::start`] with the stack-sample ring buffer resized to `sample_ring_bytes`
-    /// (see [`sample_ring_bytes`]); `None` keeps the probes' 16 MiB, sized for `record`'s
-    /// high rates on large machines.
+    /// (see [`sample_ring_bytes`]; `None` keeps the probes' 16 MiB, sized for `record`'s
+    /// high rates on large machines), and run counters for `run_events` (`record
+    /// --activity-events`, at most three; see [`super::run_counts`]): an event this machine
+    /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error.
     pub fn start_sized(
         sample_hz: u64,
         activity: ActivityEvent,
         unwind: UnwindMode,
         sample_ring_bytes: Option<u32>,
+        run_events: &[super::run_counts::RunEvent],
     ) -> Result<Self, CaptureError> {
         host::preflight(Path::new(VMLINUX_BTF))?;
         let (pid_off, tgid_off) = match btf::task_pid_offsets(Path::new(VMLINUX_BTF)) {
@@ -185,6 +170,12 @@ impl Probes {
         // Opened before loading: whether there is a counter is frozen into the probe.
         let activity = ActivityCounters::open(activity, &cpus)?;
         let activity_on = u32::from(activity.is_some());
+        // Likewise how many run counters there are: none leaves their reads out of the probe.
+        let run_counters = (!run_events.is_empty())
+            .then(|| super::run_counts::OpenRunCounters::open(&cpus, run_events));
+        let run_counters_on = run_counters
+            .as_ref()
+            .map_or(0, super::run_counts::OpenRunCounters::probe_counters);
         // bpf_task_pt_regs: user registers for samples taken in kernel mode.
         let task_regs_on = u32::from(host::kernel_at_least(&host::uname().0, (5, 15)));
         let (debug_on, log_level) = (
@@ -197,6 +188,7 @@ impl Probes {
                 .override_global("TASK_PID_OFFSET", &pid_off, true)
                 .override_global("TASK_TGID_OFFSET", &tgid_off, true)
                 .override_global("ACTIVITY_ON", &activity_on, true)
+                .override_global("RUN_COUNTERS_ON", &run_counters_on, true)
                 .override_global("UNWIND_ON", &unwind_on, true)
                 .override_global("TASK_REGS_ON", &task_regs_on, true)
                 .override_global("TASK_FSBASE_OFFSET", &fsbase_off, true)
@@ -241,6 +233,9 @@ impl Probes {
                 _ => return Err(CaptureError::Map("ACTIVITY")),
             }
         }
+        let run_counts = run_counters
+            .map(|counters| counters.install(&mut ebpf))
+            .transpose()?;
         let kernel_btf = Btf::from_sys_fs().map_err(|e| CaptureError::Load(Box::new(e.into())))?;
         for (program, tracepoint) in [
             ("sched_switch", "sched_switch"),
@@ -309,22 +304,19 @@ impl Probes {
             next_known: pid_off != 0,
             unwinder,
             python,
-            run_counts: None,
+            run_counts,
             log,
         };
         probes.sweep_cpus();
         Ok(probes)
     }
 
-    /// Opens and turns on run counters for `events` (at most three; see
-    /// [`super::run_counts`]). An event this machine cannot count is listed as unavailable,
-    /// not an error.
-    pub fn count_runs(
-        &mut self,
-        events: &[super::run_counts::RunEvent],
-    ) -> Result<&[super::run_counts::RunCounterStatus], super::run_counts::RunCountsError> {
-        let counters = super::run_counts::RunCounters::start(&mut self._ebpf, &self.cpus, events)?;
-        Ok(self.run_counts.insert(counters).statuses())
+    /// Each run counter asked for at start, in counter order, with whether it counts; empty
+    /// without run counters.
+    pub fn run_counters(&self) -> &[super::run_counts::RunCounterStatus] {
+        self.run_counts
+            .as_ref()
+            .map_or(&[], super::run_counts::RunCounters::statuses)
     }
 
     /// The run counts sent since the last call (with `last`, those still batched in the
@@ -482,118 +474,6 @@ impl Probes {
     }
 }
 
-fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
-    (bytes.len() >= std::mem::size_of::<T>())
-        // SAFETY: length checked; T is a Pod ABI struct valid for any bit pattern;
-        // read_unaligned tolerates the ring buffer's 8-byte alignment.
-        .then(|| unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
-}
-
-/// The CPU and events of one ring-buffer record of switches (a [`SwitchBatch`] cut after
-/// its valid events), or `None` if the record is malformed.
-fn switch_batch(bytes: &[u8]) -> Option<(u32, impl Iterator<Item = SwitchEvent> + '_)> {
-    let header = bytes.get(..SWITCH_BATCH_HEADER)?;
-    let len = u32::from_ne_bytes(header[..4].try_into().ok()?) as usize;
-    let cpu = u32::from_ne_bytes(header[4..8].try_into().ok()?);
-    let size = std::mem::size_of::<SwitchEvent>();
-    let body = bytes.get(SWITCH_BATCH_HEADER..SWITCH_BATCH_HEADER + len.checked_mul(size)?)?;
-    (len <= SWITCH_BATCH).then(|| (cpu, body.chunks_exact(size).filter_map(read)))
-}
-
-/// Sends a CPU's switch events on, skipping any already delivered.
-fn deliver(
-    delivered: &mut HashMap<u32, u64>,
-    cpu: u32,
-    events: impl IntoIterator<Item = SwitchEvent>,
-    sink: &mut impl FnMut(Event),
-) -> usize {
-    let newest = delivered.entry(cpu).or_insert(0);
-    let mut n = 0;
-    for e in events {
-        if e.ts_ns > *newest {
-            *newest = e.ts_ns;
-            sink(decode_switch(cpu, &e));
-            n += 1;
-        }
-    }
-    n
-}
-
-fn decode_switch(cpu: u32, e: &SwitchEvent) -> Event {
-    Event::Switch(pb::SwitchEvent {
-        ts_ns: e.ts_ns,
-        cpu,
-        tid: e.prev_tid,
-        tgid: e.prev_tgid,
-        // Filled per thread in userspace (see the ABI).
-        cgroup_id: 0,
-        preempted: e.prev_state == 0,
-        next_known: e.flags & switch_flags::NEXT_KNOWN != 0,
-        next_tid: e.next_tid,
-        next_tgid: e.next_tgid,
-        activity: (e.flags & switch_flags::ACTIVITY != 0).then_some(e.activity),
-    })
-}
-
-fn decode_sample(e: &SampleEvent) -> Event {
-    let k = (e.kernel_depth as usize).min(e.kernel_stack.len());
-    let u = (e.user_depth as usize).min(e.user_stack.len());
-    let method = match e.unwind & 0xff {
-        unwind_method::DWARF => pb::UnwindMethod::Dwarf,
-        _ => pb::UnwindMethod::FramePointer,
-    };
-    let stop = match (e.unwind >> 8) & 0xff {
-        unwind_stop::END_OF_STACK => pb::UnwindStop::EndOfStack,
-        unwind_stop::NO_TABLE => pb::UnwindStop::NoTable,
-        unwind_stop::BAD_CFA => pb::UnwindStop::BadCfa,
-        unwind_stop::UNSUPPORTED => pb::UnwindStop::Unsupported,
-        unwind_stop::READ_FAULT => pb::UnwindStop::ReadFault,
-        unwind_stop::DEPTH_LIMIT => pb::UnwindStop::DepthLimit,
-        unwind_stop::NO_PROCESS => pb::UnwindStop::NoProcessTable,
-        unwind_stop::IN_KERNEL => pb::UnwindStop::InKernel,
-        unwind_stop::TAIL_CALL => pb::UnwindStop::TailCall,
-        _ => pb::UnwindStop::Off,
-    };
-    Event::Sample(
-        pb::Sample {
-            ts_ns: e.ts_ns,
-            cpu: e.cpu,
-            tid: e.tid,
-            tgid: e.tgid,
-            cgroup_id: e.cgroup_id,
-            kernel_stack: e.kernel_stack[..k].to_vec(),
-            user_stack: e.user_stack[..u].to_vec(),
-            unwind_method: method as i32,
-            unwind_stop: stop as i32,
-            ..Default::default()
-        },
-        e.comm,
-        e.unwind,
-        crate::python::RawFrames {
-            stop: e.py_stop,
-            frames: e.py_frames[..(e.py_depth as usize).min(e.py_frames.len())].to_vec(),
-        },
-    )
-}
-
-fn decode_proc(e: &ProcEvent) -> pb::ProcessEvent {
-    let kind = match e.kind {
-        proc_kind::EXEC => Kind::Exec,
-        proc_kind::FORK => Kind::Fork,
-        proc_kind::EXIT => Kind::Exit,
-        _ => Kind::Unspecified,
-    };
-    pb::ProcessEvent {
-        ts_ns: e.ts_ns,
-        kind: kind as i32,
-        tid: e.tid,
-        tgid: e.tgid,
-        child_tid: e.child_tid,
-        child_tgid: e.child_tgid,
-        comm: comm_string(&e.comm),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -610,82 +490,5 @@ mod tests {
         for (hz, cpus) in [(1, 1), (49, 8), (99, 64)] {
             assert!(s(hz, cpus, 8).is_power_of_two());
         }
-    }
-
-    fn event(ts_ns: u64, prev_tid: u32, next_tid: u32) -> SwitchEvent {
-        SwitchEvent {
-            ts_ns,
-            prev_tid,
-            prev_tgid: prev_tid,
-            next_tid,
-            next_tgid: next_tid,
-            prev_state: 1,
-            flags: switch_flags::NEXT_KNOWN,
-            activity: 0,
-        }
-    }
-
-    /// The bytes the probe sends: the batch cut after its `len` events.
-    fn wire(cpu: u32, events: &[SwitchEvent]) -> Vec<u8> {
-        let mut batch = SwitchBatch {
-            len: events.len() as u32,
-            cpu,
-            events: [event(0, 0, 0); SWITCH_BATCH],
-        };
-        batch.events[..events.len()].copy_from_slice(events);
-        let size = SWITCH_BATCH_HEADER + std::mem::size_of_val(events);
-        // SAFETY: SwitchBatch is plain #[repr(C)] data at least `size` bytes long.
-        unsafe { std::slice::from_raw_parts((&raw const batch).cast::<u8>(), size) }.to_vec()
-    }
-
-    fn switches(batches: &[(u32, Vec<SwitchEvent>)]) -> Vec<(u32, u64, u32)> {
-        let mut delivered = HashMap::new();
-        let mut out = Vec::new();
-        for (cpu, events) in batches {
-            deliver(&mut delivered, *cpu, events.iter().copied(), &mut |e| {
-                if let Event::Switch(s) = e {
-                    out.push((s.cpu, s.ts_ns, s.tid));
-                }
-            });
-        }
-        out
-    }
-
-    #[test]
-    fn batches_decode_to_their_cpus_events() {
-        let bytes = wire(1, &[event(10, 5, 6), event(20, 6, 0)]);
-        let (cpu, events) = switch_batch(&bytes).expect("valid batch");
-        let events: Vec<SwitchEvent> = events.collect();
-        assert_eq!(cpu, 1);
-        assert_eq!(events.len(), 2);
-        assert_eq!(switches(&[(cpu, events)]), [(1, 10, 5), (1, 20, 6)]);
-        let Event::Switch(s) = decode_switch(1, &event(10, 5, 6)) else {
-            panic!("not a switch");
-        };
-        assert!(s.next_known && !s.preempted && s.next_tid == 6);
-    }
-
-    #[test]
-    fn malformed_batches_are_skipped() {
-        let mut bytes = wire(0, &[event(10, 5, 6)]);
-        assert!(switch_batch(&bytes[..4]).is_none(), "short header");
-        bytes.truncate(bytes.len() - 1);
-        assert!(switch_batch(&bytes).is_none(), "last event cut short");
-        let mut huge = wire(0, &[event(10, 5, 6)]);
-        huge[..4].copy_from_slice(&(SWITCH_BATCH as u32 + 1).to_ne_bytes());
-        assert!(switch_batch(&huge).is_none(), "length beyond a batch");
-    }
-
-    #[test]
-    fn events_read_twice_are_delivered_once_per_cpu() {
-        // The end-of-capture read of the kernel's batches may overlap what the ring buffer
-        // already delivered; each CPU's events are in time order, so older ones are repeats.
-        let first = (0, vec![event(10, 1, 2), event(20, 2, 1)]);
-        let other_cpu = (1, vec![event(15, 3, 4)]);
-        let overlap = (0, vec![event(20, 2, 1), event(30, 1, 2)]);
-        assert_eq!(
-            switches(&[first, other_cpu, overlap]),
-            [(0, 10, 1), (0, 20, 2), (1, 15, 3), (0, 30, 1)]
-        );
     }
 }

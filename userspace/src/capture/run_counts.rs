@@ -2,9 +2,10 @@
 //! `sched_switch` reads at every switch, like the activity counter
 //! ([`super::activity`]), and the sampler at every tick, so the instructions, cycles and
 //! LLC misses (or software events standing in for them) of each interval of a run, at most
-//! a sampling period long, are known. They are opened here, stored in the probes'
-//! `RUN_COUNTER_k` maps, turned on through `RUN_COUNTERS_ON`, and their per-run counts come
-//! back on the `RUN_COUNTS` ring buffer as [`CountedRun`]s.
+//! a sampling period long, are known. They are opened here before the probes load
+//! ([`OpenRunCounters`]), which fixes the probes' `RUN_COUNTERS_ON` constant, then stored in
+//! the probes' `RUN_COUNTER_k` maps ([`OpenRunCounters::install`]), and their per-run counts
+//! come back on the `RUN_COUNTS` ring buffer as [`CountedRun`]s.
 //!
 //! An event the machine cannot count (a VM without a hardware PMU) is not an error: it is
 //! listed with why ([`RunCounterStatus::unavailable`]) and the others go on.
@@ -16,7 +17,7 @@ use std::{
 
 use aya::{
     Ebpf,
-    maps::{Array, MapData, PerCpuArray, RingBuf},
+    maps::{MapData, PerCpuArray, RingBuf},
 };
 use energy_bpf_abi::{CountBatch, CountEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER};
 
@@ -161,9 +162,6 @@ pub enum RunCountsError {
         /// The kernel's error.
         source: std::io::Error,
     },
-    /// Turning the counters on was refused.
-    #[error("cannot turn the run counters on: {0}")]
-    TurnOn(String),
 }
 
 /// Run counters installed in the probes: their descriptors (closing them stops counting),
@@ -179,18 +177,20 @@ pub struct RunCounters {
 
 const COUNTER_MAPS: [&str; MAX_COUNTERS] = ["RUN_COUNTER_0", "RUN_COUNTER_1", "RUN_COUNTER_2"];
 
-impl RunCounters {
-    /// Opens `events` (at most three) on every CPU of `cpus`, installs those that open in
-    /// `ebpf`'s maps and turns counting on. Counter k counts `events[k]`.
-    pub fn start(
-        ebpf: &mut Ebpf,
-        cpus: &[u32],
-        events: &[RunEvent],
-    ) -> Result<Self, RunCountsError> {
+/// Run counters opened on every CPU, not yet installed in the probes.
+pub struct OpenRunCounters {
+    statuses: Vec<RunCounterStatus>,
+    /// Per counter index, the descriptor of each CPU (none for an event that did not open).
+    fds: Vec<Vec<(u32, OwnedFd)>>,
+}
+
+impl OpenRunCounters {
+    /// Opens `events` (at most three) on every CPU of `cpus`. Counter k counts `events[k]`.
+    pub fn open(cpus: &[u32], events: &[RunEvent]) -> Self {
         let events = &events[..events.len().min(MAX_COUNTERS)];
         let mut statuses = Vec::new();
         let mut fds = Vec::new();
-        for (k, &event) in events.iter().enumerate() {
+        for &event in events {
             let (kind, config) = event.perf_type_config();
             let opened: Result<Vec<(u32, OwnedFd)>, String> = cpus
                 .iter()
@@ -200,16 +200,34 @@ impl RunCounters {
                         .map_err(|e| unavailable_reason(event, cpu, &e))
                 })
                 .collect();
-            let opened = match opened {
-                Ok(opened) => opened,
-                Err(why) => {
-                    statuses.push(RunCounterStatus {
-                        event,
-                        unavailable: Some(why),
-                    });
-                    continue;
-                }
+            let (opened, unavailable) = match opened {
+                Ok(opened) => (opened, None),
+                Err(why) => (Vec::new(), Some(why)),
             };
+            statuses.push(RunCounterStatus { event, unavailable });
+            fds.push(opened);
+        }
+        Self { statuses, fds }
+    }
+
+    /// The probes' `RUN_COUNTERS_ON`: how many counter maps `sched_switch` reads; 0 when
+    /// none opened, so the probes leave every read out.
+    pub fn probe_counters(&self) -> u32 {
+        if self.fds.iter().all(Vec::is_empty) {
+            0
+        } else {
+            self.fds.len() as u32
+        }
+    }
+
+    /// Stores the opened counters in `ebpf`'s maps (loaded with [`Self::probe_counters`])
+    /// and takes the maps their counts come back through.
+    pub fn install(self, ebpf: &mut Ebpf) -> Result<RunCounters, RunCountsError> {
+        let mut fds = Vec::new();
+        for ((k, opened), status) in self.fds.into_iter().enumerate().zip(&self.statuses) {
+            if opened.is_empty() {
+                continue;
+            }
             let name = COUNTER_MAPS[k];
             let map_fd = match ebpf.map(name) {
                 Some(aya::maps::Map::PerfEventArray(map)) => map.fd().as_fd().as_raw_fd(),
@@ -218,17 +236,13 @@ impl RunCounters {
             for (cpu, fd) in opened {
                 map_update(map_fd, cpu, fd.as_raw_fd()).map_err(|source| {
                     RunCountsError::Store {
-                        event: event.name(),
+                        event: status.event.name(),
                         cpu,
                         source,
                     }
                 })?;
                 fds.push(fd);
             }
-            statuses.push(RunCounterStatus {
-                event,
-                unavailable: None,
-            });
         }
         let ring = ebpf
             .take_map("RUN_COUNTS")
@@ -238,23 +252,17 @@ impl RunCounters {
             .take_map("RUN_COUNT_BATCHES")
             .and_then(|m| PerCpuArray::try_from(m).ok())
             .ok_or(RunCountsError::Map("RUN_COUNT_BATCHES"))?;
-        if !fds.is_empty() {
-            let mut on: Array<&mut MapData, u32> = ebpf
-                .map_mut("RUN_COUNTERS_ON")
-                .and_then(|m| Array::try_from(m).ok())
-                .ok_or(RunCountsError::Map("RUN_COUNTERS_ON"))?;
-            on.set(0, events.len() as u32, 0)
-                .map_err(|e| RunCountsError::TurnOn(e.to_string()))?;
-        }
-        Ok(Self {
-            statuses,
+        Ok(RunCounters {
+            statuses: self.statuses,
             _fds: fds,
             ring,
             batches,
             delivered: HashMap::new(),
         })
     }
+}
 
+impl RunCounters {
     /// Every asked-for counter, in counter order, with whether it counts.
     pub fn statuses(&self) -> &[RunCounterStatus] {
         &self.statuses

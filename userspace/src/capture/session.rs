@@ -90,14 +90,6 @@ impl Session {
         }
     }
 
-    /// Turns run counters on (see [`Probes::count_runs`]).
-    pub fn count_runs(
-        &mut self,
-        events: &[super::run_counts::RunEvent],
-    ) -> Result<&[super::run_counts::RunCounterStatus], super::run_counts::RunCountsError> {
-        self.probes.count_runs(events)
-    }
-
     /// The probes (for CPU list and sweeps).
     pub fn probes(&self) -> &Probes {
         &self.probes

@@ -42,6 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: ActivityEvent::None,
         unwind: crate::capture::UnwindMode::Fp,
         sample_ring_bytes: None,
+        run_events: Vec::new(),
         energy: args.energy.config(),
         targets: Targets::new([]),
         read_mappings: |_, _| Ok(Vec::new()),

@@ -181,16 +181,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: args.activity.event,
         unwind: args.unwind.mode,
         sample_ring_bytes: None,
+        run_events: args
+            .activity_events
+            .as_ref()
+            .map(|events| events.0.clone())
+            .unwrap_or_default(),
         energy: args.energy.config(),
         targets: Targets::new(args.pids.iter().copied()),
         // Build-ids too, so symbolization finds the same binary after it is gone.
         read_mappings: crate::symbolize::process_mappings,
     })?;
     let activity_event = live.activity_event().map(|e| e.name());
-    let run_counters = match &args.activity_events {
-        Some(events) => super::run_counters::start(&mut live, &events.0)?,
-        None => Vec::new(),
-    };
+    let run_counters = super::run_counters::announce(&live);
     let cpus = live.cpus().to_vec();
     let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
     let calibration = args

@@ -64,6 +64,7 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         activity: ActivityEvent::None,
         unwind: crate::capture::UnwindMode::Fp,
         sample_ring_bytes: None,
+        run_events: Vec::new(),
         energy: energy_args,
         targets: Targets::new([]),
         read_mappings: |_, _| Ok(Vec::new()),

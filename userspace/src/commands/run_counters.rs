@@ -1,25 +1,20 @@
-//! `record --activity-events`: turns the run counters on and says, per event, whether it
-//! counts; an event this machine cannot count is a warning, never a failed recording.
-
-use anyhow::Context as _;
+//! `record --activity-events`: says, per event, whether its run counter (started with the
+//! capture) counts; an event this machine cannot count is a warning, never a failed
+//! recording.
 
 use crate::{
-    capture::{
-        Live,
-        run_counts::{RunCounterStatus, RunEvent},
-    },
+    capture::{Live, run_counts::RunCounterStatus},
     pb::v1 as pb,
 };
 
-/// Turns run counters on for `events`; what the recording's header stores about them.
-pub fn start(live: &mut Live, events: &[RunEvent]) -> anyhow::Result<Vec<pb::RunCounter>> {
-    let statuses = live
-        .count_runs(events)
-        .context("cannot set up the run counters of --activity-events")?;
-    for line in describe(&statuses) {
+/// Says whether each run counter of `live` counts; what the recording's header stores
+/// about them (nothing without run counters).
+pub fn announce(live: &Live) -> Vec<pb::RunCounter> {
+    let statuses = live.run_counters();
+    for line in describe(statuses) {
         eprintln!("energy-bpf: {line}");
     }
-    Ok(statuses.iter().map(RunCounterStatus::to_pb).collect())
+    statuses.iter().map(RunCounterStatus::to_pb).collect()
 }
 
 /// One line per counter: counted, or why not and what follows for the report.

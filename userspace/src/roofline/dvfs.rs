@@ -111,24 +111,10 @@ fn nnls2(x: &[f64], y: &[f64]) -> [f64; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::roofline::{Constants, fit::FitReport, fit::Intervals};
+    use crate::roofline::{Constants, fit::FitReport};
 
     fn at(khz: u64, c: Constants) -> FrequencyFit {
-        let report = FitReport {
-            kernels: 11,
-            energy_residual_median: 0.0,
-            energy_residual_max: 0.0,
-            time_residual_median: 0.0,
-            time_residual_max: 0.0,
-            energy_r2: 1.0,
-            intervals: Intervals {
-                const_w: [0.0; 2],
-                j_per_flop: [0.0; 2],
-                j_per_byte: [0.0; 2],
-                s_per_flop: [0.0; 2],
-                s_per_byte: [0.0; 2],
-            },
-        };
+        let report = FitReport::exact(11);
         FrequencyFit {
             khz,
             summary: Summary::new(1, c, report),

@@ -67,6 +67,29 @@ pub struct Intervals {
     pub s_per_byte: [f64; 2],
 }
 
+#[cfg(test)]
+impl FitReport {
+    /// The report of a fit over `kernels` kernels that the constants explain exactly: no
+    /// residual, R² of 1, zero-width intervals. For tests that need a report, not a fit.
+    pub(crate) fn exact(kernels: usize) -> Self {
+        Self {
+            kernels,
+            energy_residual_median: 0.0,
+            energy_residual_max: 0.0,
+            time_residual_median: 0.0,
+            time_residual_max: 0.0,
+            energy_r2: 1.0,
+            intervals: Intervals {
+                const_w: [0.0; 2],
+                j_per_flop: [0.0; 2],
+                j_per_byte: [0.0; 2],
+                s_per_flop: [0.0; 2],
+                s_per_byte: [0.0; 2],
+            },
+        }
+    }
+}
+
 /// Why the kernels cannot be fitted.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum FitError {

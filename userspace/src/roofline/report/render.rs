@@ -186,11 +186,7 @@ fn table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::roofline::{
-        Constants, Roofline,
-        fit::{FitReport, Intervals},
-        place,
-    };
+    use crate::roofline::{Constants, Roofline, fit::FitReport, place};
 
     #[test]
     fn the_table_places_each_function_with_its_advice() {
@@ -201,21 +197,7 @@ mod tests {
             s_per_flop: 1.0 / 515e9,
             s_per_byte: 1.0 / 144e9,
         };
-        let fit = FitReport {
-            kernels: 0,
-            energy_residual_median: 0.0,
-            energy_residual_max: 0.0,
-            time_residual_median: 0.0,
-            time_residual_max: 0.0,
-            energy_r2: 1.0,
-            intervals: Intervals {
-                const_w: [0.0; 2],
-                j_per_flop: [0.0; 2],
-                j_per_byte: [0.0; 2],
-                s_per_flop: [0.0; 2],
-                s_per_byte: [0.0; 2],
-            },
-        };
+        let fit = FitReport::exact(0);
         let m = Machine {
             roofline: Roofline {
                 estimated: false,

@@ -1,0 +1,338 @@
+//! The file-level import graph of a module tree and its cycles (Tarjan's strongly
+//! connected components).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::lex::{Tok, lex, use_tree};
+use crate::util;
+
+/// One reference from a file to another module's item.
+#[derive(Clone, Debug)]
+struct Edge {
+    from: usize,
+    to: usize,
+    line: usize,
+    path: String,
+}
+
+/// The file-level import graph.
+pub(super) struct Graph {
+    /// File (relative path) per node.
+    pub(super) files: Vec<String>,
+    /// Module path (`a::b`) → node.
+    modules: HashMap<Vec<String>, usize>,
+    edges: Vec<Edge>,
+}
+
+impl Graph {
+    pub(super) fn build(files: &BTreeMap<String, String>, root: &str) -> util::Result<Graph> {
+        let mut graph = Graph {
+            files: Vec::new(),
+            modules: HashMap::new(),
+            edges: Vec::new(),
+        };
+        let mut tokens = Vec::new();
+        let mut paths = Vec::new();
+        // The module tree: breadth first from the root through `mod name;`.
+        let mut queue = vec![(root.to_string(), Vec::<String>::new())];
+        while let Some((file, module)) = queue.pop() {
+            let text = files
+                .get(&file)
+                .ok_or_else(|| format!("module {} has no file {file}", module.join("::")))?;
+            let toks = lex(text);
+            let dir = match file.rfind('/') {
+                Some(slash) => file[..slash + 1].to_string(),
+                None => String::new(),
+            };
+            let stem = file
+                .rsplit('/')
+                .next()
+                .unwrap_or(&file)
+                .trim_end_matches(".rs");
+            let child_dir = if matches!(stem, "mod" | "lib" | "main") {
+                dir.clone()
+            } else {
+                format!("{dir}{stem}/")
+            };
+            let mut pending_path: Option<String> = None;
+            let mut depth = 0usize;
+            for (k, (tok, _)) in toks.iter().enumerate() {
+                match tok {
+                    Tok::Punct('{') => depth += 1,
+                    Tok::Punct('}') => depth = depth.saturating_sub(1),
+                    Tok::Ident(w) if w == "path" => {
+                        if let (Some((Tok::Punct('='), _)), Some((Tok::Str(p), _))) =
+                            (toks.get(k + 1), toks.get(k + 2))
+                        {
+                            pending_path = Some(p.clone());
+                        }
+                    }
+                    Tok::Ident(w) if w == "mod" && depth == 0 => {
+                        if let (Some((Tok::Ident(name), _)), Some((Tok::Punct(';'), _))) =
+                            (toks.get(k + 1), toks.get(k + 2))
+                        {
+                            let child = match pending_path.take() {
+                                Some(p) => format!("{dir}{p}"),
+                                None => {
+                                    let flat = format!("{child_dir}{name}.rs");
+                                    if files.contains_key(&flat) {
+                                        flat
+                                    } else {
+                                        format!("{child_dir}{name}/mod.rs")
+                                    }
+                                }
+                            };
+                            let mut path = module.clone();
+                            path.push(name.clone());
+                            queue.push((child, path));
+                        } else {
+                            pending_path = None;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            graph.modules.insert(module.clone(), graph.files.len());
+            graph.files.push(file);
+            tokens.push(toks);
+            paths.push(module);
+        }
+        for node in 0..graph.files.len() {
+            let edges = graph.references(node, &paths[node], &tokens[node]);
+            graph.edges.extend(edges);
+        }
+        Ok(graph)
+    }
+
+    /// The edges out of one file.
+    fn references(&self, node: usize, module: &[String], toks: &[(Tok, usize)]) -> Vec<Edge> {
+        let mut edges = Vec::new();
+        // Names bound to whole modules by `use`, and inline modules open at each depth.
+        let mut aliases: HashMap<String, Vec<String>> = HashMap::new();
+        let mut inline: Vec<(String, usize)> = Vec::new();
+        let mut depth = 0usize;
+        let mut k = 0;
+        while k < toks.len() {
+            let here: Vec<String> = module
+                .iter()
+                .cloned()
+                .chain(inline.iter().map(|(name, _)| name.clone()))
+                .collect();
+            match &toks[k].0 {
+                Tok::Punct('{') => depth += 1,
+                Tok::Punct('}') => {
+                    depth = depth.saturating_sub(1);
+                    if inline.last().is_some_and(|(_, open)| *open > depth) {
+                        inline.pop();
+                    }
+                }
+                Tok::Ident(w) if w == "mod" => {
+                    if let (Some((Tok::Ident(name), _)), Some((Tok::Punct('{'), _))) =
+                        (toks.get(k + 1), toks.get(k + 2))
+                    {
+                        depth += 1;
+                        inline.push((name.clone(), depth));
+                        k += 3;
+                        continue;
+                    }
+                }
+                Tok::Ident(w) if w == "use" => {
+                    let line = toks[k].1;
+                    let mut leaves = Vec::new();
+                    k += 1;
+                    use_tree(toks, &mut k, Vec::new(), &mut leaves);
+                    for (segments, alias) in leaves {
+                        let Some(full) = self.resolve(&here, &segments, &aliases) else {
+                            continue;
+                        };
+                        if self.modules.contains_key(&full)
+                            && let Some(name) = alias.or_else(|| full.last().cloned())
+                        {
+                            aliases.insert(name, full.clone());
+                        }
+                        self.edge(node, &full, line, &segments, &mut edges);
+                    }
+                    continue;
+                }
+                Tok::Ident(first) => {
+                    let after_sep = k > 0 && toks[k - 1].0 == Tok::PathSep;
+                    let dollar = k > 0 && toks[k - 1].0 == Tok::Punct('$');
+                    if !after_sep && toks.get(k + 1).map(|t| &t.0) == Some(&Tok::PathSep) {
+                        let line = toks[k].1;
+                        let mut segments = vec![if dollar && first == "crate" {
+                            "crate".to_string()
+                        } else {
+                            first.clone()
+                        }];
+                        let mut j = k + 1;
+                        while toks.get(j).map(|t| &t.0) == Some(&Tok::PathSep) {
+                            match toks.get(j + 1).map(|t| &t.0) {
+                                Some(Tok::Ident(seg)) => {
+                                    segments.push(seg.clone());
+                                    j += 2;
+                                }
+                                _ => break,
+                            }
+                        }
+                        if let Some(full) = self.resolve(&here, &segments, &aliases) {
+                            self.edge(node, &full, line, &segments, &mut edges);
+                        }
+                        k = j;
+                        continue;
+                    }
+                }
+                _ => {}
+            }
+            k += 1;
+        }
+        edges
+    }
+
+    /// The module path `segments` names from module `here`, or `None` for a path outside
+    /// the crate (std, other crates, locals).
+    fn resolve(
+        &self,
+        here: &[String],
+        segments: &[String],
+        aliases: &HashMap<String, Vec<String>>,
+    ) -> Option<Vec<String>> {
+        let first = segments.first()?;
+        let mut rest = &segments[1..];
+        let mut base: Vec<String> = match first.as_str() {
+            "crate" => Vec::new(),
+            "self" => here.to_vec(),
+            "super" => {
+                let mut base = here.to_vec();
+                base.pop()?;
+                while rest.first().is_some_and(|s| s == "super") {
+                    base.pop()?;
+                    rest = &rest[1..];
+                }
+                base
+            }
+            // A bare child name is the parent's own facade (`pub use child::Item`,
+            // `child::f()` in mod.rs): not counted. A module imported by a counted
+            // `use` is followed.
+            name => aliases.get(name)?.clone(),
+        };
+        base.extend(rest.iter().filter(|s| *s != "self").cloned());
+        Some(base)
+    }
+
+    /// Records an edge from `node` to the deepest file module that prefixes `full`.
+    fn edge(
+        &self,
+        node: usize,
+        full: &[String],
+        line: usize,
+        segments: &[String],
+        edges: &mut Vec<Edge>,
+    ) {
+        let target = (0..=full.len())
+            .rev()
+            .find_map(|n| self.modules.get(&full[..n]).copied());
+        if let Some(to) = target
+            && to != node
+        {
+            edges.push(Edge {
+                from: node,
+                to,
+                line,
+                path: segments.join("::"),
+            });
+        }
+    }
+
+    /// The strongly connected components of more than one file, each as sorted file
+    /// names, in file order.
+    pub(super) fn cycles(&self) -> Vec<Vec<String>> {
+        let n = self.files.len();
+        let mut out: Vec<BTreeSet<usize>> = Vec::new();
+        let mut adj = vec![BTreeSet::new(); n];
+        for e in &self.edges {
+            adj[e.from].insert(e.to);
+        }
+        // Tarjan's algorithm, iterative.
+        let mut index = vec![usize::MAX; n];
+        let mut low = vec![0; n];
+        let mut on_stack = vec![false; n];
+        let mut stack = Vec::new();
+        let mut next = 0;
+        for start in 0..n {
+            if index[start] != usize::MAX {
+                continue;
+            }
+            let mut work: Vec<(usize, Vec<usize>)> = Vec::new();
+            index[start] = next;
+            low[start] = next;
+            next += 1;
+            stack.push(start);
+            on_stack[start] = true;
+            work.push((start, adj[start].iter().copied().collect()));
+            while let Some((v, pending)) = work.last_mut() {
+                let v = *v;
+                if let Some(w) = pending.pop() {
+                    if index[w] == usize::MAX {
+                        index[w] = next;
+                        low[w] = next;
+                        next += 1;
+                        stack.push(w);
+                        on_stack[w] = true;
+                        work.push((w, adj[w].iter().copied().collect()));
+                    } else if on_stack[w] {
+                        low[v] = low[v].min(index[w]);
+                    }
+                    continue;
+                }
+                work.pop();
+                if let Some((parent, _)) = work.last() {
+                    low[*parent] = low[*parent].min(low[v]);
+                }
+                if low[v] == index[v] {
+                    let mut component = BTreeSet::new();
+                    while let Some(w) = stack.pop() {
+                        on_stack[w] = false;
+                        component.insert(w);
+                        if w == v {
+                            break;
+                        }
+                    }
+                    if component.len() > 1 {
+                        out.push(component);
+                    }
+                }
+            }
+        }
+        let mut named: Vec<Vec<String>> = out
+            .iter()
+            .map(|c| {
+                let mut names: Vec<String> = c.iter().map(|&i| self.files[i].clone()).collect();
+                names.sort();
+                names
+            })
+            .collect();
+        named.sort();
+        named
+    }
+
+    /// The edges between the files of one cycle, as `file:line names path` lines.
+    pub(super) fn edges_within(&self, cycle: &[String]) -> Vec<String> {
+        let members: BTreeSet<&str> = cycle.iter().map(String::as_str).collect();
+        let mut lines: Vec<String> = self
+            .edges
+            .iter()
+            .filter(|e| {
+                members.contains(self.files[e.from].as_str())
+                    && members.contains(self.files[e.to].as_str())
+            })
+            .map(|e| {
+                format!(
+                    "{}:{} -> {} ({})",
+                    self.files[e.from], e.line, self.files[e.to], e.path
+                )
+            })
+            .collect();
+        lines.dedup();
+        lines
+    }
+}
