@@ -13,7 +13,7 @@
 //! ([`super::zero_load::fit_zero_load_classes`]), since a process whose time never varies
 //! (a pinned spinner) cannot be told from static power by any row.
 
-use super::linalg::invert;
+use super::linalg::{Matrix, invert};
 
 /// The design of one fit row: busy CPUs of the domain, then busy CPUs of each class.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -70,20 +70,106 @@ impl Line {
     }
 }
 
-/// Weighted squared error of each row predicted by a line fitted without its block of rows
-/// (contiguous folds: neighbouring rows are correlated), with the robust weights `w`.
-pub fn heldout_sse(rows: &[ClassRow], w: &[f64], classes: &[usize]) -> f64 {
-    let n = rows.len();
+/// Weighted sums of products of the columns `[1, busy, class 0, …, class K−1, power]` over
+/// a block of rows: all a least-squares fit on any set of classes needs, so the held-out
+/// errors of every candidate set cost one pass over the rows.
+fn moments(rows: &[ClassRow], w: &[f64], range: std::ops::Range<usize>, k: usize) -> Matrix {
+    let q = k + 3;
+    let mut m = vec![vec![0.0; q]; q];
+    let mut z = vec![0.0; q];
+    for i in range {
+        let r = &rows[i];
+        z[0] = 1.0;
+        z[1] = r.busy_cpus;
+        for (c, zc) in z[2..q - 1].iter_mut().enumerate() {
+            *zc = r.class_cpus.get(c).copied().unwrap_or(0.0);
+        }
+        z[q - 1] = r.power_w;
+        for a in 0..q {
+            for b in a..q {
+                m[a][b] += w[i] * z[a] * z[b];
+            }
+        }
+    }
+    for a in 0..q {
+        for b in 0..a {
+            m[a][b] = m[b][a];
+        }
+    }
+    m
+}
+
+/// The line on `classes` from moments `s` (see [`moments`]), as coefficients of the columns
+/// `[1, busy, classes…]`; `None` when busy CPUs do not vary or the system is singular.
+fn solve_moments(s: &Matrix, classes: &[usize]) -> Option<Vec<f64>> {
+    let y = s.len() - 1;
+    let cols: Vec<usize> = std::iter::once(1)
+        .chain(classes.iter().map(|c| c + 2))
+        .collect();
+    let sw = s[0][0];
+    if sw <= 0.0 {
+        return None;
+    }
+    let p = cols.len();
+    let cov = |a: usize, b: usize| s[a][b] - s[0][a] * s[0][b] / sw;
+    let mut gram: Matrix = (0..p)
+        .map(|i| (0..p).map(|j| cov(cols[i], cols[j])).collect())
+        .collect();
+    if gram[0][0] <= 1e-12 * sw {
+        return None;
+    }
+    for (j, row) in gram.iter_mut().enumerate().skip(1) {
+        row[j] += RIDGE * sw;
+    }
+    let rhs: Vec<f64> = cols.iter().map(|&c| cov(c, y)).collect();
+    let inv = invert(&gram)?;
+    let beta: Vec<f64> = (0..p)
+        .map(|i| (0..p).map(|j| inv[i][j] * rhs[j]).sum())
+        .collect();
+    let intercept = (s[0][y]
+        - beta
+            .iter()
+            .zip(&cols)
+            .map(|(b, &c)| b * s[0][c])
+            .sum::<f64>())
+        / sw;
+    Some(std::iter::once(intercept).chain(beta).collect())
+}
+
+/// Weighted squared error of each fold's rows predicted by the line fitted on the other
+/// folds (contiguous folds: neighbouring rows are correlated).
+fn heldout_sse(folds: &[Matrix], classes: &[usize]) -> f64 {
+    let Some(first) = folds.first() else {
+        return f64::INFINITY;
+    };
+    let q = first.len();
+    let y = q - 1;
+    let cols: Vec<usize> = [0, 1]
+        .into_iter()
+        .chain(classes.iter().map(|c| c + 2))
+        .collect();
     let mut sse = 0.0;
-    for f in 0..FOLDS {
-        let (lo, hi) = (f * n / FOLDS, (f + 1) * n / FOLDS);
-        let train: Vec<usize> = (0..lo).chain(hi..n).collect();
-        let Some(line) = solve(rows, &train, w, classes) else {
+    for (f, test) in folds.iter().enumerate() {
+        let mut train = vec![vec![0.0; q]; q];
+        for (_, m) in folds.iter().enumerate().filter(|&(g, _)| g != f) {
+            for (t, r) in train.iter_mut().zip(m) {
+                for (tv, rv) in t.iter_mut().zip(r) {
+                    *tv += rv;
+                }
+            }
+        }
+        let Some(theta) = solve_moments(&train, classes) else {
             return f64::INFINITY;
         };
-        sse += (lo..hi)
-            .map(|i| w[i] * line.residual(&rows[i]).powi(2))
-            .sum::<f64>();
+        // Σ w (y − θᵀz)² = S_yy − 2 θᵀ S_zy + θᵀ S_zz θ over the held-out rows.
+        let mut e = test[y][y];
+        for (i, &a) in cols.iter().enumerate() {
+            e -= 2.0 * theta[i] * test[a][y];
+            for (j, &b) in cols.iter().enumerate() {
+                e += theta[i] * theta[j] * test[a][b];
+            }
+        }
+        sse += e.max(0.0);
     }
     sse
 }
@@ -93,23 +179,30 @@ pub fn heldout_sse(rows: &[ClassRow], w: &[f64], classes: &[usize]) -> f64 {
 /// lowers it below [`KEEP_CLASSES_BELOW`] of the error without it. Only a process whose
 /// power per CPU really differs from the rest is split off, so the others keep sharing one
 /// slope (which is what identifies the intercept beside a process whose time never varies).
+/// `w`: the rows' robust weights.
 pub fn select(rows: &[ClassRow], w: &[f64]) -> Vec<usize> {
-    let available = rows.iter().map(|r| r.class_cpus.len()).min().unwrap_or(0);
+    let k = rows.iter().map(|r| r.class_cpus.len()).min().unwrap_or(0);
+    let n = rows.len();
+    if k == 0 || n < 2 * FOLDS {
+        return Vec::new();
+    }
+    let folds: Vec<Matrix> = (0..FOLDS)
+        .map(|f| moments(rows, w, f * n / FOLDS..(f + 1) * n / FOLDS, k))
+        .collect();
     let mut chosen: Vec<usize> = Vec::new();
-    let mut best = heldout_sse(rows, w, &chosen);
+    let mut best = heldout_sse(&folds, &chosen);
     loop {
-        let step = (0..available)
-            .filter(|k| !chosen.contains(k))
-            .map(|k| {
+        let step = (0..k)
+            .filter(|c| !chosen.contains(c))
+            .map(|c| {
                 let mut with = chosen.clone();
-                with.push(k);
-                let sse = heldout_sse(rows, w, &with);
-                (k, sse)
+                with.push(c);
+                (c, heldout_sse(&folds, &with))
             })
             .min_by(|a, b| a.1.total_cmp(&b.1));
         match step {
-            Some((k, sse)) if sse < KEEP_CLASSES_BELOW * best => {
-                chosen.push(k);
+            Some((c, sse)) if sse < KEEP_CLASSES_BELOW * best => {
+                chosen.push(c);
                 best = sse;
             }
             _ => return chosen,
