@@ -1,7 +1,9 @@
 //! The zero-load extrapolation behind online static power (docs/ARCHITECTURE.md, "Attribution": static power): interval power
 //! regressed on busy CPUs, `P ≈ static + slope·busy_cpus`, robustly (Huber weights, outliers
-//! rejected), with the measures that say whether the intercept is identified at all —
-//! utilisation spread and levels, residual scale, and a bootstrap interval.
+//! rejected), with a slope of its own for a large process whose power per CPU clearly
+//! differs ([`super::class_slopes`]), and with the measures that say whether the intercept is
+//! identified at all — utilisation spread and levels, residual scale, and a bootstrap
+//! interval.
 
 use rand::{RngExt, SeedableRng, rngs::ChaCha8Rng};
 
@@ -71,7 +73,7 @@ impl Unidentified {
 pub struct ZeroLoadFit {
     /// Fitted power at zero busy CPUs, W (before bounding).
     pub intercept_w: f64,
-    /// Watts per busy CPU.
+    /// Watts per busy CPU (of the processes without a slope of their own).
     pub slope_w: f64,
     /// Standard deviation of busy CPUs over the rows (utilisation spread).
     pub spread_cpus: f64,
