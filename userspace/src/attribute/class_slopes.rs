@@ -85,15 +85,10 @@ fn moments(rows: &[ClassRow], w: &[f64], range: std::ops::Range<usize>, k: usize
             *zc = r.class_cpus.get(c).copied().unwrap_or(0.0);
         }
         z[q - 1] = r.power_w;
-        for a in 0..q {
-            for b in a..q {
-                m[a][b] += w[i] * z[a] * z[b];
+        for (row, za) in m.iter_mut().zip(&z) {
+            for (v, zb) in row.iter_mut().zip(&z) {
+                *v += w[i] * za * zb;
             }
-        }
-    }
-    for a in 0..q {
-        for b in 0..a {
-            m[a][b] = m[b][a];
         }
     }
     m
