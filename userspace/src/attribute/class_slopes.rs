@@ -56,6 +56,30 @@ pub struct Line {
 }
 
 impl Line {
+    /// Watts per busy CPU over the rows, all processes together: the common slope, moved
+    /// by each class's deviation in proportion to its share of the busy time. Power rises
+    /// with load when this is positive, even where the processes left on the common slope
+    /// draw nothing.
+    pub fn mean_slope_w(&self, rows: &[ClassRow]) -> f64 {
+        let busy: f64 = rows.iter().map(|r| r.busy_cpus).sum();
+        if busy <= 0.0 {
+            return self.slope_w;
+        }
+        self.slope_w
+            + self
+                .deviation_w
+                .iter()
+                .zip(&self.classes)
+                .map(|(d, &k)| {
+                    d * rows
+                        .iter()
+                        .map(|r| r.class_cpus.get(k).copied().unwrap_or(0.0))
+                        .sum::<f64>()
+                        / busy
+                })
+                .sum::<f64>()
+    }
+
     /// Residual of a row, W.
     pub fn residual(&self, r: &ClassRow) -> f64 {
         r.power_w

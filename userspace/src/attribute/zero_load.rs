@@ -323,7 +323,7 @@ pub fn fit_zero_load_classes(rows: &[ClassRow]) -> Result<ZeroLoadFit, FitError>
         rows: rows.len(),
         rejected,
     };
-    if line.slope_w <= 0.0 {
+    if line.mean_slope_w(rows) <= 0.0 {
         return Err((Unidentified::NoSlope, Some(fit)));
     }
     let bound = rows
