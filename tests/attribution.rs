@@ -15,9 +15,9 @@ use std::{
     time::Duration,
 };
 
-use energy_bpf::{clock::monotonic_ns, energy::fake, record::read_file};
+use energy_bpf::clock::monotonic_ns;
 
-use crate::util::{Recorder, Workload, process, require_root, run, text};
+use crate::util::{Recorder, Workload, process, reading_span, require_root, run, text};
 
 const STATIC_W: f64 = 3.0;
 const WATTS_A: f64 = 24.0;
@@ -62,10 +62,8 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
         return;
     }
     let _guard = crate::util::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (sysfs, tree) = crate::util::one_package(dir.path());
-    fake::topology(&sysfs, 1, 2).expect("fake topology");
-    let energy_file = tree.zone_dir("intel-rapl:0").join("energy_uj");
+    let fake = crate::util::two_cpu_package();
+    let (dir, sysfs, energy_file) = (&fake.dir, &fake.sysfs, fake.energy_uj.clone());
 
     // Periods of 115 ms and 83 ms drift against each other, so the two classes' CPU time is
     // not collinear over the regression's 50 ms rows. (With equal periods the phase stays
@@ -184,19 +182,7 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
 /// Energy the emulator put into the counter for A and for B between the recording's first
 /// and last reading: each reading saw the last value written before it.
 fn truth_between_readings(file: &std::path::Path, log: &[(u64, f64, f64)]) -> (f64, f64) {
-    let rec = read_file(file).expect("recording reads back");
-    let first = rec
-        .readings
-        .iter()
-        .map(|r| r.ts_ns)
-        .min()
-        .expect("readings");
-    let last = rec
-        .readings
-        .iter()
-        .map(|r| r.ts_ns)
-        .max()
-        .expect("readings");
+    let (first, last) = reading_span(file);
     let at = |ts: u64| {
         let i = log.partition_point(|&(t, _, _)| t <= ts);
         assert!(i > 0, "a reading before the emulator's first write");
@@ -228,14 +214,9 @@ fn pinned_process_absolute_joules_without_static_power_or_calibration() {
     const STATIC: f64 = 6.0;
     const PER_CPU: f64 = 10.0;
     let _guard = crate::util::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (sysfs, tree) = crate::util::one_package(dir.path());
-    fake::topology(&sysfs, 1, 2).expect("fake topology");
-    let _emulator = crate::util::BusyEmulator::start(
-        &tree.zone_dir("intel-rapl:0").join("energy_uj"),
-        STATIC,
-        PER_CPU,
-    );
+    let fake = crate::util::two_cpu_package();
+    let (dir, sysfs) = (&fake.dir, &fake.sysfs);
+    let _emulator = crate::util::BusyEmulator::start(&fake.energy_uj, STATIC, PER_CPU);
     // No calibration, even where the test machine has one at the default path.
     let none = dir.path().join("none.json");
     std::fs::write(&none, r#"{"version":1,"hosts":{}}"#).expect("write calibration");

@@ -170,6 +170,42 @@ pub fn one_package(dir: &Path) -> (PathBuf, energy_bpf::energy::fake::FakePowerc
     (sysfs, tree)
 }
 
+/// The fake machine of the end-to-end energy tests: under a fresh temporary folder, a
+/// powercap tree with one package zone (`intel-rapl:0`) and a topology of one package of two
+/// CPUs (0 and 1), whose `energy_uj` an emulator in the test writes.
+pub struct FakePackage {
+    /// The temporary folder, removed on drop; other files of the test may go here too.
+    pub dir: tempfile::TempDir,
+    /// The sysfs root to pass as `--sysfs-root`.
+    pub sysfs: PathBuf,
+    /// The package counter's `energy_uj`.
+    pub energy_uj: PathBuf,
+}
+
+/// Builds a [`FakePackage`].
+pub fn two_cpu_package() -> FakePackage {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (sysfs, tree) = one_package(dir.path());
+    energy_bpf::energy::fake::topology(&sysfs, 1, 2).expect("fake topology");
+    let energy_uj = tree.zone_dir("intel-rapl:0").join("energy_uj");
+    FakePackage {
+        dir,
+        sysfs,
+        energy_uj,
+    }
+}
+
+/// CLOCK_MONOTONIC of the first and the last energy reading of a recording: the span whose
+/// measured energy the report splits (an emulator's truth is what it put in over it).
+pub fn reading_span(file: &Path) -> (u64, u64) {
+    let rec = energy_bpf::record::read_file(file).expect("recording reads back");
+    let ts = rec.readings.iter().map(|r| r.ts_ns);
+    (
+        ts.clone().min().expect("readings"),
+        ts.max().expect("readings"),
+    )
+}
+
 /// An emulated RAPL package counter driven by the machine's real busy CPU time:
 /// `static_w` W plus `per_cpu_w` W per busy CPU, busy being elapsed time × CPUs minus the
 /// idle time of `/proc/stat` ([`machine_idle_ns`]), written into `energy_uj` every 10 ms (the file's
