@@ -90,8 +90,9 @@ impl Window {
         self.admit_times(chunk) + sources_dropped
     }
 
-    fn admit_times(&mut self, chunk: &mut Chunk) -> u64 {
-        let mut times: Vec<u64> = chunk
+    /// The chunk's timestamps at or after the lower bound, on known CPUs.
+    fn times<'c>(&'c self, chunk: &'c Chunk) -> impl Iterator<Item = u64> + 'c {
+        chunk
             .switches
             .iter()
             .filter(|s| self.known_cpu(s.cpu))
@@ -107,7 +108,20 @@ impl Window {
             .chain(chunk.process_events.iter().map(|p| p.ts_ns))
             .chain(chunk.runs.iter().flat_map(|r| [r.start_ns, r.end_ns]))
             .filter(|&t| t >= self.lower)
-            .collect();
+    }
+
+    /// The latest timestamp reached from the frontier without a silence longer than
+    /// [`MAX_QUIET_NS`]; `None` when there is neither a frontier nor a timestamp.
+    fn upper(&self, chunk: &Chunk) -> Option<u64> {
+        // The common case, with no sort: nothing lies past the frontier's reach, so no
+        // silence can stop the walk below and it ends at the latest timestamp.
+        if let Some(frontier) = self.frontier {
+            let latest = self.times(chunk).max().unwrap_or(frontier);
+            if latest <= frontier.saturating_add(MAX_QUIET_NS) {
+                return Some(frontier.max(latest));
+            }
+        }
+        let mut times: Vec<u64> = self.times(chunk).collect();
         times.sort_unstable();
         let mut upper = self.frontier.or(times.first().copied());
         for t in times {
@@ -116,6 +130,11 @@ impl Window {
                 _ => upper = Some(upper.map_or(t, |u| u.max(t))),
             }
         }
+        upper
+    }
+
+    fn admit_times(&mut self, chunk: &mut Chunk) -> u64 {
+        let upper = self.upper(chunk);
         let Some(upper) = upper else {
             // No timestamp to admit: everything with one is dropped below.
             return self.drop_all(chunk);
