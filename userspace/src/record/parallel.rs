@@ -84,3 +84,71 @@ pub(super) fn decode_all(records: &[&[u8]], threads: usize) -> Vec<Decoded> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+    use crate::pb::v1::{Chunk, Sample, SwitchEvent, Trailer};
+
+    #[test]
+    fn any_number_of_threads_gives_the_records_of_one_in_order() {
+        let mut records: Vec<Vec<u8>> = (0..23u64)
+            .map(|i| {
+                let switches = (0..i * 50)
+                    .map(|k| SwitchEvent {
+                        ts_ns: 1_000 + k * 10,
+                        cpu: (k % 3) as u32,
+                        tid: (k % 7) as u32,
+                        ..SwitchEvent::default()
+                    })
+                    .collect();
+                let samples = vec![Sample {
+                    ts_ns: i,
+                    user_stack: vec![i, i + 1],
+                    ..Sample::default()
+                }];
+                Record {
+                    kind: Some(Kind::Chunk(Chunk {
+                        switch_columns: Some(super::super::columns::to_columns(&switches)),
+                        samples,
+                        ..Chunk::default()
+                    })),
+                }
+                .encode_to_vec()
+            })
+            .collect();
+        records.push(b"\x12\x05not a chunk".to_vec());
+        records.push(
+            Record {
+                kind: Some(Kind::Trailer(Trailer::default())),
+            }
+            .encode_to_vec(),
+        );
+        let slices: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        let one = decode_all(&slices, 1);
+        assert_eq!(one.len(), records.len());
+        assert!(one[23].record.is_none(), "a damaged record does not decode");
+        assert!(one[0].packed.is_none(), "no switches, nothing packed");
+        for threads in [2, 3, 8, 64] {
+            let many = decode_all(&slices, threads);
+            assert_eq!(many.len(), one.len());
+            for (a, b) in one.iter().zip(&many) {
+                assert_eq!(a.record, b.record, "{threads} threads");
+                assert_eq!(a.packed, b.packed, "{threads} threads");
+            }
+        }
+        // The packed events are the decoded ones.
+        let Some(Record {
+            kind: Some(Kind::Chunk(chunk)),
+        }) = &one[5].record
+        else {
+            panic!("chunk 5")
+        };
+        assert_eq!(
+            one[5].packed.as_ref().map(SwitchLog::to_vec),
+            Some(chunk.switches.clone())
+        );
+    }
+}

@@ -206,7 +206,7 @@ fn read_header(rest: &mut &[u8], budget: &mut Budget, path: &Path) -> Result<Hea
 
 /// Records decoded at once per decoding thread: enough that threads rarely wait on one
 /// another, few enough that a batch's decoded events stay a small part of the reading.
-const BATCH_PER_THREAD: usize = 4;
+const BATCH_PER_THREAD: usize = 2;
 
 /// The first byte of a `Record` holding a chunk (field 2, length-delimited).
 const CHUNK_TAG: u8 = 0x12;

@@ -121,6 +121,12 @@ impl Window {
                 return Some(frontier.max(latest));
             }
         }
+        self.upper_by_walk(chunk)
+    }
+
+    /// [`Self::upper`] the long way: the timestamps in order, walked from the frontier
+    /// until a silence longer than [`MAX_QUIET_NS`].
+    fn upper_by_walk(&self, chunk: &Chunk) -> Option<u64> {
         let mut times: Vec<u64> = self.times(chunk).collect();
         times.sort_unstable();
         let mut upper = self.frontier.or(times.first().copied());
@@ -315,5 +321,49 @@ mod tests {
         let mut empty = chunk(&[], &[]);
         assert_eq!(w.admit(&mut empty), 0);
         assert_eq!(w.frontier(), 6 * S);
+    }
+}
+
+#[cfg(test)]
+mod upper_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::pb::v1::{Cpu, EnergyReading, SwitchEvent};
+
+    const S: u64 = 1_000_000_000;
+
+    proptest! {
+        /// The walk-free reach of a chunk equals the walk's, whatever the frontier and
+        /// however far the timestamps jump (silences past the limit included).
+        #[test]
+        fn upper_without_sorting_equals_the_walk(
+            start in prop::sample::select(vec![0u64, 100 * S, u64::MAX - 10 * S]),
+            admitted in prop::option::of(0u64..200 * S),
+            steps in prop::collection::vec((0u64..90 * S, 0u32..3, any::<bool>()), 0..40),
+        ) {
+            let header = Header {
+                start_ns: start,
+                cpus: vec![Cpu { id: 0, ..Cpu::default() }, Cpu { id: 1, ..Cpu::default() }],
+                ..Header::default()
+            };
+            let mut window = Window::new(&header);
+            if let Some(a) = admitted {
+                window.frontier = Some(window.frontier().saturating_add(a));
+            }
+            let mut chunk = Chunk::default();
+            let mut t = window.lower;
+            for (step, cpu, reading) in steps {
+                t = t.saturating_add(step);
+                if reading {
+                    chunk.readings.push(EnergyReading { ts_ns: t, ..EnergyReading::default() });
+                } else {
+                    chunk.switches.push(SwitchEvent { ts_ns: t, cpu, ..SwitchEvent::default() });
+                }
+            }
+            // Out of order, as drains interleave CPUs.
+            chunk.switches.reverse();
+            prop_assert_eq!(window.upper(&chunk), window.upper_by_walk(&chunk));
+        }
     }
 }
