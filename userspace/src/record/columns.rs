@@ -228,6 +228,8 @@ pub fn from_columns(c: &SwitchColumns) -> Result<Vec<SwitchEvent>, ColumnsError>
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use proptest::prelude::*;
 
     use super::*;

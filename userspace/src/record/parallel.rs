@@ -96,7 +96,7 @@ mod tests {
     fn any_number_of_threads_gives_the_records_of_one_in_order() {
         let mut records: Vec<Vec<u8>> = (0..23u64)
             .map(|i| {
-                let switches = (0..i * 50)
+                let switches: Vec<SwitchEvent> = (0..i * 50)
                     .map(|k| SwitchEvent {
                         ts_ns: 1_000 + k * 10,
                         cpu: (k % 3) as u32,
