@@ -215,9 +215,10 @@ const CHUNK_TAG: u8 = 0x12;
 enum Step<'b> {
     /// A whole frame's record, charged to the budget, to decode.
     Record(&'b [u8]),
-    /// A whole frame whose record is not decoded: [`Next::OverBudget`] or
-    /// [`Next::Corrupt`].
-    Known(Next),
+    /// A whole frame whose record would decode past the memory bound: not decoded.
+    OverBudget,
+    /// A whole frame whose record does not even scan as protobuf: not decoded.
+    Corrupt,
     /// Damage skipped up to the next whole frame: frames and bytes.
     Skipped(u64, usize),
     /// Damage up to the end of the file: frames and bytes.
@@ -273,7 +274,7 @@ impl Reading<'_> {
                         records.push(bytes);
                         bytes.first() == Some(&CHUNK_TAG)
                     }
-                    Step::Known(_) | Step::Skipped(..) => true,
+                    Step::OverBudget | Step::Corrupt | Step::Skipped(..) => true,
                     Step::EndDamaged(..) | Step::Cut(_) | Step::End => false,
                 };
                 steps.push(step);
@@ -303,8 +304,8 @@ impl Reading<'_> {
                             None => self.damaged(1, 0),
                         }
                     }
-                    Step::Known(Next::OverBudget) => self.oversized(),
-                    Step::Known(_) => self.damaged(1, 0),
+                    Step::OverBudget => self.oversized(),
+                    Step::Corrupt => self.damaged(1, 0),
                     Step::Skipped(frames, bytes) => self.damaged(frames, bytes),
                     Step::EndDamaged(frames, bytes) => {
                         // Damaged up to the end: nothing after it to go on with.
@@ -344,7 +345,8 @@ impl Reading<'_> {
                 *rest = &rest[len..];
                 match charge(payload, self.budget) {
                     None => Step::Record(payload),
-                    Some(next) => Step::Known(next),
+                    Some(Next::OverBudget) => Step::OverBudget,
+                    Some(_) => Step::Corrupt,
                 }
             }
             found => {

@@ -138,7 +138,7 @@ impl SwitchLog {
 
     /// Calls `f` with the events in order, a block at a time, as [`Self::blocks`] gives
     /// them; the next blocks are decoded on another thread meanwhile (at most
-    /// [`AHEAD`] waiting), so decoding costs the caller no time of its own.
+    /// two waiting), so decoding costs the caller no time of its own.
     pub fn for_each_block(&self, mut f: impl FnMut(&[SwitchEvent])) {
         if self.blocks.len() < 2 {
             self.blocks().for_each(|b| f(&b));
