@@ -15,6 +15,10 @@ use crate::pb::v1::{Record, record::Kind};
 /// Most threads one batch uses.
 const MAX_THREADS: usize = 8;
 
+/// Batches smaller than this are decoded on the calling thread: starting threads would
+/// cost more than they save.
+const MIN_PARALLEL_BYTES: usize = 256 << 10;
+
 /// A decoded record and, for a chunk, its switch events packed as [`SwitchLog`] keeps
 /// them (merged as is when none of the events is dropped).
 pub(super) struct Decoded {
@@ -48,8 +52,9 @@ pub(super) fn threads() -> usize {
 /// Decodes `records` (each already charged to the budget) over up to `threads` threads;
 /// the results are in the same order.
 pub(super) fn decode_all(records: &[&[u8]], threads: usize) -> Vec<Decoded> {
+    let bytes: usize = records.iter().map(|r| r.len()).sum();
     let threads = threads.min(records.len());
-    if threads <= 1 {
+    if threads <= 1 || bytes < MIN_PARALLEL_BYTES {
         return records.iter().map(|r| decode_one(r)).collect();
     }
     // Records differ in size: each thread takes the next one left.
@@ -96,7 +101,7 @@ mod tests {
     fn any_number_of_threads_gives_the_records_of_one_in_order() {
         let mut records: Vec<Vec<u8>> = (0..23u64)
             .map(|i| {
-                let switches: Vec<SwitchEvent> = (0..i * 50)
+                let switches: Vec<SwitchEvent> = (0..i * 5_000)
                     .map(|k| SwitchEvent {
                         ts_ns: 1_000 + k * 10,
                         cpu: (k % 3) as u32,
@@ -127,6 +132,7 @@ mod tests {
             .encode_to_vec(),
         );
         let slices: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        assert!(slices.iter().map(|r| r.len()).sum::<usize>() > MIN_PARALLEL_BYTES);
         let one = decode_all(&slices, 1);
         assert_eq!(one.len(), records.len());
         assert!(one[23].record.is_none(), "a damaged record does not decode");
