@@ -140,8 +140,10 @@ fn variance(lo: f64, hi: f64) -> f64 {
 /// One run through the pipeline, read into rows.
 fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
     // Rows by function need names, which need only the samples, not the analysis: the
-    // addresses are resolved on a thread of their own while the recording is analysed.
-    let (a, symbolizer) = if by == By::Function {
+    // addresses are resolved while the recording is analysed on a thread of its own, where
+    // there are CPUs to spare (both sides are read at once, each resolving on threads).
+    let spare = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4);
+    let (a, symbolizer) = if by == By::Function && spare {
         std::thread::scope(|s| {
             let analysed = s.spawn(|| analysis::analyze(rec, cfg));
             let mut symbolizer = analysis::symbolizer_for(rec);
