@@ -204,7 +204,7 @@ impl Switches<'_> {
     fn for_each_batch(&self, mut f: impl FnMut(&[SwitchEvent])) {
         match self {
             Self::Events(events) => f(events),
-            Self::Log(log) => log.blocks().for_each(|b| f(&b)),
+            Self::Log(log) => log.for_each_block(f),
         }
     }
 }

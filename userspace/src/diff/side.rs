@@ -139,7 +139,24 @@ fn variance(lo: f64, hi: f64) -> f64 {
 
 /// One run through the pipeline, read into rows.
 fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
-    let a = analysis::analyze(rec, cfg);
+    // Rows by function need names, which need only the samples, not the analysis: the
+    // addresses are resolved while the recording is analysed on a thread of its own, where
+    // there are CPUs to spare (both sides are read at once, each resolving on threads).
+    let spare = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4);
+    let (a, symbolizer) = if by == By::Function && spare {
+        std::thread::scope(|s| {
+            let analysed = s.spawn(|| analysis::analyze(rec, cfg));
+            let mut symbolizer = analysis::symbolizer_for(rec);
+            profile::prefetch(rec, &mut symbolizer, &Filter::default(), !want_stacks);
+            let a = match analysed.join() {
+                Ok(a) => a,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            (a, Some(symbolizer))
+        })
+    } else {
+        (analysis::analyze(rec, cfg), None)
+    };
     let totals = a.totals();
     let mut out = Run {
         duration_s: totals.duration_ns as f64 / 1e9,
@@ -154,11 +171,11 @@ fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
     };
     if by == By::Function {
         // Rows are self energy: only each stack's leaf needs a name, unless stacks are drawn.
+        let weights = analysis::sample_values(rec, &a);
+        let mut symbolizer = symbolizer.unwrap_or_else(|| analysis::symbolizer_for(rec));
         let profile = if want_stacks {
-            analysis::profile(rec, &a, &Filter::default())
+            profile::build(rec, &weights, &mut symbolizer, &Filter::default())
         } else {
-            let weights = analysis::sample_values(rec, &a);
-            let mut symbolizer = analysis::symbolizer_for(rec);
             profile::build_leaves(rec, &weights, &mut symbolizer, &Filter::default())
         };
         let Some((idx, domain)) = profile

@@ -248,6 +248,35 @@ pub fn build_leaves<'a>(
     build_with(input.into(), weights, symbolizer, filter, true)
 }
 
+/// Resolves, ahead of [`build`] (or of [`build_leaves`] when `leaves_only`) of the same
+/// input and filter, every address it will look up, filling `symbolizer`'s caches: the
+/// build that follows with this symbolizer then only hits them. Needs no weights, so it can
+/// run while the recording is still being analysed; the profile comes out the same.
+pub fn prefetch<'a>(
+    input: impl Into<Stacks<'a>>,
+    symbolizer: &mut Symbolizer,
+    filter: &Filter,
+    leaves_only: bool,
+) {
+    let rec = input.into();
+    let mut kept: FastMap<u32, bool> = FastMap::default();
+    let (user, kernel) = addresses(&rec, &[], leaves_only, |tid, tgid| {
+        *kept
+            .entry(tid)
+            .or_insert_with(|| filter.keeps(tgid, &comm_of(&rec, tid), &comm_of(&rec, tgid)))
+    });
+    symbolizer.prefetch(user, kernel);
+}
+
+/// A thread's name as profiles label it.
+fn comm_of(rec: &Stacks<'_>, tid: u32) -> Arc<str> {
+    match rec.threads.get(&tid) {
+        Some(t) if !t.comm.is_empty() => Arc::from(t.comm.as_str()),
+        _ if tid == 0 => Arc::from("[idle]"),
+        _ => Arc::from("[unknown]"),
+    }
+}
+
 fn build_with(
     rec: Stacks<'_>,
     weights: &SampleValues,
@@ -259,13 +288,7 @@ fn build_with(
     value_types.extend(weights.value_types.iter().cloned());
     let n_weights = weights.value_types.len();
 
-    let comm_of = |tid: u32| -> Arc<str> {
-        match rec.threads.get(&tid) {
-            Some(t) if !t.comm.is_empty() => Arc::from(t.comm.as_str()),
-            _ if tid == 0 => Arc::from("[idle]"),
-            _ => Arc::from("[unknown]"),
-        }
-    };
+    let comm_of = |tid: u32| comm_of(&rec, tid);
     // Per thread: its name and whether the filter keeps it (decided once).
     let mut threads: FastMap<u32, (Arc<str>, bool)> = FastMap::default();
     let mut thread = |tid: u32, tgid: u32| -> (Arc<str>, bool) {

@@ -5,8 +5,6 @@
 //! CPU's previous event) they encode several times faster and smaller than as messages.
 //! The conversion is lossless and keeps the events' order.
 
-use std::collections::HashMap;
-
 use crate::pb::v1::{SwitchColumns, SwitchEvent};
 
 const PREEMPTED: u32 = 1;
@@ -31,7 +29,8 @@ struct Last {
 /// The per-CPU [`Last`] states while walking a chunk's events in order.
 #[derive(Default)]
 struct Walk {
-    per_cpu: HashMap<u32, Last>,
+    /// With a fast hasher: the CPU changes every few events.
+    per_cpu: foldhash::HashMap<u32, Last>,
     cpu: Option<u32>,
     last: Last,
     prev_ts_ns: u64,
@@ -229,6 +228,8 @@ pub fn from_columns(c: &SwitchColumns) -> Result<Vec<SwitchEvent>, ColumnsError>
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use proptest::prelude::*;
 
     use super::*;

@@ -15,6 +15,7 @@ pub mod columns;
 #[cfg(test)]
 mod damage_tests;
 pub mod frame;
+mod parallel;
 mod reader;
 pub mod rotate;
 pub mod run_counts;

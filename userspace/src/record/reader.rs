@@ -12,7 +12,7 @@ use std::{
 use prost::Message as _;
 
 use super::{
-    FORMAT_VERSION, MAGIC, MAX_CPUS, OLDEST_FORMAT_VERSION, Recording,
+    FORMAT_VERSION, MAGIC, MAX_CPUS, OLDEST_FORMAT_VERSION, Recording, SwitchLog,
     budget::{self, Budget},
     frame,
     validate::Window,
@@ -116,7 +116,7 @@ fn read_within(
     let budget = shared.unwrap_or(&mut own);
     let header = read_header(&mut rest, budget, path)?;
     let framed = header.format_version >= 3;
-    let mut reading = Reading {
+    let reading = Reading {
         window: Window::new(&header),
         rec: Recording {
             end_ns: header.start_ns,
@@ -127,17 +127,17 @@ fn read_within(
         frames: frame::Resync::new(rest),
         budget,
     };
+    if framed {
+        return Ok(reading.framed(rest));
+    }
+    let mut reading = reading;
     loop {
         let before = rest.len();
-        let next = if framed {
-            reading.next_frame(&mut rest)
-        } else {
-            reading.next_record(&mut rest)
-        };
+        let next = reading.next_record(&mut rest);
         match next {
             Next::Record(Record {
                 kind: Some(Kind::Chunk(chunk)),
-            }) => reading.chunk(chunk),
+            }) => reading.chunk(chunk, None),
             Next::Record(Record {
                 kind: Some(Kind::Trailer(t)),
             }) => {
@@ -146,7 +146,6 @@ fn read_within(
             }
             // Kinds from a newer writer, or a second header: nothing to use.
             Next::Record(_) => {}
-            Next::Damaged => {}
             Next::OverBudget => reading.oversized(),
             Next::End => break,
             Next::Cut | Next::Corrupt => {
@@ -155,11 +154,7 @@ fn read_within(
             }
         }
     }
-    // No trailer: the recorder did not finish. Keep everything read so far.
-    let (end_ns, _) = reading.window.end(None);
-    reading.rec.end_ns = reading.rec.end_ns.max(end_ns);
-    reading.rec.truncated = true;
-    Ok(reading.rec)
+    Ok(reading.unfinished())
 }
 
 /// The header record, checked: a known version, its checksum (version 3), a sane CPU count.
@@ -176,7 +171,7 @@ fn read_header(rest: &mut &[u8], budget: &mut Budget, path: &Path) -> Result<Hea
         Next::Record(_) => return Err(bad_header("first record is not a header")),
         Next::End | Next::Cut => return Err(bad_header("file ends inside the header")),
         Next::Corrupt => return Err(bad_header("header does not decode")),
-        Next::Damaged | Next::OverBudget => {
+        Next::OverBudget => {
             return Err(bad_header(
                 "header would take more memory to decode than a file this size may",
             ));
@@ -209,14 +204,37 @@ fn read_header(rest: &mut &[u8], budget: &mut Budget, path: &Path) -> Result<Hea
     Ok(header)
 }
 
+/// Records decoded at once per decoding thread: enough that threads rarely wait on one
+/// another, few enough that a batch's decoded events stay a small part of the reading.
+const BATCH_PER_THREAD: usize = 2;
+
+/// The first byte of a `Record` holding a chunk (field 2, length-delimited).
+const CHUNK_TAG: u8 = 0x12;
+
+/// A version 3 frame as walked ahead of decoding ([`Reading::step`]).
+enum Step<'b> {
+    /// A whole frame's record, charged to the budget, to decode.
+    Record(&'b [u8]),
+    /// A whole frame whose record would decode past the memory bound: not decoded.
+    OverBudget,
+    /// A whole frame whose record does not even scan as protobuf: not decoded.
+    Corrupt,
+    /// Damage skipped up to the next whole frame: frames and bytes.
+    Skipped(u64, usize),
+    /// Damage up to the end of the file: frames and bytes.
+    EndDamaged(u64, usize),
+    /// A frame cut short by the end of the file: the bytes left.
+    Cut(usize),
+    /// The end of the file.
+    End,
+}
+
 #[allow(
     clippy::large_enum_variant,
     reason = "one short-lived value at a time; boxing buys nothing"
 )]
 enum Next {
     Record(Record),
-    /// A damaged record was skipped (and counted); reading goes on.
-    Damaged,
     /// A record that would decode to more than the memory bound allows; skipped.
     OverBudget,
     End,
@@ -238,40 +256,114 @@ struct Reading<'a> {
 }
 
 impl Reading<'_> {
-    /// The next version 3 frame. Damage is skipped up to the next whole frame and
-    /// counted; a frame cut by the end of the file (and nothing whole after it) is a
-    /// truncated tail, unless what is there shows damage rather than a cut.
-    fn next_frame(&mut self, rest: &mut &[u8]) -> Next {
+    /// Reads the version 3 frames in `rest` to the end: frames are walked a batch at a
+    /// time ([`Self::step`]), the batch's records decoded on several threads
+    /// ([`super::parallel`]) and the results admitted and merged in file order.
+    fn framed(mut self, mut rest: &[u8]) -> Recording {
+        let threads = super::parallel::threads();
+        let batch = BATCH_PER_THREAD * threads;
+        loop {
+            let mut steps = Vec::with_capacity(batch);
+            let mut records = Vec::with_capacity(batch);
+            while records.len() < batch {
+                let step = self.step(&mut rest);
+                let go_on = match step {
+                    // Past a record other than a chunk (a trailer ends the reading) the
+                    // batch stops, so no frame after a trailer is charged to the budget.
+                    Step::Record(bytes) => {
+                        records.push(bytes);
+                        bytes.first() == Some(&CHUNK_TAG)
+                    }
+                    Step::OverBudget | Step::Corrupt | Step::Skipped(..) => true,
+                    Step::EndDamaged(..) | Step::Cut(_) | Step::End => false,
+                };
+                steps.push(step);
+                if !go_on {
+                    break;
+                }
+            }
+            let mut decoded = super::parallel::decode_all(&records, threads).into_iter();
+            for step in steps {
+                match step {
+                    Step::Record(_) => {
+                        let Some(d) = decoded.next() else { continue };
+                        match d.record {
+                            Some(Record {
+                                kind: Some(Kind::Chunk(chunk)),
+                            }) => self.chunk(chunk, d.packed),
+                            Some(Record {
+                                kind: Some(Kind::Trailer(t)),
+                            }) => {
+                                self.trailer(t);
+                                return self.rec;
+                            }
+                            // Kinds from a newer writer, or a second header: nothing to use.
+                            Some(_) => {}
+                            // The checksum holds but the contents do not: written damaged
+                            // or crafted.
+                            None => self.damaged(1, 0),
+                        }
+                    }
+                    Step::OverBudget => self.oversized(),
+                    Step::Corrupt => self.damaged(1, 0),
+                    Step::Skipped(frames, bytes) => self.damaged(frames, bytes),
+                    Step::EndDamaged(frames, bytes) => {
+                        // Damaged up to the end: nothing after it to go on with.
+                        self.damaged(frames, bytes);
+                        self.rec.damage.end_damaged = true;
+                        return self.unfinished();
+                    }
+                    Step::Cut(bytes) => {
+                        self.rec.trailing_garbage_bytes = bytes as u64;
+                        return self.unfinished();
+                    }
+                    Step::End => return self.unfinished(),
+                }
+            }
+        }
+    }
+
+    /// The recording read so far, when no trailer ends it: the recorder did not finish.
+    /// Everything read so far is kept.
+    fn unfinished(mut self) -> Recording {
+        let (end_ns, _) = self.window.end(None);
+        self.rec.end_ns = self.rec.end_ns.max(end_ns);
+        self.rec.truncated = true;
+        self.rec
+    }
+
+    /// The next version 3 frame, not yet decoded: a whole frame's record is charged to the
+    /// budget here, in file order. Damage is skipped up to the next whole frame; a frame
+    /// cut by the end of the file (and nothing whole after it) is a truncated tail, unless
+    /// what is there shows damage rather than a cut.
+    fn step<'b>(&mut self, rest: &mut &'b [u8]) -> Step<'b> {
         if rest.is_empty() {
-            return Next::End;
+            return Step::End;
         }
         match frame::parse(rest) {
             frame::Frame::Whole { payload, len } => {
                 *rest = &rest[len..];
-                let next = self.decode(payload);
-                if let Next::Corrupt = next {
-                    // The checksum holds but the contents do not: written damaged or crafted.
-                    self.damaged(1, 0);
-                    return Next::Damaged;
+                match charge(payload, self.budget) {
+                    None => Step::Record(payload),
+                    Some(Next::OverBudget) => Step::OverBudget,
+                    Some(_) => Step::Corrupt,
                 }
-                next
             }
             found => {
                 let at = self.frames.input_len() - rest.len();
                 match self.frames.next_after(at) {
                     (Some(next), frames) => {
                         let skip = next - at;
-                        self.damaged(frames, skip);
                         *rest = &rest[skip..];
-                        Next::Damaged
+                        Step::Skipped(frames, skip)
                     }
-                    (None, _) if found == frame::Frame::Cut && frame::looks_cut(rest) => Next::Cut,
+                    (None, _) if found == frame::Frame::Cut && frame::looks_cut(rest) => {
+                        Step::Cut(rest.len())
+                    }
                     (None, frames) => {
-                        // Damaged up to the end: nothing after it to go on with.
-                        self.damaged(frames, rest.len());
-                        self.rec.damage.end_damaged = true;
+                        let len = rest.len();
                         *rest = &[];
-                        Next::End
+                        Step::EndDamaged(frames, len)
                     }
                 }
             }
@@ -282,10 +374,6 @@ impl Reading<'_> {
     /// is skipped, as its length is known.
     fn next_record(&mut self, rest: &mut &[u8]) -> Next {
         next_record(rest, self.budget)
-    }
-
-    fn decode(&mut self, bytes: &[u8]) -> Next {
-        decode(bytes, self.budget)
     }
 
     fn damaged(&mut self, records: u64, bytes: usize) {
@@ -305,8 +393,12 @@ impl Reading<'_> {
         }
     }
 
-    fn chunk(&mut self, mut chunk: Chunk) {
+    /// Admits and merges a chunk; `packed` is its switch events already packed, used
+    /// when none of them is dropped.
+    fn chunk(&mut self, mut chunk: Chunk, packed: Option<SwitchLog>) {
+        let switches = chunk.switches.len();
         self.rec.damage.events_dropped += self.window.admit(&mut chunk);
+        let packed = packed.filter(|p| p.len() == switches && switches == chunk.switches.len());
         let earliest = [
             chunk.switches.iter().map(|s| s.ts_ns).min(),
             chunk.samples.iter().map(|s| s.ts_ns).min(),
@@ -315,7 +407,7 @@ impl Reading<'_> {
         if let Some(next) = earliest.into_iter().flatten().min() {
             self.close_gap(next);
         }
-        merge_chunk(&mut self.rec, chunk);
+        merge_chunk(&mut self.rec, chunk, packed);
         self.rec.end_ns = self.rec.end_ns.max(self.window.frontier());
     }
 
@@ -350,21 +442,36 @@ fn next_record(rest: &mut &[u8], budget: &mut Budget) -> Next {
 /// A record's bytes, with a chunk's switch columns turned back into events; decoded only
 /// when what it allocates fits in `budget` ([`Next::OverBudget`] when not).
 fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
+    if let Some(refused) = charge(bytes, budget) {
+        return refused;
+    }
+    decode_charged(bytes).map_or(Next::Corrupt, Next::Record)
+}
+
+/// Charges what decoding a record will allocate to `budget`: `None` when it fits, else
+/// why it is not to be decoded ([`Next::Corrupt`] or [`Next::OverBudget`]).
+fn charge(bytes: &[u8], budget: &mut Budget) -> Option<Next> {
     let Ok(cost) = budget::cost(bytes) else {
-        return Next::Corrupt;
+        return Some(Next::Corrupt);
     };
     if !budget.take(cost, bytes.len()) {
-        return Next::OverBudget;
+        return Some(Next::OverBudget);
     }
+    None
+}
+
+/// A record's bytes, already charged ([`charge`]), decoded, with a chunk's switch columns
+/// turned back into events; `None` when they do not decode.
+pub(super) fn decode_charged(bytes: &[u8]) -> Option<Record> {
     let Ok(mut record) = Record::decode(bytes) else {
-        return Next::Corrupt;
+        return None;
     };
     if let Some(Kind::Chunk(chunk)) = &mut record.kind
         && let Some(columns) = chunk.switch_columns.take()
     {
         // Version 2: switch events as columns, after any written as messages.
         let Ok(events) = super::columns::from_columns(&columns) else {
-            return Next::Corrupt;
+            return None;
         };
         drop(columns);
         if chunk.switches.is_empty() {
@@ -378,13 +485,16 @@ fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
         && let Some(counts) = &chunk.run_counts
         && super::run_counts::from_columns(counts).is_err()
     {
-        return Next::Corrupt;
+        return None;
     }
-    Next::Record(record)
+    Some(record)
 }
 
-fn merge_chunk(rec: &mut Recording, chunk: Chunk) {
-    rec.switches.push(&chunk.switches);
+fn merge_chunk(rec: &mut Recording, chunk: Chunk, packed: Option<SwitchLog>) {
+    match packed {
+        Some(log) => rec.switches.append(log),
+        None => rec.switches.push(&chunk.switches),
+    }
     rec.samples.extend(chunk.samples);
     rec.process_events.extend(chunk.process_events);
     rec.runs.extend(chunk.runs);

@@ -90,8 +90,9 @@ impl Window {
         self.admit_times(chunk) + sources_dropped
     }
 
-    fn admit_times(&mut self, chunk: &mut Chunk) -> u64 {
-        let mut times: Vec<u64> = chunk
+    /// The chunk's timestamps at or after the lower bound, on known CPUs.
+    fn times<'c>(&'c self, chunk: &'c Chunk) -> impl Iterator<Item = u64> + 'c {
+        chunk
             .switches
             .iter()
             .filter(|s| self.known_cpu(s.cpu))
@@ -107,7 +108,26 @@ impl Window {
             .chain(chunk.process_events.iter().map(|p| p.ts_ns))
             .chain(chunk.runs.iter().flat_map(|r| [r.start_ns, r.end_ns]))
             .filter(|&t| t >= self.lower)
-            .collect();
+    }
+
+    /// The latest timestamp reached from the frontier without a silence longer than
+    /// [`MAX_QUIET_NS`]; `None` when there is neither a frontier nor a timestamp.
+    fn upper(&self, chunk: &Chunk) -> Option<u64> {
+        // The common case, with no sort: nothing lies past the frontier's reach, so no
+        // silence can stop the walk below and it ends at the latest timestamp.
+        if let Some(frontier) = self.frontier {
+            let latest = self.times(chunk).max().unwrap_or(frontier);
+            if latest <= frontier.saturating_add(MAX_QUIET_NS) {
+                return Some(frontier.max(latest));
+            }
+        }
+        self.upper_by_walk(chunk)
+    }
+
+    /// [`Self::upper`] the long way: the timestamps in order, walked from the frontier
+    /// until a silence longer than [`MAX_QUIET_NS`].
+    fn upper_by_walk(&self, chunk: &Chunk) -> Option<u64> {
+        let mut times: Vec<u64> = self.times(chunk).collect();
         times.sort_unstable();
         let mut upper = self.frontier.or(times.first().copied());
         for t in times {
@@ -116,6 +136,11 @@ impl Window {
                 _ => upper = Some(upper.map_or(t, |u| u.max(t))),
             }
         }
+        upper
+    }
+
+    fn admit_times(&mut self, chunk: &mut Chunk) -> u64 {
+        let upper = self.upper(chunk);
         let Some(upper) = upper else {
             // No timestamp to admit: everything with one is dropped below.
             return self.drop_all(chunk);
@@ -296,5 +321,49 @@ mod tests {
         let mut empty = chunk(&[], &[]);
         assert_eq!(w.admit(&mut empty), 0);
         assert_eq!(w.frontier(), 6 * S);
+    }
+}
+
+#[cfg(test)]
+mod upper_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::pb::v1::{Cpu, EnergyReading, SwitchEvent};
+
+    const S: u64 = 1_000_000_000;
+
+    proptest! {
+        /// The walk-free reach of a chunk equals the walk's, whatever the frontier and
+        /// however far the timestamps jump (silences past the limit included).
+        #[test]
+        fn upper_without_sorting_equals_the_walk(
+            start in prop::sample::select(vec![0u64, 100 * S, u64::MAX - 10 * S]),
+            admitted in prop::option::of(0u64..200 * S),
+            steps in prop::collection::vec((0u64..90 * S, 0u32..3, any::<bool>()), 0..40),
+        ) {
+            let header = Header {
+                start_ns: start,
+                cpus: vec![Cpu { id: 0, ..Cpu::default() }, Cpu { id: 1, ..Cpu::default() }],
+                ..Header::default()
+            };
+            let mut window = Window::new(&header);
+            if let Some(a) = admitted {
+                window.frontier = Some(window.frontier().saturating_add(a));
+            }
+            let mut chunk = Chunk::default();
+            let mut t = window.lower;
+            for (step, cpu, reading) in steps {
+                t = t.saturating_add(step);
+                if reading {
+                    chunk.readings.push(EnergyReading { ts_ns: t, ..EnergyReading::default() });
+                } else {
+                    chunk.switches.push(SwitchEvent { ts_ns: t, cpu, ..SwitchEvent::default() });
+                }
+            }
+            // Out of order, as drains interleave CPUs.
+            chunk.switches.reverse();
+            prop_assert_eq!(window.upper(&chunk), window.upper_by_walk(&chunk));
+        }
     }
 }
