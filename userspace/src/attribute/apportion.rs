@@ -69,9 +69,10 @@ pub(super) fn run_source(
             .map(|iv| occupancy(iv.start_ns, iv.end_ns))
             .collect()
     };
-    // Who ran on the domain over any span (busy time), for the zero-load fit's own rows.
-    let busy = |a: u64, b: u64| Occupancy::tally(input.timeline, &cpus, a, b, &|_, _| 1.0);
-    let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len(), &busy);
+    // Busy CPU-ns of the domain over any span, for the zero-load fit's own rows.
+    let busy_ns =
+        |a: u64, b: u64| Occupancy::tally(input.timeline, &cpus, a, b, &|_, _| 1.0).busy_ns();
+    let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len(), &busy_ns);
     let static_w = st.watts;
     let mut report = SourceAttribution {
         source_id: source.id,

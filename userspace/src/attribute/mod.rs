@@ -17,7 +17,6 @@ mod apportion;
 pub mod attribution;
 pub mod calibrate;
 pub mod ci;
-pub mod class_slopes;
 pub mod interval;
 pub(crate) mod linalg;
 pub mod load;

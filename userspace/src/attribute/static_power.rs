@@ -18,7 +18,7 @@ use super::split::Occupancy;
 
 use super::zero_load::Unidentified;
 use super::zero_load::{
-    FIT_UPDATES, ZeroLoadFit, fine_spread, fit_rows, fit_zero_load_classes, merge_rows,
+    FIT_UPDATES, ZeroLoadFit, fine_spread, fit_rows, fit_zero_load, merge_rows,
 };
 
 /// Counter updates a row spans at least for the static bound (see [`estimate`]).
@@ -158,18 +158,17 @@ pub struct StaticPower {
 }
 
 /// Static power of one source (docs/ARCHITECTURE.md, "Attribution": static power). `occs` is empty for
-/// GPU sources; `occupancy(a, b)` tallies who ran on the domain's CPUs over `[a, b)`
-/// (busy time, unweighted).
+/// GPU sources.
 pub fn estimate(
     opts: &Options,
     source: &EnergySource,
     intervals: &[Interval],
     occs: &[Occupancy],
     n_cpus: usize,
-    occupancy: &dyn Fn(u64, u64) -> Occupancy,
+    busy_ns: &dyn Fn(u64, u64) -> f64,
 ) -> StaticPower {
     let rows = merge_rows(intervals, occs, opts.regression_row_ns);
-    let (watts, origin) = choose(opts, source, intervals, occs, n_cpus, occupancy);
+    let (watts, origin) = choose(opts, source, intervals, occs, n_cpus, busy_ns);
     let watts = watts.max(0.0);
     // The bound is a minimum, so noise pulls it down: a row's power is off by up to one
     // counter update over its length (NVML updates every ~100 ms, so a 0.5 s interval reads
@@ -210,7 +209,7 @@ fn choose(
     intervals: &[Interval],
     occs: &[Occupancy],
     n_cpus: usize,
-    occupancy: &dyn Fn(u64, u64) -> Occupancy,
+    busy_ns: &dyn Fn(u64, u64) -> f64,
 ) -> (f64, StaticOrigin) {
     if let Some(&w) = opts.static_w_by_source.get(&source.id) {
         return (w, StaticOrigin::Given);
@@ -272,14 +271,13 @@ fn choose(
     } else {
         opts.regression_row_ns
     };
-    let rows = fit_rows(intervals, row_ns, period / 2, occupancy);
-    let busy_ns = |a: u64, b: u64| occupancy(a, b).busy_ns();
-    match fit_zero_load_classes(&rows) {
+    let rows = fit_rows(intervals, row_ns, period / 2, busy_ns);
+    match fit_zero_load(&rows) {
         Ok(fit) => (fit.intercept_w, StaticOrigin::Extrapolated { fit }),
         // Flat rows over a load that does vary (in 1 ms windows of the timeline):
         // say so, rather than blame busy CPUs.
         Err((Unidentified::NoSpread | Unidentified::FewLevels, fit))
-            if fine_spread(intervals, FINE_WINDOW_NS, &busy_ns) >= FINE_SPREAD_CPUS =>
+            if fine_spread(intervals, FINE_WINDOW_NS, busy_ns) >= FINE_SPREAD_CPUS =>
         {
             (
                 0.0,
@@ -404,9 +402,7 @@ mod tests {
             static_w: Some(75.0),
             ..Options::default()
         };
-        let s = estimate(&opts, &gpu, &intervals, &[], 0, &|_, _| {
-            Occupancy::default()
-        });
+        let s = estimate(&opts, &gpu, &intervals, &[], 0, &|_, _| 0.0);
         assert!(
             (s.bound_w - 75.0).abs() < 0.05 * 75.0,
             "bound {} W",
@@ -417,9 +413,7 @@ mod tests {
             update_period_ns: MS,
             ..gpu
         };
-        let s = estimate(&opts, &rapl, &intervals, &[], 0, &|_, _| {
-            Occupancy::default()
-        });
+        let s = estimate(&opts, &rapl, &intervals, &[], 0, &|_, _| 0.0);
         assert!((s.bound_w - 60.0).abs() < 1e-9, "bound {} W", s.bound_w);
     }
 }

@@ -56,45 +56,6 @@ fn ten_ms_duty_cycle_beside_a_spinner_identifies_static_power() {
     }
 }
 
-/// The same machine with a third process that draws no power in the counter, as a
-/// profiler's own bookkeeping does in an emulated counter that charges only the workloads:
-/// ~10% of a CPU in 1 ms runs on either CPU, busy time without power. One slope for every
-/// busy CPU is diluted by it and biases the intercept; a slope per process is not.
-#[test]
-fn a_process_drawing_no_power_does_not_bias_static_power() {
-    for seed in 1..=5 {
-        let mut cfg = duty_cycle_beside_spinner(seed, MS);
-        let spinner = cfg.classes[0].clone();
-        cfg.classes.push(super::sim::SimClass {
-            name: "bookkeeping".into(),
-            tgid: 3,
-            watts: 0.0,
-            weight: 0.1,
-            mean_run_ns: MS,
-            cpus: Vec::new(),
-            ..spinner
-        });
-        let out = simulate(&cfg);
-        let attr = attribute_sim(&out, &Options::default());
-        let s = &attr.sources[0];
-        assert!(
-            (s.static_w - 6.0).abs() < 0.15 * 6.0,
-            "seed {seed}: static {:.2} W, {:?}",
-            s.static_w,
-            s.static_origin
-        );
-        for (tgid, e) in class_errors(&out, &attr) {
-            if tgid != 3 {
-                assert!(
-                    e.abs() < 0.10,
-                    "seed {seed}: pid {tgid} off by {:.1}%",
-                    e * 100.0
-                );
-            }
-        }
-    }
-}
-
 /// A counter updating every 3 ms (333 Hz, read every 15 ms): rows of 15 ms still see the
 /// duty cycle. Per-process joules within 10% on every seed; static power within 15% on
 /// at least 9 of 10 (the fit's noise grows with the update period).

@@ -1,13 +1,10 @@
 //! The zero-load extrapolation behind online static power (docs/ARCHITECTURE.md, "Attribution": static power): interval power
 //! regressed on busy CPUs, `P ≈ static + slope·busy_cpus`, robustly (Huber weights, outliers
-//! rejected), with a slope of its own for a large process whose power per CPU clearly
-//! differs ([`super::class_slopes`]), and with the measures that say whether the intercept is
-//! identified at all — utilisation spread and levels, residual scale, and a bootstrap
-//! interval.
+//! rejected), with the measures that say whether the intercept is identified at all —
+//! utilisation spread and levels, residual scale, and a bootstrap interval.
 
 use rand::{RngExt, SeedableRng, rngs::ChaCha8Rng};
 
-use super::class_slopes::{ClassRow, Line, pick_classes, select, solve};
 use super::interval::Interval;
 use super::split::Occupancy;
 
@@ -73,7 +70,7 @@ impl Unidentified {
 pub struct ZeroLoadFit {
     /// Fitted power at zero busy CPUs, W (before bounding).
     pub intercept_w: f64,
-    /// Watts per busy CPU (of the processes without a slope of their own).
+    /// Watts per busy CPU.
     pub slope_w: f64,
     /// Standard deviation of busy CPUs over the rows (utilisation spread).
     pub spread_cpus: f64,
@@ -194,47 +191,25 @@ pub const FIT_UPDATES: u64 = 5;
 /// least `row_ns`, each row's busy CPUs counted over the time its energy covers. A reading
 /// at `r` holds the last update before it, on average half an update old, so the energy of
 /// `[r_a, r_b)` was drawn over `[r_a − lag, r_b − lag)` with `lag` = half the update period:
-/// busy time is taken there (`occupancy(a, b)`: who ran on the domain's CPUs over `[a, b)`).
-/// Each row also holds the busy CPUs of the processes with the most busy time (the classes
-/// of [`super::class_slopes`]).
+/// busy time is taken there (`busy_ns(a, b)`: busy CPU-ns of the domain over `[a, b)`).
 pub fn fit_rows(
     intervals: &[Interval],
     row_ns: u64,
     lag_ns: u64,
-    occupancy: &dyn Fn(u64, u64) -> Occupancy,
-) -> Vec<ClassRow> {
-    let spans: Vec<Span> = merge_spans(intervals, &[], row_ns)
-        .iter()
-        .map(|span| Span {
-            start_ns: span.start_ns.saturating_sub(lag_ns),
-            end_ns: span.end_ns.saturating_sub(lag_ns),
-            ..*span
-        })
-        .collect();
-    // Busy time per process over all rows first, to pick the classes; then each row.
-    let mut totals: std::collections::HashMap<u32, f64> = std::collections::HashMap::new();
-    for span in &spans {
-        for (&(tgid, _), t) in &occupancy(span.start_ns, span.end_ns).threads {
-            *totals.entry(tgid).or_default() += t.ns;
-        }
-    }
-    let classes = pick_classes(&totals);
-    spans
+    busy_ns: &dyn Fn(u64, u64) -> f64,
+) -> Vec<PowerRow> {
+    merge_spans(intervals, &[], row_ns)
         .iter()
         .map(|span| {
-            let occ = occupancy(span.start_ns, span.end_ns);
-            let ns = span.end_ns.saturating_sub(span.start_ns).max(1) as f64;
-            let mut class_cpus = vec![0.0; classes.len()];
-            for (&(tgid, _), t) in &occ.threads {
-                if let Some(k) = classes.iter().position(|&c| c == tgid) {
-                    class_cpus[k] += t.ns / ns;
-                }
+            let (a, b) = (
+                span.start_ns.saturating_sub(lag_ns),
+                span.end_ns.saturating_sub(lag_ns),
+            );
+            Span {
+                busy_ns: busy_ns(a, b),
+                ..*span
             }
-            ClassRow {
-                power_w: span.energy_uj / ns * 1e3,
-                busy_cpus: occ.busy_ns() / ns,
-                class_cpus,
-            }
+            .power_row()
         })
         .collect()
 }
@@ -269,27 +244,11 @@ pub type FitError = (Unidentified, Option<ZeroLoadFit>);
 /// Huber-weighted least squares of power on busy CPUs, outliers (beyond 3.5 robust sigmas)
 /// rejected, with a bootstrap interval of the intercept.
 pub fn fit_zero_load(rows: &[PowerRow]) -> Result<ZeroLoadFit, FitError> {
-    let rows: Vec<ClassRow> = rows
-        .iter()
-        .map(|r| ClassRow {
-            power_w: r.power_w,
-            busy_cpus: r.busy_cpus,
-            class_cpus: Vec::new(),
-        })
-        .collect();
-    fit_zero_load_classes(&rows)
-}
-
-/// [`fit_zero_load`] with a slope per class where the rows have classes (see
-/// [`super::class_slopes`]): one slope for every busy CPU first, then a slope of their own
-/// for the processes that predict held-out rows clearly better with one
-/// ([`super::class_slopes::select`]). The checks of spread and levels are
-/// on the rows' busy CPUs, as for one slope.
-pub fn fit_zero_load_classes(rows: &[ClassRow]) -> Result<ZeroLoadFit, FitError> {
     if rows.len() < MIN_ROWS {
         return Err((Unidentified::TooFewIntervals, None));
     }
     let x: Vec<f64> = rows.iter().map(|r| r.busy_cpus).collect();
+    let y: Vec<f64> = rows.iter().map(|r| r.power_w).collect();
     let spread = std_dev(&x);
     let mut bins: Vec<i64> = x.iter().map(|u| (u / 0.05).round() as i64).collect();
     bins.sort_unstable();
@@ -302,52 +261,14 @@ pub fn fit_zero_load_classes(rows: &[ClassRow]) -> Result<ZeroLoadFit, FitError>
     if levels < MIN_LEVELS {
         return Err((Unidentified::FewLevels, None));
     }
-    let (mut line, mut w, mut sigma) = robust(rows, &[]).ok_or((Unidentified::NoSpread, None))?;
-    let classes = select(rows, &w);
-    if !classes.is_empty()
-        && let Some(fit) = robust(rows, &classes)
-    {
-        (line, w, sigma) = fit;
-    }
-    let rejected = w.iter().filter(|&&wi| wi == 0.0).count();
-    let (lo, hi) = bootstrap(rows, &w, &line.classes);
-    let fit = ZeroLoadFit {
-        intercept_w: line.intercept_w,
-        slope_w: line.slope_w,
-        spread_cpus: spread,
-        min_busy_cpus: min_busy,
-        levels,
-        residual_w: sigma,
-        ci_low_w: lo,
-        ci_high_w: hi,
-        rows: rows.len(),
-        rejected,
-    };
-    if line.mean_slope_w(rows) <= 0.0 {
-        return Err((Unidentified::NoSlope, Some(fit)));
-    }
-    let bound = rows
-        .iter()
-        .map(|r| r.power_w)
-        .fold(f64::INFINITY, f64::min)
-        .max(0.0);
-    if hi - lo > (MAX_CI_SHARE * bound).max(0.5) {
-        return Err((Unidentified::Uncertain, Some(fit)));
-    }
-    Ok(fit)
-}
-
-/// Huber-weighted (k = 1.345σ, 95% efficiency under Gaussian noise) least squares with a
-/// slope of their own for `classes`; beyond 3.5σ a row is an outlier (a counter glitch, a burst the
-/// timeline missed): weight 0. The line, the weights and the robust residual scale.
-fn robust(rows: &[ClassRow], classes: &[usize]) -> Option<(Line, Vec<f64>, f64)> {
-    let idx: Vec<usize> = (0..rows.len()).collect();
-    let mut w = vec![1.0; rows.len()];
-    let mut line = solve(rows, &idx, &w, classes)?;
+    let mut w = vec![1.0; x.len()];
+    let (mut a, mut b) = wls(&x, &y, &w).ok_or((Unidentified::NoSpread, None))?;
     let mut sigma = 0.0;
     for _ in 0..30 {
-        let r: Vec<f64> = rows.iter().map(|row| line.residual(row)).collect();
+        let r: Vec<f64> = x.iter().zip(&y).map(|(u, p)| p - a - b * u).collect();
         sigma = robust_sigma(&r);
+        // Huber weights (k = 1.345σ, 95% efficiency under Gaussian noise); beyond 3.5σ an
+        // interval is an outlier (a counter glitch, a burst the timeline missed): weight 0.
         for (wi, ri) in w.iter_mut().zip(&r) {
             let z = ri.abs() / sigma;
             *wi = if z > 3.5 {
@@ -358,17 +279,57 @@ fn robust(rows: &[ClassRow], classes: &[usize]) -> Option<(Line, Vec<f64>, f64)>
                 1.0
             };
         }
-        let Some(next) = solve(rows, &idx, &w, classes) else {
+        let Some((na, nb)) = wls(&x, &y, &w) else {
             break;
         };
-        let done =
-            (next.intercept_w - line.intercept_w).abs() < 1e-9 * (1.0 + line.intercept_w.abs());
-        line = next;
+        let done = (na - a).abs() < 1e-9 * (1.0 + a.abs());
+        (a, b) = (na, nb);
         if done {
             break;
         }
     }
-    Some((line, w, sigma))
+    let rejected = w.iter().filter(|&&wi| wi == 0.0).count();
+    let (lo, hi) = bootstrap(&x, &y, &w);
+    let fit = ZeroLoadFit {
+        intercept_w: a,
+        slope_w: b,
+        spread_cpus: spread,
+        min_busy_cpus: min_busy,
+        levels,
+        residual_w: sigma,
+        ci_low_w: lo,
+        ci_high_w: hi,
+        rows: rows.len(),
+        rejected,
+    };
+    if b <= 0.0 {
+        return Err((Unidentified::NoSlope, Some(fit)));
+    }
+    let bound = y.iter().copied().fold(f64::INFINITY, f64::min).max(0.0);
+    if hi - lo > (MAX_CI_SHARE * bound).max(0.5) {
+        return Err((Unidentified::Uncertain, Some(fit)));
+    }
+    Ok(fit)
+}
+
+/// Weighted least squares of `y = a + b·x`; `None` when x does not vary under the weights.
+fn wls(x: &[f64], y: &[f64], w: &[f64]) -> Option<(f64, f64)> {
+    let sw: f64 = w.iter().sum();
+    if sw <= 0.0 {
+        return None;
+    }
+    let mx = x.iter().zip(w).map(|(x, w)| x * w).sum::<f64>() / sw;
+    let my = y.iter().zip(w).map(|(y, w)| y * w).sum::<f64>() / sw;
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for ((x, y), w) in x.iter().zip(y).zip(w) {
+        sxx += w * (x - mx) * (x - mx);
+        sxy += w * (x - mx) * (y - my);
+    }
+    if sxx <= 1e-12 * sw {
+        return None;
+    }
+    let b = sxy / sxx;
+    Some((my - b * mx, b))
 }
 
 /// 1.4826 × median absolute deviation: σ of Gaussian residuals, unmoved by outliers.
@@ -392,22 +353,28 @@ fn std_dev(x: &[f64]) -> f64 {
 const BLOCK: usize = 8;
 
 /// 2.5th and 97.5th percentiles of the intercept over moving-block resamples of the rows
-/// (in time order), with the robust weights and the classes held fixed. Seeded: the same
-/// input gives the same interval (the core is pure).
-fn bootstrap(rows: &[ClassRow], w: &[f64], classes: &[usize]) -> (f64, f64) {
-    let n = rows.len();
-    let mut rng = ChaCha8Rng::seed_from_u64(0x5747_1c00 ^ n as u64);
+/// (in time order), with the robust weights held fixed. Seeded: the same input gives the
+/// same interval (the core is pure).
+fn bootstrap(x: &[f64], y: &[f64], w: &[f64]) -> (f64, f64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5747_1c00 ^ x.len() as u64);
+    let n = x.len();
     let block = BLOCK.min(n).max(1);
     let mut intercepts = Vec::with_capacity(BOOTSTRAP);
-    let mut idx = Vec::with_capacity(n);
+    let (mut bx, mut by, mut bw) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
     for _ in 0..BOOTSTRAP {
-        idx.clear();
-        while idx.len() < n {
+        let mut i = 0;
+        while i < n {
             let start = rng.random_range(0..=n - block);
-            idx.extend((start..start + block).take(n - idx.len()));
+            for j in start..start + block {
+                if i == n {
+                    break;
+                }
+                (bx[i], by[i], bw[i]) = (x[j], y[j], w[j]);
+                i += 1;
+            }
         }
-        if let Some(line) = solve(rows, &idx, w, classes) {
-            intercepts.push(line.intercept_w);
+        if let Some((a, _)) = wls(&bx, &by, &bw) {
+            intercepts.push(a);
         }
     }
     if intercepts.is_empty() {
