@@ -9,6 +9,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use prost::Message as _;
+
 use super::SwitchLog;
 use crate::pb::v1::{Record, record::Kind};
 
@@ -28,9 +30,39 @@ pub(super) struct Decoded {
     pub packed: Option<SwitchLog>,
 }
 
+/// A record's bytes, already charged (see `reader::charge`), decoded, with a chunk's switch columns
+/// turned back into events; `None` when they do not decode.
+pub(super) fn decode_charged(bytes: &[u8]) -> Option<Record> {
+    let Ok(mut record) = Record::decode(bytes) else {
+        return None;
+    };
+    if let Some(Kind::Chunk(chunk)) = &mut record.kind
+        && let Some(columns) = chunk.switch_columns.take()
+    {
+        // Version 2: switch events as columns, after any written as messages.
+        let Ok(events) = super::columns::from_columns(&columns) else {
+            return None;
+        };
+        drop(columns);
+        if chunk.switches.is_empty() {
+            chunk.switches = events;
+        } else {
+            chunk.switches.extend(events);
+        }
+    }
+    // Run counts stay columns until merged; unpacked here only to be checked.
+    if let Some(Kind::Chunk(chunk)) = &record.kind
+        && let Some(counts) = &chunk.run_counts
+        && super::run_counts::from_columns(counts).is_err()
+    {
+        return None;
+    }
+    Some(record)
+}
+
 /// Decodes one record already charged to the budget.
 fn decode_one(bytes: &[u8]) -> Decoded {
-    let record = super::reader::decode_charged(bytes);
+    let record = decode_charged(bytes);
     let packed = match &record {
         Some(Record {
             kind: Some(Kind::Chunk(chunk)),

@@ -9,8 +9,6 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use prost::Message as _;
-
 use super::{
     FORMAT_VERSION, MAGIC, MAX_CPUS, OLDEST_FORMAT_VERSION, Recording, SwitchLog,
     budget::{self, Budget},
@@ -445,7 +443,7 @@ fn decode(bytes: &[u8], budget: &mut Budget) -> Next {
     if let Some(refused) = charge(bytes, budget) {
         return refused;
     }
-    decode_charged(bytes).map_or(Next::Corrupt, Next::Record)
+    super::parallel::decode_charged(bytes).map_or(Next::Corrupt, Next::Record)
 }
 
 /// Charges what decoding a record will allocate to `budget`: `None` when it fits, else
@@ -458,36 +456,6 @@ fn charge(bytes: &[u8], budget: &mut Budget) -> Option<Next> {
         return Some(Next::OverBudget);
     }
     None
-}
-
-/// A record's bytes, already charged ([`charge`]), decoded, with a chunk's switch columns
-/// turned back into events; `None` when they do not decode.
-pub(super) fn decode_charged(bytes: &[u8]) -> Option<Record> {
-    let Ok(mut record) = Record::decode(bytes) else {
-        return None;
-    };
-    if let Some(Kind::Chunk(chunk)) = &mut record.kind
-        && let Some(columns) = chunk.switch_columns.take()
-    {
-        // Version 2: switch events as columns, after any written as messages.
-        let Ok(events) = super::columns::from_columns(&columns) else {
-            return None;
-        };
-        drop(columns);
-        if chunk.switches.is_empty() {
-            chunk.switches = events;
-        } else {
-            chunk.switches.extend(events);
-        }
-    }
-    // Run counts stay columns until merged; unpacked here only to be checked.
-    if let Some(Kind::Chunk(chunk)) = &record.kind
-        && let Some(counts) = &chunk.run_counts
-        && super::run_counts::from_columns(counts).is_err()
-    {
-        return None;
-    }
-    Some(record)
 }
 
 fn merge_chunk(rec: &mut Recording, chunk: Chunk, packed: Option<SwitchLog>) {
@@ -534,6 +502,8 @@ fn apply_trailer(rec: &mut Recording, t: Trailer) {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message as _;
+
     use super::*;
     use crate::pb::v1::{Header, SwitchEvent};
     use crate::record::Writer;
