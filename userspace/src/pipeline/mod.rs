@@ -453,10 +453,20 @@ impl Pipeline {
         self.losses = rec.losses;
         if let Some(f) = &mut self.folder {
             f.push_readings(&rec.readings);
-            // The folder takes each CPU's switches in time order.
-            let mut switches: Vec<SwitchEvent> = rec.switches.iter().collect();
-            switches.sort_by_key(|s| s.ts_ns);
-            f.push_switches(switches);
+            // The folder takes each CPU's switches in time order. A recording keeps them
+            // so as a rule: then they go in as they are, in batches that are folded as
+            // they come, so a replay holds no copy of the recording's events.
+            if per_cpu_in_order(rec.switches.iter()) {
+                let mut it = rec.switches.iter().peekable();
+                while it.peek().is_some() {
+                    f.push_switches(it.by_ref().take(REPLAY_BATCH));
+                }
+            } else {
+                let mut switches: Vec<SwitchEvent> = rec.switches.iter().collect();
+                // Stable: each CPU's events keep their order among equal timestamps.
+                switches.sort_by_key(|s| s.ts_ns);
+                f.push_switches(switches);
+            }
         } else {
             self.windower.reserve_switches(rec.switches.len());
             self.windower.push_switches(rec.switches.iter());
@@ -558,6 +568,18 @@ pub fn windows(
     interval: std::time::Duration,
 ) -> impl Iterator<Item = Window> + '_ {
     windows_of(rec, Pipeline::new(cfg, rec.start_ns()), interval)
+}
+
+/// Switch events a replay hands the folder at a time.
+const REPLAY_BATCH: usize = 1 << 16;
+
+/// Whether each CPU's events come in time order.
+fn per_cpu_in_order(events: impl Iterator<Item = SwitchEvent>) -> bool {
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    events.into_iter().all(|s| {
+        let prev = last.insert(s.cpu, s.ts_ns);
+        prev.is_none_or(|p| p <= s.ts_ns)
+    })
 }
 
 /// [`windows`] through the folded path `top` and the agent run live
