@@ -13,13 +13,12 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_F_CURRENT_CPU, BPF_F_USER_STACK, bpf_perf_event_value, pt_regs},
+    bindings::{BPF_F_USER_STACK, pt_regs},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
-            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack,
-            bpf_perf_event_read_value, bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_task_pt_regs,
         },
     },
     macros::{btf_tracepoint, map, perf_event},
@@ -217,31 +216,15 @@ fn activity_delta() -> Option<u64> {
         return None;
     }
     let cursor = ACTIVITY_LAST.get_ptr_mut(0)?;
-    let mut value = bpf_perf_event_value {
-        counter: 0,
-        enabled: 0,
-        running: 0,
-    };
-    // SAFETY: ACTIVITY is #[repr(transparent)] over its map definition, which is what the
-    // helper expects; `value` is a live, writable bpf_perf_event_value of the size passed.
-    // The events are opened pinned, so they are never multiplexed and `counter` needs no
-    // enabled/running scaling.
-    let rc = unsafe {
-        bpf_perf_event_read_value(
-            core::ptr::from_ref(&ACTIVITY).cast_mut().cast(),
-            u64::from(BPF_F_CURRENT_CPU),
-            &mut value,
-            core::mem::size_of::<bpf_perf_event_value>() as u32,
-        )
-    };
-    // SAFETY: this CPU's slot; nothing else runs on this CPU meanwhile (see flush_switches).
+    let counter = run_counts::read(&ACTIVITY);
+    // SAFETY: this CPU's slot; nothing else runs on this CPU meanwhile (see batch.rs).
     unsafe {
-        if rc != 0 {
+        let Some(counter) = counter else {
             (*cursor).known = 0;
             return None;
-        }
-        let previous = ((*cursor).known != 0).then(|| value.counter.wrapping_sub((*cursor).value));
-        (*cursor).value = value.counter;
+        };
+        let previous = ((*cursor).known != 0).then(|| counter.wrapping_sub((*cursor).value));
+        (*cursor).value = counter;
         (*cursor).known = 1;
         previous
     }

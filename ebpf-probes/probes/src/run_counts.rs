@@ -52,9 +52,9 @@ struct Cursor {
     known: u64,
 }
 
-/// Reads counter `k` of this CPU.
+/// Reads this CPU's counter of `map` (the run counters, and the activity counter).
 #[inline(always)]
-fn read(map: &PerfEventArray<u32>) -> Option<u64> {
+pub fn read(map: &PerfEventArray<u32>) -> Option<u64> {
     let mut value = bpf_perf_event_value {
         counter: 0,
         enabled: 0,
