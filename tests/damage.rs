@@ -447,14 +447,11 @@ fn a_context_switch_storm_reads_whole() {
     }
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let prog = dir.path().join("pingpong");
-    let status = std::process::Command::new("gcc")
-        .args(["-O2", "-o"])
-        .arg(&prog)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/pingpong.c"))
-        .status()
-        .expect("run gcc");
-    assert!(status.success(), "gcc failed");
+    let prog = crate::util::gcc(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/pingpong.c"),
+        &dir.path().join("pingpong"),
+        &["-O2"],
+    );
     let file = dir.path().join("storm.ebpr");
     let out = run(&[
         "record",

@@ -17,15 +17,11 @@ use crate::util::{bin, exclusive, require_root, text};
 fn build_ab(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/ab.c");
     let out = dir.join("ab");
-    let status = Command::new("gcc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline"])
-        .arg("-o")
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run gcc: install it (apt-get install -y gcc)");
-    assert!(status.success(), "gcc failed to build {}", src.display());
-    out
+    crate::util::gcc(
+        &src,
+        &out,
+        &["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline"],
+    )
 }
 
 fn record_runs(prog: &Path, hot_pct: u32, runs: u32, file: &Path) {

@@ -42,14 +42,7 @@ pub fn c_workload(dir: &Path) -> std::path::PathBuf {
     )
     .expect("write burn.c");
     let bin = dir.join("burn_energy");
-    let status = Command::new("gcc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("gcc");
-    assert!(status.success(), "gcc failed");
-    bin
+    crate::util::gcc(&src, &bin, &["-O0", "-g", "-fno-omit-frame-pointer"])
 }
 
 #[test]

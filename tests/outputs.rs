@@ -23,14 +23,11 @@ pub const BURN_FUNCTIONS: [&str; 2] = ["hot_heavy", "hot_light"];
 pub fn build_burn(dir: &Path) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/burn.c");
     let out = dir.join("burn");
-    let status = Command::new("gcc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run gcc: install it (apt-get install -y gcc)");
-    assert!(status.success(), "gcc failed to build {}", src.display());
-    out
+    crate::util::gcc(
+        &src,
+        &out,
+        &["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline"],
+    )
 }
 
 /// Installs a Debian package when `probe` is not on PATH (CI runs as root).

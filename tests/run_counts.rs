@@ -18,14 +18,7 @@ use crate::util::{bin, exclusive, require_root, run, text};
 fn build_faults(dir: &Path) -> std::path::PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/faults.c");
     let out = dir.join("faults");
-    let status = Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("run gcc: install it (apt-get install -y gcc)");
-    assert!(status.success(), "gcc failed to build {}", src.display());
-    out
+    crate::util::gcc(&src, &out, &["-O1", "-g", "-fno-omit-frame-pointer"])
 }
 
 /// Records `faults 2` with page faults, cpu-clock and instructions counted per interval.

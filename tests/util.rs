@@ -291,3 +291,16 @@ impl Drop for BusyEmulator {
         }
     }
 }
+
+/// Compiles the C file `src` with gcc and `flags` into `out`, and returns `out`.
+pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
+    let status = std::process::Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .status()
+        .expect("run gcc: install it (apt-get install -y gcc)");
+    assert!(status.success(), "gcc failed to build {}", src.display());
+    out.to_path_buf()
+}
