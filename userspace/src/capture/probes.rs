@@ -360,7 +360,15 @@ impl Probes {
         }
     }
 
-    /// A process exec'd or exited: its tables no longer apply.
+    /// Process `tgid` exec'd at `exec_ns` ([`Unwinder::on_exec`]): tables asked for since
+    /// stay; older ones are dropped, and reloaded at once when `reload`.
+    pub fn exec_event_unwind(&mut self, tgid: u32, exec_ns: u64, reload: bool) {
+        if let Some(u) = &mut self.unwinder {
+            u.on_exec(tgid, exec_ns, reload);
+        }
+    }
+
+    /// A process exited: its tables no longer apply.
     pub fn forget_unwind(&mut self, tgid: u32) {
         if let Some(u) = &mut self.unwinder {
             u.forget(tgid);

@@ -50,10 +50,17 @@ enum State {
     Done,
 }
 
+/// What is known of a process, and when it was last looked at (monotonic ns): an exec
+/// event drained after that look does not make it stale.
+struct Known {
+    state: State,
+    looked_ns: u64,
+}
+
 /// The walker's maps and what it knows per process.
 pub struct PythonWalker {
     procs: BpfHashMap<MapData, u32, PyProcess>,
-    state: HashMap<u32, State>,
+    state: HashMap<u32, Known>,
     namer: Namer,
     /// Processes found or ruled out since the last chunk.
     found: Vec<pb::PythonProcess>,
@@ -106,11 +113,15 @@ impl PythonWalker {
     /// it into the walker's map.
     pub fn look(&mut self, tgid: u32, ts_ns: u64) {
         let now = Instant::now();
-        let tries = match self.state.get(&tgid) {
+        let tries = match self.state.get(&tgid).map(|k| &k.state) {
             None if self.state.len() >= MAX_TRACKED => return,
             None => 0,
             Some(State::Pending { tries, at }) if now.duration_since(*at) >= RETRY_EVERY => *tries,
             Some(_) => return,
+        };
+        let looked_ns = crate::clock::monotonic_ns();
+        let set = |known: &mut HashMap<u32, Known>, state: State| {
+            known.insert(tgid, Known { state, looked_ns });
         };
         let status = |version: String, status: String| pb::PythonProcess {
             tgid,
@@ -124,11 +135,11 @@ impl PythonWalker {
                 match self.procs.insert(tgid, interp.table.walk, 0) {
                     Ok(()) => {
                         self.namer.add(tgid, interp.table);
-                        self.state.insert(tgid, State::Walked);
+                        set(&mut self.state, State::Walked);
                         self.found.push(status(version, "walked".into()));
                     }
                     Err(err) => {
-                        self.state.insert(tgid, State::Done);
+                        set(&mut self.state, State::Done);
                         self.found.push(status(
                             version,
                             format!("not walked: the process map is full ({err})"),
@@ -136,43 +147,56 @@ impl PythonWalker {
                     }
                 }
             }
-            Ok(Found::Unsupported(v)) => {
-                if super::probe_log::enabled() {
-                    tracing::warn!(
-                        target: "energy_bpf::probes",
-                        "python walk of {tgid}: CPython {v} is not supported; native frames only"
-                    );
-                }
-                self.state.insert(tgid, State::Done);
-                self.found.push(status(
-                    v.to_string(),
-                    format!("python {v}: not supported, native frames only"),
-                ));
-            }
-            Ok(Found::NotPython) if tries + 1 < RETRIES => {
-                self.state.insert(
-                    tgid,
+            // A shared build's executable is mapped before its library: look again.
+            Ok(Found::NotPython | Found::NoRuntime(_)) if tries + 1 < RETRIES => {
+                set(
+                    &mut self.state,
                     State::Pending {
                         tries: tries + 1,
                         at: now,
                     },
                 );
             }
+            Ok(found @ (Found::Unsupported(_) | Found::NoRuntime(_))) => {
+                set(&mut self.state, State::Done);
+                if let Some((version, said)) = found.not_walked() {
+                    if super::probe_log::enabled() {
+                        tracing::warn!(target: "energy_bpf::probes", "python walk of {tgid}: {said}");
+                    }
+                    self.found.push(status(version, said));
+                }
+            }
             Ok(Found::NotPython) => {
-                self.state.insert(tgid, State::Done);
+                set(&mut self.state, State::Done);
             }
             Err(err) => {
                 tracing::debug!("python in {tgid}: {err}");
-                self.state.insert(tgid, State::Done);
+                set(&mut self.state, State::Done);
                 self.found
                     .push(status(String::new(), format!("python not walked: {err}")));
             }
         }
     }
 
-    /// A process exec'd or exited: what was known no longer applies.
+    /// Process `tgid` exec'd at `exec_ns` (the event, drained later): what was found by a
+    /// look at or after it is of the new program and stays; anything older is forgotten.
+    pub fn on_exec(&mut self, tgid: u32, exec_ns: u64) {
+        if self
+            .state
+            .get(&tgid)
+            .is_some_and(|k| k.looked_ns >= exec_ns)
+        {
+            return;
+        }
+        self.forget(tgid);
+    }
+
+    /// A process exited: what was known no longer applies.
     pub fn forget(&mut self, tgid: u32) {
-        if matches!(self.state.remove(&tgid), Some(State::Walked)) {
+        if matches!(
+            self.state.remove(&tgid).map(|k| k.state),
+            Some(State::Walked)
+        ) {
             let _ = self.procs.remove(&tgid);
         }
         self.namer.forget(tgid);

@@ -67,9 +67,6 @@ pub struct Session {
     remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
     /// Perf maps of sampled processes (JIT code names).
     jit: super::jit::JitMaps,
-    /// Processes whose new program was loaded before its exec event was drained, and when:
-    /// that event must not drop what was just loaded.
-    preloaded: HashMap<u32, u64>,
 }
 
 impl Session {
@@ -86,7 +83,6 @@ impl Session {
             read_mappings,
             remapped: HashMap::new(),
             jit: super::jit::JitMaps::default(),
-            preloaded: HashMap::new(),
         }
     }
 
@@ -98,14 +94,12 @@ impl Session {
     /// Loads the unwind tables of a process that just exec'd now, rather than after the
     /// next drain (for the command `record` started).
     pub fn load_unwind_tables(&mut self, tgid: u32) {
-        self.preloaded.insert(tgid, crate::clock::monotonic_ns());
         self.probes.exec_unwind(tgid);
     }
 
     /// Looks for a CPython interpreter in a process that just exec'd now, rather than at
     /// its first sample (for the command `record` started).
     pub fn load_python(&mut self, tgid: u32) {
-        self.preloaded.insert(tgid, crate::clock::monotonic_ns());
         if let Some(p) = self.probes.python_mut() {
             p.look(tgid, crate::clock::monotonic_ns());
         }
@@ -198,23 +192,14 @@ impl Session {
             Kind::Exec => {
                 // New program image: new name, new mappings, same pid.
                 self.processes.remove(&p.tgid);
-                // An exec the tables and interpreter were already loaded after (the command
-                // `record` started) keeps them: dropping them would leave the program's
-                // first drain interval to frame pointers again.
-                let loaded = self
-                    .preloaded
-                    .remove(&p.tgid)
-                    .is_some_and(|at| p.ts_ns <= at);
-                if !loaded {
-                    if let Some(py) = self.probes.python_mut() {
-                        py.forget(p.tgid);
-                    }
-                    if self.targets.is_explicit() && self.targets.contains(p.tgid) {
-                        self.probes.exec_unwind(p.tgid);
-                    } else {
-                        self.probes.forget_unwind(p.tgid);
-                    }
+                // The event is drained after the fact: tables and an interpreter looked
+                // up since (the command `record` started, or samples of the new program
+                // drained before this event) are the new program's and stay.
+                if let Some(py) = self.probes.python_mut() {
+                    py.on_exec(p.tgid, p.ts_ns);
                 }
+                let reload = self.targets.is_explicit() && self.targets.contains(p.tgid);
+                self.probes.exec_event_unwind(p.tgid, p.ts_ns, reload);
                 self.comms.remove(&p.tid);
                 let seen = Sighting {
                     comm: Some(raw_comm(&p.comm)),
@@ -241,7 +226,6 @@ impl Session {
             // The pid may be reused; forget it once its last switch-outs are drained.
             Kind::Exit => {
                 if p.tid == p.tgid {
-                    self.preloaded.remove(&p.tgid);
                     self.probes.forget_unwind(p.tgid);
                     if let Some(py) = self.probes.python_mut() {
                         py.forget(p.tgid);

@@ -20,7 +20,7 @@
 //! pointers. Rows live once, in the kernel: userspace keeps only the index.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{
         Arc, Mutex,
         mpsc::{self, Receiver, Sender},
@@ -138,18 +138,22 @@ fn alive(tgid: u32) -> bool {
 /// [`REFRESH_EVERY`]. Pure, so it is tested without a kernel.
 #[derive(Default)]
 struct Policy {
-    /// Processes asked for and not dropped since.
-    requested: HashSet<u32>,
+    /// Processes asked for and not dropped since, and when (monotonic ns): the loader
+    /// reads the process after that, so an exec before it does not make the tables stale.
+    requested: HashMap<u32, u64>,
     refreshed: HashMap<u32, Instant>,
 }
 
 impl Policy {
-    fn on_sample(&mut self, tgid: u32, unwind: u32, now: Instant) -> Option<Request> {
+    fn on_sample(&mut self, tgid: u32, unwind: u32, now: Instant, now_ns: u64) -> Option<Request> {
         let stop = (unwind >> 8) & 0xff;
         if stop == unwind_stop::NO_PROCESS {
             // Bounded: past this many live requests, new processes keep frame pointers.
-            return (self.requested.len() < 4 * MAX_PROCESSES && self.requested.insert(tgid))
-                .then_some(Request::Load(tgid));
+            if self.requested.contains_key(&tgid) || self.requested.len() >= 4 * MAX_PROCESSES {
+                return None;
+            }
+            self.requested.insert(tgid, now_ns);
+            return Some(Request::Load(tgid));
         }
         if unwind & unwind_flags::UNMAPPED_PC == 0 {
             return None;
@@ -170,15 +174,29 @@ impl Policy {
         Request::Drop(tgid)
     }
 
-    fn exec(&mut self, tgid: u32) -> [Request; 2] {
+    fn exec(&mut self, tgid: u32, now_ns: u64) -> [Request; 2] {
         let drop = self.forget(tgid);
-        self.requested.insert(tgid);
+        self.requested.insert(tgid, now_ns);
         [drop, Request::Load(tgid)]
+    }
+
+    /// An exec event at `exec_ns`, drained after the fact: tables asked for at or after it
+    /// already describe the new program and stay; older ones are dropped, and reloaded now
+    /// when `reload`.
+    fn on_exec(&mut self, tgid: u32, exec_ns: u64, reload: bool, now_ns: u64) -> Vec<Request> {
+        if self.requested.get(&tgid).is_some_and(|&at| at >= exec_ns) {
+            return Vec::new();
+        }
+        if reload {
+            self.exec(tgid, now_ns).to_vec()
+        } else {
+            vec![self.forget(tgid)]
+        }
     }
 
     /// Forgets processes for which `alive` says no.
     fn prune(&mut self, alive: impl Fn(u32) -> bool) {
-        self.requested.retain(|&t| alive(t));
+        self.requested.retain(|&t, _| alive(t));
         self.refreshed.retain(|&t, _| alive(t));
     }
 }
@@ -236,7 +254,8 @@ impl Unwinder {
     /// them, and for a reload where a walk met unmapped code.
     pub fn observe(&mut self, tgid: u32, unwind: u32) {
         let now = Instant::now();
-        if let Some(request) = self.policy.on_sample(tgid, unwind, now) {
+        let now_ns = crate::clock::monotonic_ns();
+        if let Some(request) = self.policy.on_sample(tgid, unwind, now, now_ns) {
             self.send(request);
         }
         if now.duration_since(self.pruned) >= PRUNE_EVERY {
@@ -250,7 +269,17 @@ impl Unwinder {
     /// drops the old program's and loads the new one's now. The request reaches the loader
     /// after the next drain, by when the dynamic loader has usually mapped the libraries.
     pub fn exec(&mut self, tgid: u32) {
-        for request in self.policy.exec(tgid) {
+        for request in self.policy.exec(tgid, crate::clock::monotonic_ns()) {
+            self.send(request);
+        }
+    }
+
+    /// Process `tgid` exec'd at `exec_ns` (the event, drained later): tables asked for
+    /// since stay; older ones are dropped, and the new program's loaded now when `reload`
+    /// (an explicit target).
+    pub fn on_exec(&mut self, tgid: u32, exec_ns: u64, reload: bool) {
+        let now_ns = crate::clock::monotonic_ns();
+        for request in self.policy.on_exec(tgid, exec_ns, reload, now_ns) {
             self.send(request);
         }
     }
@@ -506,17 +535,17 @@ mod tests {
     fn asks_once_per_process_until_dropped() {
         let mut p = Policy::default();
         let now = Instant::now();
-        assert_eq!(p.on_sample(7, NO_TABLES, now), Some(Request::Load(7)));
-        assert_eq!(p.on_sample(7, NO_TABLES, now), None, "asked already");
-        assert_eq!(p.on_sample(8, NO_TABLES, now), Some(Request::Load(8)));
+        assert_eq!(p.on_sample(7, NO_TABLES, now, 0), Some(Request::Load(7)));
+        assert_eq!(p.on_sample(7, NO_TABLES, now, 0), None, "asked already");
+        assert_eq!(p.on_sample(8, NO_TABLES, now, 0), Some(Request::Load(8)));
         assert_eq!(
-            p.on_sample(7, WALKED, now),
+            p.on_sample(7, WALKED, now, 0),
             None,
             "a whole walk needs nothing"
         );
         assert_eq!(p.forget(7), Request::Drop(7));
         assert_eq!(
-            p.on_sample(7, NO_TABLES, now),
+            p.on_sample(7, NO_TABLES, now, 0),
             Some(Request::Load(7)),
             "a new program"
         );
@@ -525,8 +554,34 @@ mod tests {
     #[test]
     fn exec_drops_then_loads_and_is_not_asked_again() {
         let mut p = Policy::default();
-        assert_eq!(p.exec(9), [Request::Drop(9), Request::Load(9)]);
-        assert_eq!(p.on_sample(9, NO_TABLES, Instant::now()), None);
+        assert_eq!(p.exec(9, 0), [Request::Drop(9), Request::Load(9)]);
+        assert_eq!(p.on_sample(9, NO_TABLES, Instant::now(), 0), None);
+    }
+
+    #[test]
+    fn an_exec_drained_after_the_new_programs_tables_were_asked_for_keeps_them() {
+        let mut p = Policy::default();
+        let now = Instant::now();
+        // Asked for at 200 (a sample of the new program), exec event at 150 drained later.
+        assert_eq!(p.on_sample(4, NO_TABLES, now, 200), Some(Request::Load(4)));
+        assert!(
+            p.on_exec(4, 150, true, 300).is_empty(),
+            "tables of the new program"
+        );
+        assert_eq!(p.on_sample(4, NO_TABLES, now, 310), None, "still asked for");
+        // An exec after the request: the tables describe the old program.
+        assert_eq!(
+            p.on_exec(4, 250, false, 320),
+            vec![Request::Drop(4)],
+            "old program, not an explicit target"
+        );
+        assert_eq!(p.on_sample(4, NO_TABLES, now, 330), Some(Request::Load(4)));
+        assert_eq!(
+            p.on_exec(4, 400, true, 410),
+            vec![Request::Drop(4), Request::Load(4)],
+            "an explicit target is reloaded at once"
+        );
+        assert!(p.on_exec(4, 405, true, 420).is_empty(), "reloaded after it");
     }
 
     #[test]
@@ -534,16 +589,16 @@ mod tests {
         let mut p = Policy::default();
         let t0 = Instant::now();
         let unmapped = WALKED | unwind_flags::UNMAPPED_PC;
-        assert_eq!(p.on_sample(5, unmapped, t0), Some(Request::Refresh(5)));
-        assert_eq!(p.on_sample(5, unmapped, t0 + REFRESH_EVERY / 2), None);
+        assert_eq!(p.on_sample(5, unmapped, t0, 0), Some(Request::Refresh(5)));
+        assert_eq!(p.on_sample(5, unmapped, t0 + REFRESH_EVERY / 2, 0), None);
         assert_eq!(
-            p.on_sample(5, unmapped, t0 + REFRESH_EVERY),
+            p.on_sample(5, unmapped, t0 + REFRESH_EVERY, 0),
             Some(Request::Refresh(5))
         );
         // Dropping the process resets it: the next program's first unmapped PC is not late.
         p.forget(5);
         assert_eq!(
-            p.on_sample(5, unmapped, t0 + REFRESH_EVERY),
+            p.on_sample(5, unmapped, t0 + REFRESH_EVERY, 0),
             Some(Request::Refresh(5))
         );
     }
@@ -553,16 +608,16 @@ mod tests {
         let mut p = Policy::default();
         let now = Instant::now();
         for t in [1, 2, 3] {
-            p.on_sample(t, NO_TABLES, now);
+            p.on_sample(t, NO_TABLES, now, 0);
         }
         p.prune(|t| t == 2);
         assert_eq!(
-            p.on_sample(1, NO_TABLES, now),
+            p.on_sample(1, NO_TABLES, now, 0),
             Some(Request::Load(1)),
             "pruned"
         );
         assert_eq!(
-            p.on_sample(2, NO_TABLES, now),
+            p.on_sample(2, NO_TABLES, now, 0),
             None,
             "still alive, still asked"
         );
@@ -573,7 +628,7 @@ mod tests {
         let mut p = Policy::default();
         let now = Instant::now();
         let asked = (0..5 * MAX_PROCESSES as u32)
-            .filter(|&t| p.on_sample(t, NO_TABLES, now).is_some())
+            .filter(|&t| p.on_sample(t, NO_TABLES, now, 0).is_some())
             .count();
         assert_eq!(asked, 4 * MAX_PROCESSES);
     }

@@ -53,10 +53,10 @@ pub fn running() -> Vec<Running> {
         let (version, status) = match discover::find(pid) {
             Ok(Found::NotPython) => continue,
             Ok(Found::Walked(interp)) => (interp.table.version.to_string(), "walked".into()),
-            Ok(Found::Unsupported(v)) => (
-                v.to_string(),
-                format!("python {v}: not supported, native frames only"),
-            ),
+            Ok(other) => match other.not_walked() {
+                Some(said) => said,
+                None => continue,
+            },
             // Gone, or not ours to read.
             Err(super::PythonError::Io { .. }) => continue,
             Err(err) => (String::new(), format!("python not walked: {err}")),

@@ -34,6 +34,27 @@ pub enum Found {
     /// No file named like a CPython is mapped (yet: a shared build maps its library just
     /// after exec).
     NotPython,
+    /// Files named like a supported CPython are mapped, but none defines `_PyRuntime` (yet:
+    /// a shared build's executable is mapped before its `libpython`).
+    NoRuntime(Version),
+}
+
+impl Found {
+    /// What the report says of a process that is not walked, or `None` when it is walked
+    /// or not a CPython.
+    pub fn not_walked(&self) -> Option<(String, String)> {
+        match self {
+            Found::Unsupported(v) => Some((
+                v.to_string(),
+                format!("python {v}: not supported, native frames only"),
+            )),
+            Found::NoRuntime(v) => Some((
+                v.to_string(),
+                format!("python {v}: no file defines _PyRuntime, native frames only"),
+            )),
+            Found::Walked(_) | Found::NotPython => None,
+        }
+    }
 }
 
 /// Looks at process `tgid`'s mappings for a CPython.
@@ -88,7 +109,7 @@ pub fn find(tgid: u32) -> Result<Found, PythonError> {
             runtime: symbol,
         }));
     }
-    Ok(Found::Unsupported(first.1))
+    Ok(Found::NoRuntime(first.1))
 }
 
 /// Runtime address of `_PyRuntime` in the file at `path`, mapped at `start` from file offset
