@@ -157,7 +157,7 @@ fn sides(args: &Args) -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     Ok((base, new))
 }
 
-fn read_side(args: &Args, paths: &[PathBuf], by: By, stacks: bool) -> anyhow::Result<diff::Side> {
+fn read_side(args: &Args, paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
     let mut inputs = Vec::new();
     for path in paths {
         let rec = args
@@ -174,7 +174,7 @@ fn read_side(args: &Args, paths: &[PathBuf], by: By, stacks: bool) -> anyhow::Re
             cfg,
         });
     }
-    Ok(diff::side(inputs, by, stacks))
+    Ok(inputs)
 }
 
 /// Runs the command.
@@ -196,17 +196,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--fail-above takes a percentage >= 0, got {p}");
     }
     let (base_paths, new_paths) = sides(&args)?;
-    // The sides are independent: read and analyse them at once (the diff of two 60 s
-    // recordings takes about as long as one `report --by function`).
+    // The sides are independent: read them at once, then analyse them at once while the
+    // names both need are resolved together (the diff of two 60 s recordings takes about as
+    // long as one `report --by function`).
     let (base, new) = std::thread::scope(|s| {
-        let base = s.spawn(|| read_side(&args, &base_paths, by, flame).context("base side"));
-        let new = read_side(&args, &new_paths, by, flame).context("new side");
+        let base = s.spawn(|| read_side(&args, &base_paths).context("base side"));
+        let new = read_side(&args, &new_paths).context("new side");
         let base = base
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("reading the base side failed")));
         (base, new)
     });
-    let (base, new) = (base?, new?);
+    let (base, new) = diff::sides(base?, new?, by, flame);
     let d = diff::compare(&base, &new, by, args.per);
     let hard =
         base.facts.hostnames != new.facts.hostnames || base.facts.estimated != new.facts.estimated;

@@ -20,7 +20,7 @@ pub mod stats;
 
 use serde::Serialize;
 
-pub use side::{By, Input, Side, side};
+pub use side::{By, Input, Side, side, sides};
 
 /// What every value is divided by before the sides are compared.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -4,6 +4,7 @@
 //! (`pipeline::rows`/`group` for processes, `output::functions::by_function` for
 //! functions). This module only reads those rows into per-run values.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 use crate::{
@@ -13,6 +14,7 @@ use crate::{
     pipeline::{self, Config, GroupBy},
     profile::{self, Filter},
     record::Recording,
+    symbolize::Symbolizer,
 };
 
 use super::stats::Z95;
@@ -91,6 +93,68 @@ pub struct Side {
 
 /// Reads `inputs` into a side with rows of `by` (and folded stacks when `stacks`).
 pub fn side(inputs: Vec<Input>, by: By, stacks: bool) -> Side {
+    let (side, _) = sides(inputs, Vec::new(), by, stacks);
+    side
+}
+
+/// Reads both sides of a diff, as [`side`] reads each. The runs of each side are analysed
+/// on a thread of their own; meanwhile, by function, the names of every run of both sides
+/// are resolved together, each distinct file offset and kernel address once (the two sides
+/// of a diff run the same binaries on the same kernel).
+pub fn sides(base: Vec<Input>, new: Vec<Input>, by: By, stacks: bool) -> (Side, Side) {
+    let (base_facts, base_runs) = cut(&base);
+    let (new_facts, new_runs) = cut(&new);
+    let analyse = |runs: &[(Cow<'_, Recording>, &Config)]| -> Vec<analysis::Analysis> {
+        runs.iter()
+            .map(|(rec, cfg)| analysis::analyze(rec, cfg))
+            .collect()
+    };
+    let mut symbolizers: Vec<Symbolizer> = Vec::new();
+    let (base_a, new_a) = std::thread::scope(|s| {
+        let base_a = s.spawn(|| analyse(&base_runs));
+        let new_a = s.spawn(|| analyse(&new_runs));
+        if by == By::Function {
+            let all = || base_runs.iter().chain(&new_runs);
+            symbolizers = all()
+                .map(|(rec, _)| analysis::symbolizer_for(rec))
+                .collect();
+            let requests = symbolizers
+                .iter_mut()
+                .zip(all())
+                .map(|(symbolizer, (rec, _))| {
+                    let (user, kernel) = profile::needed(&**rec, &Filter::default(), !stacks);
+                    (symbolizer, user, kernel)
+                })
+                .collect();
+            crate::symbolize::prefetch_together(requests);
+        }
+        let join = |h: std::thread::ScopedJoinHandle<'_, _>| match h.join() {
+            Ok(a) => a,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        (join(base_a), join(new_a))
+    });
+    let mut symbolizers = symbolizers.into_iter();
+    let mut rows = |runs: &[(Cow<'_, Recording>, &Config)], analyses: Vec<analysis::Analysis>| {
+        runs.iter()
+            .zip(analyses)
+            .map(|((rec, _), a)| run(rec, &a, by, stacks, symbolizers.next()))
+            .collect()
+    };
+    let base = Side {
+        facts: base_facts,
+        runs: rows(&base_runs, base_a),
+    };
+    let new = Side {
+        facts: new_facts,
+        runs: rows(&new_runs, new_a),
+    };
+    (base, new)
+}
+
+/// The facts of a side and its runs: each marked run cut out of its recording, or the
+/// whole recording, with its configuration.
+fn cut(inputs: &[Input]) -> (Facts, Vec<(Cow<'_, Recording>, &Config)>) {
     let mut facts = Facts::default();
     let mut runs = Vec::new();
     let mut sources = Vec::new();
@@ -113,13 +177,13 @@ pub fn side(inputs: Vec<Input>, by: By, stacks: bool) -> Side {
                 .push(format!("{} is damaged: {note}", input.label));
         }
         if rec.runs.is_empty() {
-            runs.push(run(rec, &input.cfg, by, stacks));
+            runs.push((Cow::Borrowed(rec), &input.cfg));
         } else {
             facts.marked_runs += rec.runs.len();
             for marker in &rec.runs {
                 let mut slice = rec.clone();
                 crate::record::series::cut_mono(&mut slice, marker.start_ns, marker.end_ns);
-                runs.push(run(&slice, &input.cfg, by, stacks));
+                runs.push((Cow::Owned(slice), &input.cfg));
             }
         }
     }
@@ -128,7 +192,7 @@ pub fn side(inputs: Vec<Input>, by: By, stacks: bool) -> Side {
     facts.sample_hz.sort_unstable();
     facts.sample_hz.dedup();
     facts.source = pipeline::source_label(&sources);
-    Side { facts, runs }
+    (facts, runs)
 }
 
 /// Variance from a 95% interval (half its width is z·σ).
@@ -137,26 +201,14 @@ fn variance(lo: f64, hi: f64) -> f64 {
     sd * sd
 }
 
-/// One run through the pipeline, read into rows.
-fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
-    // Rows by function need names, which need only the samples, not the analysis: the
-    // addresses are resolved while the recording is analysed on a thread of its own, where
-    // there are CPUs to spare (both sides are read at once, each resolving on threads).
-    let spare = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 4);
-    let (a, symbolizer) = if by == By::Function && spare {
-        std::thread::scope(|s| {
-            let analysed = s.spawn(|| analysis::analyze(rec, cfg));
-            let mut symbolizer = analysis::symbolizer_for(rec);
-            profile::prefetch(rec, &mut symbolizer, &Filter::default(), !want_stacks);
-            let a = match analysed.join() {
-                Ok(a) => a,
-                Err(panic) => std::panic::resume_unwind(panic),
-            };
-            (a, Some(symbolizer))
-        })
-    } else {
-        (analysis::analyze(rec, cfg), None)
-    };
+/// One analysed run read into rows; by function, `symbolizer` has the names it needs.
+fn run(
+    rec: &Recording,
+    a: &analysis::Analysis,
+    by: By,
+    want_stacks: bool,
+    symbolizer: Option<Symbolizer>,
+) -> Run {
     let totals = a.totals();
     let mut out = Run {
         duration_s: totals.duration_ns as f64 / 1e9,
@@ -171,7 +223,7 @@ fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
     };
     if by == By::Function {
         // Rows are self energy: only each stack's leaf needs a name, unless stacks are drawn.
-        let weights = analysis::sample_values(rec, &a);
+        let weights = analysis::sample_values(rec, a);
         let mut symbolizer = symbolizer.unwrap_or_else(|| analysis::symbolizer_for(rec));
         let profile = if want_stacks {
             profile::build(rec, &weights, &mut symbolizer, &Filter::default())
@@ -206,7 +258,7 @@ fn run(rec: &Recording, cfg: &Config, by: By, want_stacks: bool) -> Run {
         return out;
     }
     let names = pipeline::recorded_cgroup_names(rec);
-    let rows = pipeline::rows(&rec.window(), &a, &rec.threads, &names);
+    let rows = pipeline::rows(&rec.window(), a, &rec.threads, &names);
     let headline = |e: &pipeline::DomainJoules| -> f64 {
         a.attribution
             .headline

@@ -258,14 +258,25 @@ pub fn prefetch<'a>(
     filter: &Filter,
     leaves_only: bool,
 ) {
+    let (user, kernel) = needed(input, filter, leaves_only);
+    symbolizer.prefetch(user, kernel);
+}
+
+/// The user addresses (each with its process's mappings) and kernel addresses that
+/// [`build`] (or [`build_leaves`] when `leaves_only`) of `input` and `filter` looks up, as
+/// [`Symbolizer::prefetch`] and [`crate::symbolize::prefetch_together`] take them.
+pub fn needed<'a>(
+    input: impl Into<Stacks<'a>>,
+    filter: &Filter,
+    leaves_only: bool,
+) -> (Vec<(u64, &'a [Mapping])>, Vec<u64>) {
     let rec = input.into();
     let mut kept: FastMap<u32, bool> = FastMap::default();
-    let (user, kernel) = addresses(&rec, &[], leaves_only, |tid, tgid| {
+    addresses(&rec, &[], leaves_only, |tid, tgid| {
         *kept
             .entry(tid)
             .or_insert_with(|| filter.keeps(tgid, &comm_of(&rec, tid), &comm_of(&rec, tgid)))
-    });
-    symbolizer.prefetch(user, kernel);
+    })
 }
 
 /// A thread's name as profiles label it.

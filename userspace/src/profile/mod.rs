@@ -11,7 +11,7 @@
 mod build;
 mod stacks;
 
-pub use build::{Filter, build, build_leaves, prefetch};
+pub use build::{Filter, build, build_leaves, needed, prefetch};
 pub use stacks::Stacks;
 
 use std::sync::Arc;

@@ -4,7 +4,8 @@
 //! symbolizer of its own (a file is parsed once, by the thread that takes it). The results
 //! fill the [`Symbolizer`]'s caches, so the lookups that follow are hits and give exactly
 //! the frames the one-address-at-a-time path gives: the same build-id check, the same
-//! fallbacks, the same counts.
+//! fallbacks, the same counts. [`prefetch_together`] does this for several symbolizers at
+//! once (the recordings of a diff), each file parsed and each offset resolved once for all.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -41,6 +42,19 @@ impl Symbolizer {
         user: impl IntoIterator<Item = (u64, &'m [Mapping])>,
         kernel: impl IntoIterator<Item = u64>,
     ) {
+        let jobs = self.plan(user, kernel);
+        let results = run(&jobs);
+        self.fill(jobs, results);
+    }
+
+    /// The blazesym calls that [`Symbolizer::prefetch`] of `user` and `kernel` needs. Offsets
+    /// in files whose build-id no longer matches get their unresolved frames here, without
+    /// a call.
+    fn plan<'m>(
+        &mut self,
+        user: impl IntoIterator<Item = (u64, &'m [Mapping])>,
+        kernel: impl IntoIterator<Item = u64>,
+    ) -> Vec<Job> {
         // Per file and recorded build-id, in first-seen order: the offsets not yet cached.
         // Like the lookups, the first mapping seen for a (path, offset) decides its build-id.
         let mut groups: Vec<(&'m Mapping, Vec<u64>)> = Vec::new();
@@ -92,7 +106,11 @@ impl Symbolizer {
         if let Some(kallsyms) = self.kallsyms.clone().filter(|_| !addrs.is_empty()) {
             jobs.push(Job::Kernel { kallsyms, addrs });
         }
-        let results = run(&jobs);
+        jobs
+    }
+
+    /// Puts what `jobs` resolved (`results`, in the jobs' order) into the caches.
+    fn fill(&mut self, jobs: Vec<Job>, results: Vec<Resolved>) {
         for (job, resolved) in jobs.into_iter().zip(results) {
             match job {
                 Job::Elf { path, offsets } => {
@@ -127,6 +145,123 @@ impl Symbolizer {
                     }
                 }
             }
+        }
+    }
+}
+
+/// One symbolizer's share of [`prefetch_together`]: the symbolizer, the user addresses
+/// (each with its process's mappings) and the kernel addresses it will look up.
+pub type Request<'s, 'm> = (&'s mut Symbolizer, Vec<(u64, &'m [Mapping])>, Vec<u64>);
+
+/// [`Symbolizer::prefetch`] for several symbolizers at once (say, one per recording of
+/// the same machine): each distinct file offset and kernel address is resolved once, for
+/// all of them, and each symbolizer's caches and counts come out as its own prefetch
+/// leaves them. A file is matched against each recording's build-id by that recording's
+/// symbolizer, so a file rebuilt between two recordings stays unresolved only for the one
+/// whose build-id it no longer has. Returns how many addresses went to blazesym.
+pub fn prefetch_together(requests: Vec<Request<'_, '_>>) -> usize {
+    let mut plans = Vec::with_capacity(requests.len());
+    let mut symbolizers = Vec::with_capacity(requests.len());
+    for (symbolizer, user, kernel) in requests {
+        plans.push(symbolizer.plan(user, kernel));
+        symbolizers.push(symbolizer);
+    }
+    let merged = merge(&plans);
+    let results = run(&merged);
+    let found = Found::new(&merged, &results);
+    for (symbolizer, jobs) in symbolizers.into_iter().zip(plans) {
+        let resolved = jobs.iter().map(|job| found.of(job)).collect();
+        symbolizer.fill(jobs, resolved);
+    }
+    merged.iter().map(job_len).sum()
+}
+
+/// One job per file and per kallsyms file for all of `plans`, each offset or address once.
+fn merge(plans: &[Vec<Job>]) -> Vec<Job> {
+    let mut elf: Vec<(&str, Vec<u64>)> = Vec::new();
+    let mut kernel: Vec<(&std::path::Path, Vec<u64>)> = Vec::new();
+    let mut elf_of: HashMap<&str, usize> = HashMap::new();
+    let mut kernel_of: HashMap<&std::path::Path, usize> = HashMap::new();
+    for job in plans.iter().flatten() {
+        match job {
+            Job::Elf { path, offsets } => {
+                let i = *elf_of.entry(path.as_str()).or_insert_with(|| {
+                    elf.push((path.as_str(), Vec::new()));
+                    elf.len() - 1
+                });
+                elf[i].1.extend_from_slice(offsets);
+            }
+            Job::Kernel { kallsyms, addrs } => {
+                let i = *kernel_of.entry(kallsyms.as_path()).or_insert_with(|| {
+                    kernel.push((kallsyms.as_path(), Vec::new()));
+                    kernel.len() - 1
+                });
+                kernel[i].1.extend_from_slice(addrs);
+            }
+        }
+    }
+    let unique = |mut v: Vec<u64>| {
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let elf = elf.into_iter().map(|(path, offsets)| Job::Elf {
+        path: path.to_string(),
+        offsets: unique(offsets),
+    });
+    let kernel = kernel.into_iter().map(|(kallsyms, addrs)| Job::Kernel {
+        kallsyms: kallsyms.to_path_buf(),
+        addrs: unique(addrs),
+    });
+    elf.chain(kernel).collect()
+}
+
+/// What merged jobs resolved, by file (or kallsyms file) and offset (or address).
+struct Found<'j> {
+    elf: HashMap<(&'j str, u64), &'j Option<Vec<Frame>>>,
+    kernel: HashMap<(&'j std::path::Path, u64), &'j Option<Vec<Frame>>>,
+}
+
+impl<'j> Found<'j> {
+    fn new(jobs: &'j [Job], results: &'j [Resolved]) -> Self {
+        let mut found = Self {
+            elf: HashMap::new(),
+            kernel: HashMap::new(),
+        };
+        for (job, resolved) in jobs.iter().zip(results) {
+            match job {
+                Job::Elf { path, offsets } => found.elf.extend(
+                    offsets
+                        .iter()
+                        .zip(resolved)
+                        .map(|(&o, r)| ((path.as_str(), o), r)),
+                ),
+                Job::Kernel { kallsyms, addrs } => found.kernel.extend(
+                    addrs
+                        .iter()
+                        .zip(resolved)
+                        .map(|(&a, r)| ((kallsyms.as_path(), a), r)),
+                ),
+            }
+        }
+        found
+    }
+
+    /// The frames of each input of `job` (one of the jobs that were merged).
+    fn of(&self, job: &Job) -> Resolved {
+        match job {
+            Job::Elf { path, offsets } => offsets
+                .iter()
+                .map(|&o| self.elf.get(&(path.as_str(), o)).and_then(|r| (*r).clone()))
+                .collect(),
+            Job::Kernel { kallsyms, addrs } => addrs
+                .iter()
+                .map(|&a| {
+                    self.kernel
+                        .get(&(kallsyms.as_path(), a))
+                        .and_then(|r| (*r).clone())
+                })
+                .collect(),
         }
     }
 }

@@ -6,14 +6,16 @@
 //! build-id must still match the recorded one; otherwise names would be wrong, so the frame
 //! falls back to `module+0xOFFSET`. Kernel addresses resolve through kallsyms. Results are
 //! cached per (file, offset) and per kernel address; a profile fills the caches up front,
-//! a file at a time over threads (`batch`). A frame never comes out as a bare address or an
-//! error.
+//! a file at a time over threads (`batch`). Several symbolizers (one per recording of a
+//! diff) can fill theirs together, each distinct file offset resolved once for all. A
+//! frame never comes out as a bare address or an error.
 
 mod batch;
 mod frame;
 pub mod perf_map;
 
 pub use crate::procmaps::{mappings_of, process_mappings, read_build_id};
+pub use batch::{Request, prefetch_together};
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
 
 use std::collections::HashMap;

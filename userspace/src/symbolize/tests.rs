@@ -275,3 +275,87 @@ int main(void) { return 0; }
         "readelf agrees on {hex}"
     );
 }
+
+/// Symbolizers filled together get what each would get alone (frames and counts, a
+/// rebuilt file unresolved only where its recorded build-id differs), while each distinct
+/// file offset and kernel address goes to blazesym once.
+#[test]
+fn symbolizers_filled_together_resolve_each_address_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = build_burn(dir.path());
+    let kallsyms = dir.path().join("kallsyms");
+    std::fs::write(
+        &kallsyms,
+        "ffffffff81000000 T _stext\nffffffff81000100 T do_syscall_64\nffffffff81000200 t schedule\n",
+    )
+    .expect("write kallsyms");
+    let mapping = |build_id: Vec<u8>| Mapping {
+        tgid: 1,
+        start: 0x10_0000,
+        end: 0x20_0000,
+        file_offset: 0,
+        path: bin.to_string_lossy().into_owned(),
+        build_id,
+        ts_ns: 0,
+    };
+    let right = vec![mapping(read_build_id(&bin))];
+    let rebuilt = vec![mapping(vec![1, 2, 3, 4])];
+    let at = |name: &str| 0x10_0000 + symbol_file_offset(&bin, name);
+    let (heavy, light, main) = (at("hot_heavy"), at("hot_light"), at("main"));
+    let (k1, k2) = (0xffff_ffff_8100_0150, 0xffff_ffff_8100_0210);
+    // (mappings, user addresses, kernel addresses) of three recordings of one machine.
+    let wants: [(&[Mapping], Vec<u64>, Vec<u64>); 3] = [
+        (&right, vec![heavy, light], vec![k1]),
+        (&right, vec![heavy, main], vec![k1, k2]),
+        (&rebuilt, vec![heavy], vec![k2]),
+    ];
+    let new = || Symbolizer::with_kallsyms(Some(kallsyms.clone()));
+    let mut alone: Vec<Symbolizer> = wants.iter().map(|_| new()).collect();
+    let mut sent_alone = 0;
+    for (sym, (maps, user, kernel)) in alone.iter_mut().zip(&wants) {
+        sent_alone += prefetch_together(vec![(
+            sym,
+            user.iter().map(|&a| (a, *maps)).collect(),
+            kernel.clone(),
+        )]);
+    }
+    let mut together: Vec<Symbolizer> = wants.iter().map(|_| new()).collect();
+    let requests = together
+        .iter_mut()
+        .zip(&wants)
+        .map(|(sym, (maps, user, kernel))| {
+            let user: Vec<(u64, &[Mapping])> = user.iter().map(|&a| (a, *maps)).collect();
+            (sym, user, kernel.clone())
+        })
+        .collect();
+    // Alone: 2 + 2 offsets (the rebuilt file sends none), 1 + 2 + 1 kernel addresses.
+    assert_eq!(sent_alone, 8);
+    assert_eq!(
+        prefetch_together(requests),
+        5,
+        "hot_heavy, hot_light, main and the two kernel addresses, once each"
+    );
+    for ((a, t), (maps, user, kernel)) in alone.iter_mut().zip(&mut together).zip(&wants) {
+        let before = t.stats();
+        assert_eq!(a.stats(), before);
+        for &addr in user {
+            assert_eq!(a.user(addr, maps), t.user(addr, maps));
+        }
+        for &addr in kernel {
+            assert_eq!(a.kernel(addr), t.kernel(addr));
+        }
+        assert_eq!(t.stats(), before, "every lookup was a cache hit");
+        assert_eq!(a.stats(), before);
+    }
+    let leaf = |s: &mut Symbolizer, addr, maps| last_frame(&s.user(addr, maps)).function.clone();
+    assert_eq!(leaf(&mut together[0], heavy, &right), "hot_heavy");
+    assert_eq!(leaf(&mut together[1], main, &right), "main");
+    let off = heavy - 0x10_0000;
+    assert_eq!(
+        leaf(&mut together[2], heavy, &rebuilt),
+        format!("burn+{off:#x}"),
+        "the recording whose build-id the file no longer has gets no names from it"
+    );
+    assert_eq!(last_frame(&together[1].kernel(k2)).function, "schedule");
+    assert_eq!(together[2].stats().build_id_mismatches, 1);
+}
