@@ -1,20 +1,27 @@
 //! Never-idle machines end to end, with the real probes: an emulated powercap package whose
-//! counter follows the exact CPU time of this test's own workloads. A thread polls each
-//! workload's process CPU clock (`clock_getcpuclockid`, nanoseconds of the scheduler's run
-//! time) every millisecond and writes static·t + Σ watts_i · cpu_time_i into `energy_uj`,
-//! so the counter updates at about 1 kHz, like RAPL. Every other thread on the machine
-//! (the recorder, this emulator, kernel threads) draws 0 W in the counter.
+//! counter follows the exact busy time of its two CPUs, as RAPL charges every busy core
+//! whoever runs there. A thread reads every context switch on CPUs 0 and 1
+//! ([`crate::switch_clock`]) every millisecond and writes
+//! `static·t + Σ watts_i · busy_i + other_w · busy_others` into `energy_uj`, where `busy_i`
+//! is workload i's run time on those CPUs and `busy_others` that of every other task there
+//! (the recorder, this emulator, kernel threads, other work on the machine): the counter
+//! updates at about 1 kHz, like RAPL.
 //!
 //! Two scenarios, each a 10 s recording on CPUs 0 and 1:
 //! - a 10 ms on / 10 ms off load on CPU 1 beside a spinner pinned to CPU 0, 6 W static,
-//!   10 W per CPU-second each, no calibration: static power identified within 15% and each
-//!   process's absolute joules within 10%;
-//! - three always-runnable processes of 15, 5 and 10 W sharing CPUs 0-1, 6 W static, after
-//!   `calibrate`: each process's absolute joules within 10%.
+//!   10 W per CPU-second for every task, no calibration: static power identified within 15%
+//!   and each process's absolute joules within 10%;
+//! - three always-runnable processes of 15, 5 and 10 W sharing CPUs 0-1 (every other task
+//!   10 W), 6 W static, after `calibrate`: each process's absolute joules within 10%.
 //!
-//! A process's truth is what the emulator put into the counter for it between the
-//! recording's first and last counter reading (CPU time outside that span has no measured
-//! energy to split).
+//! A process's truth is the dynamic energy the emulator put into the counter for it between
+//! the recording's first and last counter reading: its watts × its busy ns on CPUs 0-1 over
+//! that span (CPU time outside it has no measured energy to split). Static power has no
+//! share in it: under the default `separate` idle policy a report keeps static energy in
+//! its own idle row, so a process's joules are its dynamic energy alone. Where static power
+//! stays unidentified (other work on a shared machine kept every CPU busy), the rows keep
+//! it instead, split by busy time, and a process's truth adds static energy × its share of
+//! the package's busy time.
 
 use std::{
     sync::{
@@ -26,38 +33,25 @@ use std::{
 
 use energy_bpf::clock::monotonic_ns;
 
+use crate::switch_clock::SwitchClock;
 use crate::util::{Recorder, Workload, process, reading_span, require_root, run, text};
 
 const STATIC_W: f64 = 6.0;
+/// Watts per CPU-second of every task that is not a workload.
+const OTHER_W: f64 = 10.0;
 /// Recording length, s.
 const RECORD_S: u64 = 10;
+/// The package's CPUs (the fake topology's).
+const CPUS: [u32; 2] = [0, 1];
 
-/// A process's CPU clock: the run time of all its threads, ns.
-struct CpuClock(libc::clockid_t);
-
-impl CpuClock {
-    fn of(pid: u32) -> Self {
-        let mut id: libc::clockid_t = 0;
-        // SAFETY: `id` is a valid out-pointer; the pid is our own child's.
-        let rc = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut id) };
-        assert_eq!(rc, 0, "clock_getcpuclockid({pid}): error {rc}");
-        Self(id)
-    }
-
-    /// CPU time so far, ns; `None` once the process is gone.
-    fn ns(&self) -> Option<u64> {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid out-pointer.
-        let rc = unsafe { libc::clock_gettime(self.0, &mut ts) };
-        (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-    }
+/// One counter write: CLOCK_MONOTONIC after it, the J put in for each workload so far, and
+/// the busy CPU-ns of each workload and of the whole package so far.
+struct Update {
+    ts_ns: u64,
+    joules: Vec<f64>,
+    workload_ns: Vec<u64>,
+    busy_ns: u64,
 }
-
-/// One counter write: CLOCK_MONOTONIC after it, and the J put in for each workload so far.
-type Update = (u64, Vec<f64>);
 
 /// The emulated package: writes `energy_uj` every millisecond until stopped.
 struct Emulator {
@@ -66,15 +60,16 @@ struct Emulator {
 }
 
 impl Emulator {
-    /// Starts charging `static_w` plus `watts[i]` W per CPU-second of `pids[i]`.
-    fn start(energy_uj: &std::path::Path, pids: &[u32], watts: &[f64]) -> Self {
+    /// Starts charging `static_w`, `watts[i]` W per CPU-second of `pids[i]` and `other_w`
+    /// per CPU-second of every other task on the package's CPUs.
+    fn start(energy_uj: &std::path::Path, pids: &[u32], watts: &[f64], other_w: f64) -> Self {
         let out = std::fs::OpenOptions::new()
             .write(true)
             .open(energy_uj)
             .expect("energy_uj");
-        let clocks: Vec<CpuClock> = pids.iter().map(|&p| CpuClock::of(p)).collect();
-        let watts = watts.to_vec();
+        let (pids, watts) = (pids.to_vec(), watts.to_vec());
         let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = {
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
@@ -84,35 +79,46 @@ impl Emulator {
                 let param = libc::sched_param { sched_priority: 10 };
                 // SAFETY: 0 is this thread; `param` is valid for the call.
                 let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
-                let t0 = std::time::Instant::now();
-                let start: Vec<u64> = clocks.iter().map(|c| c.ns().unwrap_or(0)).collect();
-                let mut last = start.clone();
-                let mut log = Vec::new();
+                let mut clock = SwitchClock::open(&CPUS, &pids).unwrap_or_else(|e| {
+                    panic!("perf_event_open of context switches (needs root): {e}")
+                });
+                let t0 = clock.busy().0;
+                let _ = ready_tx.send(());
+                let (mut log, mut written) = (Vec::new(), 0);
                 while !stop.load(Ordering::Relaxed) {
-                    let dt_ns = t0.elapsed().as_nanos() as f64;
-                    for (l, c) in last.iter_mut().zip(&clocks) {
-                        if let Some(ns) = c.ns() {
-                            *l = ns;
-                        }
-                    }
+                    let (now, busy) = clock.busy();
                     // W × ns = nJ per workload.
-                    let nj: Vec<f64> = last
+                    let nj: Vec<f64> = busy
+                        .watched_ns
                         .iter()
-                        .zip(&start)
                         .zip(&watts)
-                        .map(|((&now, &s), &w)| w * now.saturating_sub(s) as f64)
+                        .map(|(&ns, &w)| w * ns as f64)
                         .collect();
-                    // /1000 = µJ, in whole µJ like the real counter; rewritten in place with
-                    // a fixed width, so every read sees a whole number.
-                    let uj = (STATIC_W * dt_ns + nj.iter().sum::<f64>()) / 1000.0;
-                    out.write_all_at(format!("{:020}\n", uj as u64).as_bytes(), 0)
+                    let others = busy.total_ns - busy.watched_ns.iter().sum::<u64>();
+                    let total = STATIC_W * now.saturating_sub(t0) as f64
+                        + nj.iter().sum::<f64>()
+                        + other_w * others as f64;
+                    // /1000 = µJ, in whole µJ like the real counter, never backwards (a
+                    // switch stamped just before `now` can show up a moment later);
+                    // rewritten in place with a fixed width, so every read sees a whole
+                    // number.
+                    written = (total / 1000.0).max(written as f64) as u64;
+                    out.write_all_at(format!("{written:020}\n").as_bytes(), 0)
                         .expect("write energy_uj");
-                    log.push((monotonic_ns(), nj.iter().map(|e| e / 1e9).collect()));
+                    log.push(Update {
+                        ts_ns: monotonic_ns(),
+                        joules: nj.iter().map(|e| e / 1e9).collect(),
+                        workload_ns: busy.watched_ns,
+                        busy_ns: busy.total_ns,
+                    });
                     std::thread::sleep(Duration::from_millis(1));
                 }
+                assert_eq!(clock.lost, 0, "context-switch records were lost");
                 log
             })
         };
+        // Counting has started (or the thread failed, which `stop` reports).
+        let _ = ready_rx.recv();
         Self { stop, thread }
     }
 
@@ -123,32 +129,54 @@ impl Emulator {
     }
 }
 
+/// What the emulator put in over a recording's span.
+struct Truth {
+    /// J of each workload.
+    joules: Vec<f64>,
+    /// Busy CPU-s of each workload.
+    workload_s: Vec<f64>,
+    /// Busy CPU-s of the package (every task).
+    busy_s: f64,
+    /// Span, s.
+    span_s: f64,
+    /// The counter's median update period, ms.
+    period_ms: f64,
+}
+
 /// J the emulator put in for each workload between the recording's first and last counter
-/// reading (each reading saw the last value written before it), and the counter's median
-/// update period, ms.
-fn truth(file: &std::path::Path, log: &[Update]) -> (Vec<f64>, f64) {
+/// reading (each reading saw the last value written before it), the package's busy time
+/// over that span, and the counter's median update period.
+fn truth(file: &std::path::Path, log: &[Update]) -> Truth {
     let (first, last) = reading_span(file);
     let at = |ts: u64| {
-        let i = log.partition_point(|(t, _)| *t <= ts);
+        let i = log.partition_point(|u| u.ts_ns <= ts);
         assert!(i > 0, "a reading before the emulator's first write");
-        &log[i - 1].1
+        &log[i - 1]
     };
     let (a, b) = (at(first), at(last));
-    let mut periods: Vec<u64> = log.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    let mut periods: Vec<u64> = log.windows(2).map(|w| w[1].ts_ns - w[0].ts_ns).collect();
     periods.sort_unstable();
     let median_ms = periods.get(periods.len() / 2).copied().unwrap_or(0) as f64 / 1e6;
-    (b.iter().zip(a).map(|(b, a)| b - a).collect(), median_ms)
+    Truth {
+        joules: b.joules.iter().zip(&a.joules).map(|(b, a)| b - a).collect(),
+        workload_s: (b.workload_ns.iter().zip(&a.workload_ns))
+            .map(|(b, a)| (b - a) as f64 / 1e9)
+            .collect(),
+        busy_s: (b.busy_ns - a.busy_ns) as f64 / 1e9,
+        span_s: (last - first) as f64 / 1e9,
+        period_ms: median_ms,
+    }
 }
 
 /// Records RECORD_S s on the fake tree with `extra` arguments, then reports it as JSON with
-/// `report_args`; returns the report and each workload's truth.
+/// `report_args`; returns the report and the truth.
 fn record_and_report(
     dir: &std::path::Path,
     sysfs: &std::path::Path,
     emulator: Emulator,
     extra: &[&str],
     report_args: &[&str],
-) -> (serde_json::Value, Vec<f64>) {
+) -> (serde_json::Value, Truth) {
     let file = dir.join("never-idle.ebpr");
     let file = file.to_str().expect("path");
     let mut args = vec![
@@ -164,10 +192,17 @@ fn record_and_report(
     std::thread::sleep(Duration::from_secs(RECORD_S));
     rec.stop();
     let log = emulator.stop();
-    let (truth, period_ms) = truth(std::path::Path::new(file), &log);
+    let truth = truth(std::path::Path::new(file), &log);
     assert!(
-        period_ms < 3.0,
-        "the counter must update at 333 Hz or more; its median period was {period_ms:.2} ms"
+        truth.period_ms < 3.0,
+        "the counter must update at 333 Hz or more; its median period was {:.2} ms",
+        truth.period_ms
+    );
+    eprintln!(
+        "emulated package: {:.2} busy CPUs on average over {:.2} s, counter every {:.2} ms",
+        truth.busy_s / truth.span_s,
+        truth.span_s,
+        truth.period_ms
     );
     let mut args = vec!["report", "--format", "json"];
     args.extend(report_args);
@@ -196,15 +231,9 @@ fn per_process(report: &serde_json::Value, pids: &[u32], watts: &[f64], truth: &
     worst
 }
 
-/// 10 ms on / 10 ms off on CPU 1 beside a spinner on CPU 0, no calibration.
-///
-/// Not met end to end yet, so not run by default: on the real kernel the zero-load fit saw
-/// a spread of only 0.29 busy CPUs over its 5-update rows and a diluted slope (5.5 of the
-/// true 10 W per CPU), so its intercept came out at 11.7 W [9.7, 13.6] for a true 6 W and
-/// static power stayed `uncertain` (the simulator, with exact timing, meets the target).
-/// `cargo test --test integration -- --ignored never_idle` measures it.
+/// 10 ms on / 10 ms off on CPU 1 beside a spinner on CPU 0, no calibration: the zero-load
+/// fit over 5-update rows finds static power, and each process's joules follow.
 #[test]
-#[ignore = "static power from a 10 ms duty cycle is not identified end to end yet (fit biased: 11.7 W for 6 W)"]
 fn ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter() {
     if !require_root("ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter") {
         return;
@@ -222,7 +251,7 @@ fn ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter() {
     let duty = crate::attribution::duty_cycle(1, 10, 10);
     let pids = [spinner.pid(), duty.pid()];
     std::thread::sleep(Duration::from_millis(300));
-    let emulator = Emulator::start(&fake.energy_uj, &pids, &WATTS);
+    let emulator = Emulator::start(&fake.energy_uj, &pids, &WATTS, OTHER_W);
     let (report, truth) = record_and_report(
         dir.path(),
         sysfs,
@@ -235,24 +264,13 @@ fn ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter() {
     let s = &report["static"][0];
     let origin = &s["origin"];
     let static_w = s["static_w"].as_f64().unwrap_or(f64::NAN);
-    // How busy the machine's CPUs were: the workloads leave CPU 1 idle half the time, unless
-    // other load on a shared test machine fills it.
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from) as f64;
-    let duration_s = report["duration_ns"].as_f64().expect("duration_ns") / 1e9;
-    let busy_s = (report["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .map(|p| p["cpu_ns"].as_f64().unwrap_or(0.0))
-        .sum::<f64>()
-        + report["unknown_ns"].as_f64().unwrap_or(0.0))
-        / 1e9;
-    let busy = busy_s / (cpus * duration_s);
+    // How busy the package's CPUs were: the workloads leave CPU 1 idle half the time,
+    // unless other load on a shared test machine fills it.
+    let busy = truth.busy_s / (CPUS.len() as f64 * truth.span_s);
     eprintln!(
-        "static {static_w:.2} W (true {STATIC_W} W), origin {origin}; CPUs {:.1}% busy ({busy_s:.2} CPU-s over {duration_s:.2} s on {cpus} CPUs)",
+        "static {static_w:.2} W (true {STATIC_W} W), origin {origin}; CPUs {:.1}% busy",
         busy * 100.0
     );
-    let worst = per_process(&report, &pids, &WATTS, &truth);
     if origin["kind"] == "unidentified" {
         // Unidentified is right only when other load really kept every CPU busy, and then
         // the reason must say so; the counter resolves this load's 10 ms changes.
@@ -263,13 +281,25 @@ fn ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter() {
             origin["reason"],
             busy * 100.0
         );
+        // Then each row keeps its share of static power by busy time: with every CPU busy
+        // all along, static energy × its share of the package's busy time.
+        let with_static: Vec<f64> = (truth.joules.iter().zip(&truth.workload_s))
+            .map(|(j, b)| j + STATIC_W * truth.span_s * b / truth.busy_s)
+            .collect();
+        let worst = per_process(&report, &pids, &WATTS, &with_static);
         eprintln!(
             "other load kept every CPU busy: static power rightly unidentified (every CPU always \
-             busy); the joules above include static shares and are not checked. Rerun on a quiet \
-             machine for the identified case."
+             busy), each row checked with its share of static power. Rerun on a quiet machine \
+             for the identified case."
+        );
+        assert!(
+            worst < 0.10,
+            "worst per-process error {:.1}% (bound 10%) with static shared by busy time",
+            worst * 100.0
         );
         return;
     }
+    let worst = per_process(&report, &pids, &WATTS, &truth.joules);
     assert!(
         (static_w - STATIC_W).abs() < 0.15 * STATIC_W,
         "static {static_w:.2} W, true {STATIC_W} W: {s:#}"
@@ -294,9 +324,10 @@ fn three_always_runnable_processes_after_calibrate() {
     let cal = dir.path().join("calibration.json");
     let (sysfs_s, cal_s) = (sysfs.to_str().expect("path"), cal.to_str().expect("path"));
 
-    // The quiet machine first: the emulator charges static power alone (no workload yet).
-    // Other work may share a test machine; the counter ignores it, so allow any load.
-    let quiet = Emulator::start(energy_uj, &[], &[]);
+    // The quiet machine first: `calibrate` wants one, and a shared test machine is not, so
+    // the emulator charges static power alone here (every task 0 W), as a quiet package
+    // would; `--max-busy 100` lets calibrate run beside the machine's other work.
+    let quiet = Emulator::start(energy_uj, &[], &[], 0.0);
     let out = run(&[
         "calibrate",
         "-d",
@@ -319,7 +350,7 @@ fn three_always_runnable_processes_after_calibrate() {
         .collect();
     let pids: Vec<u32> = spinners.iter().map(Workload::pid).collect();
     std::thread::sleep(Duration::from_millis(300));
-    let emulator = Emulator::start(energy_uj, &pids, &WATTS);
+    let emulator = Emulator::start(energy_uj, &pids, &WATTS, OTHER_W);
     let (report, truth) = record_and_report(
         dir.path(),
         sysfs,
@@ -337,7 +368,7 @@ fn three_always_runnable_processes_after_calibrate() {
         report["power_model"]
     );
     assert_eq!(s["origin"]["kind"], "calibrated", "{s:#}");
-    let worst = per_process(&report, &pids, &WATTS, &truth);
+    let worst = per_process(&report, &pids, &WATTS, &truth.joules);
     assert!(
         worst < 0.10,
         "worst per-process error {:.1}% (bound 10%)",

@@ -4,6 +4,8 @@
 
 // Shared helpers: the binary, temp dirs, workloads.
 mod util;
+// Exact busy time of CPUs and processes from the kernel's context-switch records.
+mod switch_clock;
 
 // Capture: real probes on this kernel, rebuilt timeline vs known workloads.
 mod capture;
@@ -23,7 +25,7 @@ mod files;
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.
 mod attribution;
-// Never-idle machines: a 1 kHz emulated counter following the workloads' exact CPU clocks;
+// Never-idle machines: a 1 kHz emulated counter following every CPU's exact busy time;
 // a 10 ms duty cycle beside a spinner, and three always-runnable processes after calibrate.
 mod never_idle;
 // One pipeline: report, report --window and top --replay agree per process.
