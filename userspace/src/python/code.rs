@@ -78,7 +78,11 @@ mod tests {
         let mut obj = vec![0u8; at + s.len() + 1];
         put(&mut obj, 16, &(s.len() as u64).to_le_bytes());
         // kind 1 (bits 2-4), compact (bit 5), ascii (bit 6).
-        put(&mut obj, 32, &((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes());
+        put(
+            &mut obj,
+            32,
+            &((1u32 << 2) | (1 << 5) | (1 << 6)).to_le_bytes(),
+        );
         put(&mut obj, at, s.as_bytes());
         obj
     }
