@@ -332,6 +332,91 @@ fn the_agent_exports_energy_profiles_and_survives_a_collector_outage() {
     );
 }
 
+/// A live Python process's profile names its Python functions with file and line, as
+/// `flamegraph --format otlp` does for a recording: the agent keeps the frame names its
+/// chunks carry.
+#[test]
+fn the_agent_exports_python_function_names() {
+    if !require_root("the_agent_exports_python_function_names") {
+        return;
+    }
+    let python = Path::new("/usr/bin/python3");
+    if !python.exists() {
+        eprintln!("SKIPPED the_agent_exports_python_function_names: no /usr/bin/python3");
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let got = dir.path().join("received");
+    std::fs::create_dir(&got).expect("mkdir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_hot.py");
+    let src = std::fs::read_to_string(&script).expect("workload");
+    let train_line = src
+        .lines()
+        .position(|l| l.contains("TRAIN_LINE"))
+        .expect("marker")
+        + 1;
+    let mut child = Command::new("taskset")
+        .args(["-c", "1"])
+        .arg(python)
+        .arg(&script)
+        .arg("40")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start python3");
+    let receiver = Receiver::start(&got, crate::agent::free_port(), false);
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let (agent, _addr, _logs) = crate::agent::start_agent_with(
+        dir.path(),
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--profile-interval",
+            "1",
+            "-F",
+            "199",
+        ],
+    );
+    // The loop's body line, or its `for` line just above.
+    let named = |place: &str| {
+        place == format!("train_step (py_hot.py:{train_line})")
+            || place == format!("train_step (py_hot.py:{})", train_line - 1)
+    };
+    let mut seen = Vec::new();
+    let found = (|| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mut n = 1;
+        while std::time::Instant::now() < deadline {
+            let file = got.join(format!("{n}.json"));
+            if !file.exists() {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                continue;
+            }
+            n += 1;
+            let summary: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&file).expect("request")).expect("JSON");
+            for p in summary["profiles"].as_array().expect("profiles") {
+                let places = p["places"].as_array().expect("places");
+                if let Some(place) = places.iter().filter_map(|v| v.as_str()).find(|v| named(v)) {
+                    assert_eq!(p["frame_types"]["train_step"], "cpython", "{p}");
+                    return Some(place.to_owned());
+                }
+                seen.extend(places.iter().filter_map(|v| v.as_str().map(str::to_owned)));
+            }
+        }
+        None
+    })();
+    drop(agent);
+    let _ = child.kill();
+    let _ = child.wait();
+    seen.sort();
+    seen.dedup();
+    let found = found.unwrap_or_else(|| {
+        panic!("no train_step (py_hot.py:{train_line}) in 30 s of profiles; named: {seen:?}")
+    });
+    eprintln!("agent profile names {found}");
+}
+
 #[test]
 fn a_collector_that_never_answers_costs_bounded_memory() {
     if !require_root("a_collector_that_never_answers_costs_bounded_memory") {

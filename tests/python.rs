@@ -2,7 +2,8 @@
 //! two threads do 3:1 work, recorded under Debian's python3 and every pyenv CPython 3.9 to
 //! 3.13 present, after the process exited: its energy lands under the Python functions, in
 //! the ratio of the two threads' own CPU clocks (which the workload prints), and the
-//! recording names them with file and line.
+//! recording names them with file and line (also beside each thread in `report --by
+//! thread`).
 
 use std::{collections::HashMap, path::Path};
 
@@ -162,6 +163,28 @@ fn python_functions_get_their_energy_in_every_version() {
         }
         if let Some(f) = spin {
             assert!(f.file.ends_with("py_split.py"), "{name}: file {}", f.file);
+        }
+        // `report --by thread` names each worker thread's busiest Python function with
+        // file and line (once, for the first interpreter: the report is the same code for
+        // every version).
+        if name == interpreters()[0].0 {
+            let out = run(&["report", "--by", "thread", file.to_str().expect("path")]);
+            let table = text(&out);
+            assert!(out.status.success(), "report --by thread: {table}");
+            let l = line_of("SPIN_LINE");
+            let rows = table
+                .lines()
+                .filter(|row| {
+                    row.contains(&format!("[spin (py_split.py:{l})]"))
+                        || row.contains(&format!("[spin (py_split.py:{})]", l - 1))
+                })
+                .count();
+            eprintln!("{name}: {rows} thread rows name spin at its loop");
+            if rows < 2 {
+                failures.push(format!(
+                    "{name}: report --by thread names spin on {rows} threads, not both workers:\n{table}"
+                ));
+            }
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

@@ -57,12 +57,15 @@ def summary(req):
         resource = {kv.key: any_value(kv.value) for kv in rp.resource.attributes}
         for sp in rp.scope_profiles:
             for p in sp.profiles:
-                functions, attrs, pids, frame_types, k8s = set(), set(), {}, {}, {}
+                functions, places, attrs, pids, frame_types, k8s = set(), set(), set(), {}, {}, {}
                 for smp in p.samples:
                     for li in d.stack_table[smp.stack_index].location_indices:
                         loc = d.location_table[li]
                         for line in loc.lines:
-                            functions.add(s(d.function_table[line.function_index].name_strindex))
+                            f = d.function_table[line.function_index]
+                            functions.add(s(f.name_strindex))
+                            if f.filename_strindex:
+                                places.add(f"{s(f.name_strindex)} ({os.path.basename(s(f.filename_strindex))}:{line.line})")
                         # profile.frame.type of the location, per function it names
                         for ai in loc.attribute_indices:
                             kv = d.attribute_table[ai]
@@ -99,6 +102,7 @@ def summary(req):
                         "by_pid": pids,
                         "k8s_by_pid": k8s,
                         "functions": sorted(functions),
+                        "places": sorted(places),
                         "frame_types": frame_types,
                         "sample_attributes": sorted(attrs),
                         "build_ids": len(build_ids),

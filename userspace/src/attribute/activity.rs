@@ -110,14 +110,7 @@ impl ActivityUsed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::v1::SwitchEvent;
-
-    fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32, activity: Option<u64>) -> SwitchEvent {
-        SwitchEvent {
-            activity,
-            ..crate::testing::sw(ts_ns, cpu, tid, next)
-        }
-    }
+    use crate::testing::sw_counted as sw;
 
     /// CPU 0: thread 1 at 3 counts/ns for [100, 300), thread 2 at 1 count/ns for [300, 500).
     /// CPU 1: thread 3, uncounted, for [100, 500).

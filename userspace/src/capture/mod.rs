@@ -18,6 +18,7 @@ pub mod probe_log;
 mod probes;
 pub mod python;
 pub mod run_counts;
+pub mod runs;
 pub mod session;
 pub mod unwinder;
 

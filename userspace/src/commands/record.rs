@@ -1,11 +1,12 @@
 //! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
 //! Ctrl-C/SIGTERM. With `--repeat N` the command runs N times in a row, each run marked in
-//! the recording (`RunMarker`: start, end, exit code). Every drain becomes one flushed chunk, so nothing recorded is lost if
-//! the recorder is killed; a clean stop adds a trailer.
+//! the recording (`RunMarker`: start, end, exit code; the runs are
+//! [`crate::capture::runs`]'s). Every drain becomes one flushed chunk, so nothing recorded
+//! is lost if the recorder is killed; a clean stop adds a trailer.
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, ExitCode},
+    process::ExitCode,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -17,8 +18,8 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    capture::{Live, LiveOptions, host, session::Targets},
-    pb::v1::{Header, RunMarker, Trailer},
+    capture::{Live, LiveOptions, host, runs::Runs, session::Targets},
+    pb::v1::{Header, Trailer},
     record::{WriteError, Writer},
 };
 
@@ -66,96 +67,6 @@ pub struct Args {
     /// Command to run; recording stops when it exits (after its last run with `--repeat`).
     #[arg(last = true)]
     pub command: Vec<String>,
-}
-
-/// The runs of the recorded command: which one is running, and the markers of those done.
-struct Runs {
-    program: String,
-    rest: Vec<String>,
-    left: u32,
-    index: u32,
-    current: Option<(Child, u64)>,
-    done: Vec<RunMarker>,
-}
-
-impl Runs {
-    /// Starts the next run; its process joins the targets.
-    fn start(&mut self, live: &mut Live) -> anyhow::Result<()> {
-        let start_ns = crate::clock::monotonic_ns();
-        let child = Command::new(&self.program)
-            .args(&self.rest)
-            .spawn()
-            .with_context(|| format!("cannot run {}", self.program))?;
-        live.targets_mut().add(child.id());
-        let tables = live.unwind_stats().is_some();
-        let python = live.python_on();
-        if (tables || python) && wait_for_exec(child.id()) {
-            // Tables from the first milliseconds, not after the first drain; libraries
-            // the dynamic loader maps later are picked up at the first walk that meets
-            // them.
-            if tables {
-                live.load_unwind_tables(child.id());
-            }
-            // Likewise the interpreter of a CPython command (a shared build's libpython,
-            // if not mapped yet, is found at a later sample).
-            live.load_python(child.id());
-        }
-        self.left -= 1;
-        self.current = Some((child, start_ns));
-        Ok(())
-    }
-
-    /// Marks the current run done if it exited; returns its status.
-    fn reap(&mut self) -> Option<std::process::ExitStatus> {
-        let (child, start_ns) = self.current.as_mut()?;
-        let status = child.try_wait().ok()??;
-        let end_ns = crate::clock::monotonic_ns();
-        self.done.push(RunMarker {
-            index: self.index,
-            start_ns: *start_ns,
-            end_ns,
-            pid: child.id(),
-            exit_code: status
-                .code()
-                .or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| -s))
-                .unwrap_or(0),
-        });
-        self.index += 1;
-        self.current = None;
-        Some(status)
-    }
-
-    fn child(&mut self) -> Option<&mut Child> {
-        self.current.as_mut().map(|(c, _)| c)
-    }
-}
-
-/// Sleeps for one drain tick, watching the command in 1 ms steps so a run's end is marked
-/// within a millisecond and the next run starts at once. Returns the status of the last
-/// run when the command is done (its runs all ran, or one failed).
-fn tick(
-    runs: &mut Option<Runs>,
-    live: &mut Live,
-    tick: Duration,
-) -> anyhow::Result<Option<std::process::ExitStatus>> {
-    let Some(r) = runs.as_mut() else {
-        thread::sleep(tick);
-        return Ok(None);
-    };
-    let until = Instant::now() + tick;
-    loop {
-        if let Some(status) = r.reap() {
-            if r.left == 0 || !status.success() {
-                return Ok(Some(status));
-            }
-            r.start(live)?;
-        }
-        let now = Instant::now();
-        if now >= until {
-            return Ok(None);
-        }
-        thread::sleep((until - now).min(Duration::from_millis(1)));
-    }
 }
 
 /// Runs the command.
@@ -211,21 +122,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     header.run_counters = run_counters;
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
-    let mut runs = match args.command.as_slice() {
-        [] => None,
-        [program, rest @ ..] => {
-            let mut runs = Runs {
-                program: program.clone(),
-                rest: rest.to_vec(),
-                left: args.repeat,
-                index: 0,
-                current: None,
-                done: Vec::new(),
-            };
-            runs.start(&mut live)?;
-            Some(runs)
-        }
-    };
+    let mut runs = Runs::new(&args.command, args.repeat);
+    if let Some(r) = runs.as_mut() {
+        r.start(&mut live)?;
+    }
     if runs.is_none() && args.repeat > 1 {
         anyhow::bail!("--repeat needs a command to run: energy-bpf record --repeat N -- CMD");
     }
@@ -249,16 +149,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let tick = Duration::from_millis(args.drain_ms);
     let mut child_status = None;
     let stop_reason = loop {
-        let exited = match self::tick(&mut runs, &mut live, tick) {
-            Ok(exited) => exited,
-            Err(err) => {
-                kill(&mut runs);
-                return Err(err);
+        let exited = match runs.as_mut() {
+            Some(r) => match r.tick(&mut live, tick) {
+                Ok(exited) => exited,
+                Err(err) => {
+                    r.kill();
+                    return Err(err.into());
+                }
+            },
+            None => {
+                thread::sleep(tick);
+                None
             }
         };
         let mut chunk = live.poll();
         if let Some(r) = runs.as_mut() {
-            chunk.runs = std::mem::take(&mut r.done);
+            chunk.runs = r.take_done();
         }
         for fault in live.new_faults() {
             eprintln!("energy-bpf: warning: {fault}; recording goes on with the other sources");
@@ -275,7 +181,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         if let Some(status) = exited {
             child_status = Some(status);
-            let n = runs.as_ref().map_or(0, |r| r.index);
+            let n = runs.as_ref().map_or(0, Runs::ended);
             break if args.repeat > 1 {
                 format!(
                     "command exited ({status}) after {n} of {} runs",
@@ -304,7 +210,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(r) = runs.as_mut() {
-        last.runs = std::mem::take(&mut r.done);
+        last.runs = r.take_done();
     }
     let losses = last.losses;
     if let Err(err) = writer.chunk(last) {
@@ -331,24 +237,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => ExitCode::SUCCESS,
     })
-}
-
-/// Waits (up to 200 ms) until the child we forked has exec'd its program, then 2 ms more
-/// for the dynamic loader; false when it did not exec in time.
-fn wait_for_exec(pid: u32) -> bool {
-    let ours = std::fs::read_link("/proc/self/exe").ok();
-    let deadline = Instant::now() + Duration::from_millis(200);
-    while Instant::now() < deadline {
-        match std::fs::read_link(format!("/proc/{pid}/exe")) {
-            Ok(exe) if Some(&exe) != ours.as_ref() => {
-                std::thread::sleep(Duration::from_millis(2));
-                return true;
-            }
-            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-            Err(_) => return false,
-        }
-    }
-    false
 }
 
 /// A write failed (disk full, I/O error): the writer has cut the partial record off, so
@@ -380,11 +268,9 @@ fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) 
     anyhow::Error::new(err).context(format!("recording stopped early because {why}; {kept}"))
 }
 
+/// Kills the command's running run, if any.
 fn kill(runs: &mut Option<Runs>) {
-    if let Some(c) = runs.as_mut().and_then(Runs::child)
-        && matches!(c.try_wait(), Ok(None))
-    {
-        let _ = c.kill();
-        let _ = c.wait();
+    if let Some(r) = runs.as_mut() {
+        r.kill();
     }
 }

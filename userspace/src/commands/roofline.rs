@@ -2,16 +2,15 @@
 //! static power), then the built-in kernels on one thread and on every CPU while capture
 //! and the counters run; per source the kernels' energy is read between the counter
 //! readings inside each kernel, their flops and bytes interpolated from the progress log
-//! at those readings' times. The fit and everything stored are [`crate::roofline`]'s.
+//! at those readings' times. The sweep, the fit and everything stored are
+//! [`crate::roofline`]'s ([`crate::roofline::sweep`]); this file maps arguments, wires
+//! capture and prints.
 
 use std::{
     path::Path,
     process::ExitCode,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::{Duration, Instant},
+    sync::{Arc, atomic::AtomicBool},
+    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -27,11 +26,10 @@ use crate::{
     },
     pb::v1::{EnergyDomain, EnergyReading, EnergySource, SwitchEvent},
     roofline::{
-        self, KernelPoint, Roofline,
+        self, Roofline,
         cpufreq::{self, Pinned},
-        dvfs,
-        kernels::{self, Body, Buffer, Counters, INTENSITIES, Isa, Progress},
-        points::{Meter, Run, const_w_interval, point},
+        kernels::{self, Buffer, Counters, INTENSITIES, Isa},
+        sweep::{self, PASSES, SourceRuns, Sweeper},
     },
     timeline::Timeline,
 };
@@ -39,8 +37,6 @@ use crate::{
 /// Counter readings every 10 ms unless `--energy-interval-ms` says otherwise: a kernel
 /// spans tens of readings.
 const READ_MS: u64 = 10;
-/// Each kernel runs in this many round-robin passes, summed.
-const PASSES: u32 = 3;
 
 /// Runs `calibrate --roofline`.
 pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
@@ -120,19 +116,19 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
     // At least 50 counter updates per pass of a kernel.
     let kernel =
         Duration::from_millis(args.kernel_ms).max(Duration::from_nanos(update_ns * 50) * PASSES);
-    let mut sweeper = Sweeper {
-        live: &mut live,
-        switches: &mut switches,
-        readings: &mut readings,
-        counters: Arc::new(match &args.progress_file {
-            Some(path) => {
-                Counters::in_file(path).with_context(|| format!("cannot map {}", path.display()))?
-            }
-            None => Counters::default(),
-        }),
-        last_poll: Instant::now(),
-        interrupted: &interrupted,
-    };
+    let counters = Arc::new(match &args.progress_file {
+        Some(path) => {
+            Counters::in_file(path).with_context(|| format!("cannot map {}", path.display()))?
+        }
+        None => Counters::default(),
+    });
+    let mut sweeper = Sweeper::new(
+        &mut live,
+        &mut switches,
+        &mut readings,
+        counters,
+        &interrupted,
+    );
     let threads: Vec<Vec<u32>> = if cpu_ids.len() > 1 {
         vec![cpu_ids[..1].to_vec(), cpu_ids.clone()]
     } else {
@@ -195,86 +191,22 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         let Some(m) = measured.iter().find(|m| m.key == key) else {
             continue;
         };
-        let mine: Vec<&EnergyReading> = readings
-            .iter()
-            .filter(|r| r.source_id == source.id)
-            .collect();
-        // The model's constant power is its idle power by definition (its P = P_idle +
-        // (P_max − P_idle)·u); a busy machine would hide it from the quiet window.
-        let const_w = if source.estimated && source.model_idle_w > 0.0 {
-            source.model_idle_w
-        } else {
-            m.static_w
-        };
-        let interval = if source.estimated {
-            [const_w; 2]
-        } else {
-            const_w_interval(&mine, start_ns, static_end_ns, const_w)
-        };
-        let meter = if source.estimated {
-            let n = cpus
-                .iter()
-                .filter(|c| c.package == source.package)
-                .count()
-                .max(1);
-            Meter::Model {
-                const_w,
-                per_cpu_w: (source.model_max_w - source.model_idle_w).max(0.0) / n as f64,
-            }
-        } else {
-            Meter::Counter
-        };
-        let own = std::process::id();
-        let points_of = |khz: Option<u64>| -> Vec<KernelPoint> {
-            let mut sums: Vec<KernelPoint> = Vec::new();
-            for p in runs
-                .iter()
-                .filter(|r| r.khz == khz)
-                .filter_map(|r| point(r, &mine, &timeline, own, meter))
-            {
-                match sums
-                    .iter_mut()
-                    .find(|s| s.threads == p.threads && s.flop_per_byte == p.flop_per_byte)
-                {
-                    Some(s) => {
-                        s.flops += p.flops;
-                        s.bytes += p.bytes;
-                        s.seconds += p.seconds;
-                        s.busy_seconds += p.busy_seconds;
-                        s.joules += p.joules;
-                    }
-                    None => sums.push(p),
-                }
-            }
-            sums
-        };
-        let kernels = points_of(None);
-        let (all, one_thread) = roofline::summarize(&kernels, const_w, interval)
-            .with_context(|| format!("{}: cannot fit the roofline", source.name))?;
-        let dvfs = if freqs.is_empty() {
-            None
-        } else {
-            let fits = freqs
-                .iter()
-                .map(|&khz| {
-                    let (summary, _) =
-                        roofline::summarize(&points_of(Some(khz)), const_w, interval)
-                            .with_context(|| format!("{}: cannot fit at {khz} kHz", source.name))?;
-                    Ok(dvfs::FrequencyFit { khz, summary })
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            Some(dvfs::analyze(fits))
-        };
-        let r = Roofline {
-            estimated: source.estimated,
-            isa: isa.name().into(),
-            buffer_bytes: buffer.bytes() as u64,
-            all,
-            one_thread,
-            kernels,
-            dvfs,
-        };
-        print_summary(&source.name, &r);
+        let r = sweep::fit_source(
+            &SourceRuns {
+                source,
+                cpus: &cpus,
+                static_w: m.static_w,
+                quiet_ns: (start_ns, static_end_ns),
+                readings: &readings,
+                timeline: &timeline,
+                own_tgid: std::process::id(),
+            },
+            &runs,
+            &freqs,
+            isa,
+            buffer.bytes() as u64,
+        )?;
+        print!("{}", sweep::summary_text(&source.name, &r));
         let entry = host_cal
             .sources
             .entry(key)
@@ -298,141 +230,6 @@ pub fn run(args: &Args) -> anyhow::Result<ExitCode> {
         println!("plot written to {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What the sweep drives besides the kernels: capture, counters, the progress file.
-struct Sweeper<'a> {
-    live: &'a mut Live,
-    switches: &'a mut Vec<SwitchEvent>,
-    readings: &'a mut Vec<EnergyReading>,
-    counters: Arc<Counters>,
-    last_poll: Instant,
-    interrupted: &'a AtomicBool,
-}
-
-impl Sweeper<'_> {
-    /// Every kernel on each CPU set in `threads`, in turn.
-    fn sweep(
-        &mut self,
-        buffer: &Arc<Buffer>,
-        isa: Isa,
-        threads: &[Vec<u32>],
-        kernel: Duration,
-        khz: Option<u64>,
-    ) -> anyhow::Result<Vec<Run>> {
-        let mut runs = Vec::new();
-        // Round-robin passes: a burst of other load is spread over every intensity
-        // instead of falling on one kernel.
-        let pass = kernel / PASSES;
-        for cpus in threads {
-            for &intensity in INTENSITIES
-                .iter()
-                .cycle()
-                .take(INTENSITIES.len() * PASSES as usize)
-            {
-                anyhow::ensure!(
-                    !self.interrupted.load(Ordering::Relaxed),
-                    "interrupted (CPU frequencies, if changed, are restored)"
-                );
-                let body = Body::for_intensity(intensity);
-                let start_ns = crate::clock::monotonic_ns();
-                let counters = Arc::clone(&self.counters);
-                let log = kernels::run(buffer, body, isa, cpus, pass, &counters, &mut |p| {
-                    self.tick(p)
-                });
-                runs.push(Run {
-                    body,
-                    threads: cpus.len() as u32,
-                    khz,
-                    start_ns,
-                    end_ns: crate::clock::monotonic_ns(),
-                    log,
-                });
-            }
-        }
-        Ok(runs)
-    }
-
-    fn tick(&mut self, _: Progress) {
-        if self.last_poll.elapsed() >= Duration::from_millis(100) {
-            self.last_poll = Instant::now();
-            let chunk = self.live.poll();
-            self.switches.extend(chunk.switches);
-            self.readings.extend(chunk.readings);
-        }
-    }
-}
-
-fn print_summary(name: &str, r: &Roofline) {
-    let note = if r.estimated {
-        " (estimated: describes the model, not the machine)"
-    } else {
-        ""
-    };
-    println!("{name}{note}:");
-    for s in std::iter::once(&r.all).chain(&r.one_thread) {
-        let c = &s.constants;
-        let i = &s.fit.intervals;
-        println!("  {} thread(s):", s.threads);
-        println!(
-            "    constant power π0   {:>10.3} W        [{:.3}, {:.3}]",
-            c.const_w, i.const_w[0], i.const_w[1]
-        );
-        println!(
-            "    energy per flop ε   {:>10.3} pJ       [{:.3}, {:.3}]",
-            c.j_per_flop * 1e12,
-            i.j_per_flop[0] * 1e12,
-            i.j_per_flop[1] * 1e12
-        );
-        println!(
-            "    energy per byte ε   {:>10.3} pJ       [{:.3}, {:.3}]",
-            c.j_per_byte * 1e12,
-            i.j_per_byte[0] * 1e12,
-            i.j_per_byte[1] * 1e12
-        );
-        println!(
-            "    peak flop rate      {:>10.3} Gflop/s  [{:.3}, {:.3}]",
-            1e-9 / c.s_per_flop,
-            1e-9 / i.s_per_flop[1],
-            1e-9 / i.s_per_flop[0]
-        );
-        println!(
-            "    peak bandwidth      {:>10.3} GB/s     [{:.3}, {:.3}]",
-            1e-9 / c.s_per_byte,
-            1e-9 / i.s_per_byte[1],
-            1e-9 / i.s_per_byte[0]
-        );
-        println!(
-            "    balance: time B_τ = {:.3}, energy B_ε = {:.3}, effective B̂_ε = {:.3} flop/byte (η_flop {:.2})",
-            s.time_balance, s.energy_balance, s.effective_energy_balance, s.eta_flop
-        );
-        println!(
-            "    fit: energy residual median {:.1}% (max {:.1}%), time residual median {:.1}%, R² {:.4}",
-            s.fit.energy_residual_median * 100.0,
-            s.fit.energy_residual_max * 100.0,
-            s.fit.time_residual_median * 100.0,
-            s.fit.energy_r2
-        );
-        match s.balance_gap {
-            None => println!(
-                "    race to halt: yes (B_τ > B̂_ε): finishing sooner saves energy at every intensity"
-            ),
-            Some([lo, hi]) => println!(
-                "    race to halt: no: codes with {lo:.3} < I < {hi:.3} flop/byte are compute-bound in time but memory-bound in energy"
-            ),
-        }
-    }
-    if let Some(d) = &r.dvfs {
-        println!("  energy-optimal frequency per intensity (from the V²-scaling fit):");
-        for b in &d.optimal {
-            println!(
-                "    I = {:>8.4} flop/byte: {} kHz ({:.1}% less energy than the fastest)",
-                b.flop_per_byte,
-                b.best_khz,
-                b.saving_vs_fastest * 100.0
-            );
-        }
-    }
 }
 
 fn write_plot(path: &Path, svg: &str) -> anyhow::Result<()> {

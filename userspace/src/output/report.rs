@@ -385,9 +385,10 @@ fn report(
             )
         }
         By::Thread => {
-            // Threads running JIT-compiled (or Python) code show their busiest such
-            // function: the thread's name alone says `node` or `java`.
-            let top = if rec.jit_symbols.is_empty() {
+            // Threads running JIT-compiled or Python code show their busiest such
+            // function: the thread's name alone says `node`, `java` or `python3`. Only
+            // recordings with such frames pay for the profile.
+            let top = if rec.jit_symbols.is_empty() && rec.python_frames.is_empty() {
                 std::collections::HashMap::new()
             } else {
                 functions::top_managed_by_thread(&analysis::profile(rec, a, &Filter::default()))

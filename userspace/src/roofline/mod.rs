@@ -16,9 +16,11 @@
 //! - [`report`]: `report --by function --roofline`: the calibration's balance points and
 //!   each function placed against them, as a table, JSON or CSV.
 //!
-//! This module owns what is stored under `roofline` in the calibration file; measuring
-//! (capture, counters, running kernels in step with readings) is wired in
-//! `commands/roofline.rs`.
+//! - [`sweep`]: running the kernels while capture goes on, and one source's roofline from
+//!   the runs and its readings.
+//!
+//! This module owns what is stored under `roofline` in the calibration file; the command
+//! (`commands/roofline.rs`) maps arguments, starts capture and prints.
 
 pub mod cpufreq;
 pub mod dvfs;
@@ -30,6 +32,7 @@ pub mod place;
 pub mod plot;
 pub mod points;
 pub mod report;
+pub mod sweep;
 
 use std::io::Read as _;
 

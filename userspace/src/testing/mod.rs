@@ -21,3 +21,17 @@ pub(crate) fn sw_to(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> Switch
         ..Default::default()
     }
 }
+
+/// [`sw`] carrying the activity count of the run it ends (`None`: not counted).
+pub(crate) fn sw_counted(
+    ts_ns: u64,
+    cpu: u32,
+    tid: u32,
+    next: u32,
+    activity: Option<u64>,
+) -> SwitchEvent {
+    SwitchEvent {
+        activity,
+        ..sw(ts_ns, cpu, tid, next)
+    }
+}

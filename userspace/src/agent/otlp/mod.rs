@@ -5,12 +5,13 @@
 //! export become one OTLP request (a CPU profile and an energy profile per zone, see
 //! [`crate::output::otlp`]), symbolized here, and go to the [`Exporter`]'s bounded queue.
 //!
-//! The sink keeps what profiles need between windows, and no more: thread names and
-//! executable mappings and perf-map (JIT) entries of live processes (dropped at exit), and the samples and their
-//! energy since the last export. Symbolizing and encoding happen on a thread of their own
+//! The sink keeps what profiles need between windows, and no more: thread names, executable
+//! mappings, perf-map (JIT) entries and Python frame names of live processes (dropped at
+//! exit, see [`python`]), and the samples and their energy since the last export. Symbolizing and encoding happen on a thread of their own
 //! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
 //! waits on them, and a backlog is dropped and counted like a full export queue.
 
+pub mod python;
 pub mod transport;
 
 use std::collections::{BTreeMap, HashMap};
@@ -42,7 +43,7 @@ struct Batch {
     threads: HashMap<u32, pb::ThreadInfo>,
     mappings: HashMap<u32, Vec<pb::Mapping>>,
     jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
-    /// The agent walks no Python frames: always empty.
+    /// Names of the Python frames the samples refer to.
     python_frames: PythonFrames,
     weights: SampleValues,
 }
@@ -80,6 +81,7 @@ pub struct OtlpSink {
     threads: HashMap<u32, pb::ThreadInfo>,
     mappings: HashMap<u32, Vec<pb::Mapping>>,
     jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
+    python: python::PythonTable,
     pending: Option<Batch>,
     /// Energy the windows since the last export gave threads, µJ per zone: what the
     /// exported profiles must add up to.
@@ -138,6 +140,7 @@ impl OtlpSink {
             threads: HashMap::new(),
             mappings: HashMap::new(),
             jit_symbols: HashMap::new(),
+            python: python::PythonTable::default(),
             pending: None,
             attributed_uj: BTreeMap::new(),
             containers: HashMap::new(),
@@ -212,6 +215,7 @@ impl Sink for OtlpSink {
         for j in &chunk.jit_symbols {
             self.jit_symbols.entry(j.tgid).or_default().push(j.clone());
         }
+        self.python.chunk(chunk);
         Ok(())
     }
 
@@ -234,7 +238,6 @@ impl Sink for OtlpSink {
         let start_unix_ns = header
             .start_unix_ns
             .saturating_add(window.start_ns().saturating_sub(header.start_ns));
-        let no_python = PythonFrames::default();
         // The window's samples, resolved by the tables the sink keeps from chunks.
         let stacks = Stacks {
             hostname: &header.hostname,
@@ -245,7 +248,7 @@ impl Sink for OtlpSink {
             samples: &window.events.samples,
             threads: &self.threads,
             mappings: &self.mappings,
-            python_frames: &no_python,
+            python_frames: self.python.rows(),
             jit_symbols: &self.jit_symbols,
         };
         let weights = analysis::sample_values(stacks, &window.analysis);
@@ -259,7 +262,7 @@ impl Sink for OtlpSink {
             threads: self.threads.clone(),
             mappings: self.mappings.clone(),
             jit_symbols: self.jit_symbols.clone(),
-            python_frames: no_python,
+            python_frames: self.python.used_by(&window.events.samples),
             weights,
         };
         let attr = &window.analysis.attribution;
@@ -284,6 +287,9 @@ impl Sink for OtlpSink {
                 acc.threads = batch.threads;
                 acc.mappings = batch.mappings;
                 acc.jit_symbols = batch.jit_symbols;
+                // Ids are never reused: the rows of processes that exited since stay
+                // valid for their samples gathered before.
+                acc.python_frames.extend(batch.python_frames);
                 acc.end_ns = batch.end_ns;
                 acc.weights.values.extend(batch.weights.values);
                 acc.weights.residuals.extend(batch.weights.residuals);
@@ -307,6 +313,7 @@ impl Sink for OtlpSink {
                 if e.tid == e.tgid {
                     self.mappings.remove(&e.tgid);
                     self.jit_symbols.remove(&e.tgid);
+                    self.python.exited(e.tgid);
                 }
             }
         }
