@@ -7,8 +7,6 @@
 //! time (policy `proportional`). Time nobody can name (UNKNOWN_TID) is split like a thread
 //! and reported as its own row, so the parts always add up to the measured delta.
 
-use std::collections::BTreeMap;
-
 use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
 
 use super::IdlePolicy;
@@ -25,11 +23,99 @@ pub struct ThreadTime {
     pub weighted: f64,
 }
 
+/// Per-thread times of one interval: each thread once, in key order (a flat sorted array,
+/// looked up by binary search: no map per interval).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadTimes(Vec<(ThreadKey, ThreadTime)>);
+
+/// Iterator over [`ThreadTimes`] as `(key, time)` pairs, in key order.
+pub type ThreadTimesIter<'a> = std::iter::Map<
+    std::slice::Iter<'a, (ThreadKey, ThreadTime)>,
+    fn(&'a (ThreadKey, ThreadTime)) -> (&'a ThreadKey, &'a ThreadTime),
+>;
+
+impl ThreadTimes {
+    /// From pairs already sorted by key, each key once.
+    fn from_sorted(pairs: Vec<(ThreadKey, ThreadTime)>) -> Self {
+        debug_assert!(pairs.windows(2).all(|w| w[0].0 < w[1].0));
+        Self(pairs)
+    }
+
+    /// `(key, time)` pairs in key order.
+    pub fn iter(&self) -> ThreadTimesIter<'_> {
+        self.0.iter().map(|(k, t)| (k, t))
+    }
+
+    /// `(key, time)` pairs in key order, times mutable.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&ThreadKey, &mut ThreadTime)> {
+        self.0.iter_mut().map(|(k, t)| (&*k, t))
+    }
+
+    /// Times in key order.
+    pub fn values(&self) -> impl Iterator<Item = &ThreadTime> {
+        self.0.iter().map(|(_, t)| t)
+    }
+
+    /// The time of one thread.
+    pub fn get(&self, key: &ThreadKey) -> Option<&ThreadTime> {
+        self.0
+            .binary_search_by_key(key, |(k, _)| *k)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// Threads held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no thread ran.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::ops::Index<&ThreadKey> for ThreadTimes {
+    type Output = ThreadTime;
+
+    fn index(&self, key: &ThreadKey) -> &ThreadTime {
+        match self.get(key) {
+            Some(t) => t,
+            None => panic!("thread {key:?} is not in this occupancy"),
+        }
+    }
+}
+
+impl FromIterator<(ThreadKey, ThreadTime)> for ThreadTimes {
+    /// Pairs in any order; a key given twice keeps its last time (as a map insert would).
+    fn from_iter<I: IntoIterator<Item = (ThreadKey, ThreadTime)>>(iter: I) -> Self {
+        let mut pairs: Vec<(ThreadKey, ThreadTime)> = iter.into_iter().collect();
+        pairs.sort_by_key(|p| p.0);
+        let mut out: Vec<(ThreadKey, ThreadTime)> = Vec::with_capacity(pairs.len());
+        for p in pairs {
+            match out.last_mut() {
+                Some(last) if last.0 == p.0 => *last = p,
+                _ => out.push(p),
+            }
+        }
+        Self(out)
+    }
+}
+
+impl<'a> IntoIterator for &'a ThreadTimes {
+    type Item = (&'a ThreadKey, &'a ThreadTime);
+    type IntoIter = ThreadTimesIter<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// Who occupied a domain's CPUs during one interval.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Occupancy {
     /// Busy threads.
-    pub threads: BTreeMap<ThreadKey, ThreadTime>,
+    pub threads: ThreadTimes,
     /// Idle CPU-ns.
     pub idle_ns: f64,
     /// CPU-ns whose task is unknown (including time outside the timeline's window).
@@ -38,7 +124,8 @@ pub struct Occupancy {
 
 impl Occupancy {
     /// Tallies `[a, b)` on `cpus`; `weight(cpu, run)` is the activity weight per ns of a
-    /// busy or unknown run (1.0 = busy time).
+    /// busy or unknown run (1.0 = busy time). For many intervals of one timeline,
+    /// [`Tally`] does the same without sorting per interval.
     pub fn tally(
         timeline: &Timeline,
         cpus: &[u32],
@@ -48,8 +135,7 @@ impl Occupancy {
     ) -> Self {
         let mut occ = Occupancy::default();
         // Threads' parts in the order met, then stably sorted and summed per thread: the
-        // same sums in the same order as adding to the map part by part, and the map is
-        // built in one pass from sorted keys (an insert per part cost most of the tally).
+        // same sums in the same order as adding to a map part by part.
         let mut parts: Vec<(ThreadKey, ThreadTime)> = Vec::new();
         for &cpu in cpus {
             let mut covered = 0u64;
@@ -74,20 +160,7 @@ impl Occupancy {
                     }
                 }
             }
-            // Parts of the interval the timeline does not cover are unknown, not idle.
-            let gap = (b - a).saturating_sub(covered) as f64;
-            if gap > 0.0 {
-                let unknown_run = Run {
-                    start_ns: a,
-                    end_ns: b,
-                    tid: UNKNOWN_TID,
-                    tgid: 0,
-                    cgroup_id: 0,
-                    activity: None,
-                };
-                occ.unknown.ns += gap;
-                occ.unknown.weighted += gap * weight(cpu, &unknown_run);
-            }
+            add_gap(&mut occ, cpu, a, b, covered, weight);
         }
         parts.sort_by_key(|p| p.0);
         let mut summed: Vec<(ThreadKey, ThreadTime)> = Vec::with_capacity(parts.len());
@@ -100,13 +173,242 @@ impl Occupancy {
                 _ => summed.push((key, part)),
             }
         }
-        occ.threads = summed.into_iter().collect();
+        occ.threads = ThreadTimes::from_sorted(summed);
         occ
     }
 
     /// Busy CPU-ns (threads + unknown).
     pub fn busy_ns(&self) -> f64 {
         self.threads.values().map(|t| t.ns).sum::<f64>() + self.unknown.ns
+    }
+}
+
+/// Time of `[a, b)` on `cpu` the timeline does not cover (`covered` of it is): unknown, not
+/// idle.
+fn add_gap(
+    occ: &mut Occupancy,
+    cpu: u32,
+    a: u64,
+    b: u64,
+    covered: u64,
+    weight: &dyn Fn(u32, &Run) -> f64,
+) {
+    let gap = (b - a).saturating_sub(covered) as f64;
+    if gap > 0.0 {
+        let unknown_run = Run {
+            start_ns: a,
+            end_ns: b,
+            tid: UNKNOWN_TID,
+            tgid: 0,
+            cgroup_id: 0,
+            activity: None,
+        };
+        occ.unknown.ns += gap;
+        occ.unknown.weighted += gap * weight(cpu, &unknown_run);
+    }
+}
+
+/// The threads of one timeline, interned once: their keys in order, and for every run the
+/// index of its thread's key ([`NO_THREAD`] for idle and unknown runs). Built once per
+/// window, it lets [`Tally`] sum each interval into a flat array.
+#[derive(Clone, Debug)]
+pub struct ThreadIndex<'a> {
+    timeline: &'a Timeline,
+    keys: Vec<ThreadKey>,
+    /// Per CPU of the timeline (same positions), per run.
+    runs: Vec<Vec<u32>>,
+}
+
+/// The index of idle and unknown runs in a [`ThreadIndex`].
+pub const NO_THREAD: u32 = u32::MAX;
+
+impl<'a> ThreadIndex<'a> {
+    /// Interns every busy run's thread of `timeline`.
+    pub fn new(timeline: &'a Timeline) -> Self {
+        let mut ids: foldhash::HashMap<ThreadKey, u32> = Default::default();
+        let mut keys: Vec<ThreadKey> = Vec::new();
+        let mut runs: Vec<Vec<u32>> = timeline
+            .cpus
+            .iter()
+            .map(|ct| {
+                ct.runs
+                    .iter()
+                    .map(|r| {
+                        if r.tid == IDLE_TID || r.tid == UNKNOWN_TID {
+                            return NO_THREAD;
+                        }
+                        *ids.entry((r.tgid, r.tid)).or_insert_with(|| {
+                            keys.push((r.tgid, r.tid));
+                            (keys.len() - 1) as u32
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        // Indices in key order, so an interval's threads sorted by index are in key order.
+        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| keys[i as usize]);
+        let mut rank = vec![0u32; keys.len()];
+        for (r, &i) in order.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
+        for cpu in &mut runs {
+            for id in cpu.iter_mut().filter(|id| **id != NO_THREAD) {
+                *id = rank[*id as usize];
+            }
+        }
+        keys.sort_unstable();
+        Self {
+            timeline,
+            keys,
+            runs,
+        }
+    }
+
+    /// The timeline indexed.
+    pub fn timeline(&self) -> &'a Timeline {
+        self.timeline
+    }
+
+    /// Position of `cpu` among the timeline's CPUs.
+    fn position(&self, cpu: u32) -> Option<usize> {
+        let cpus = &self.timeline.cpus;
+        match cpus.binary_search_by_key(&cpu, |c| c.cpu) {
+            Ok(i) => Some(i),
+            Err(_) => cpus.iter().position(|c| c.cpu == cpu),
+        }
+    }
+}
+
+/// Tallies many intervals of one indexed timeline: each interval's per-thread sums are
+/// added into a flat array by thread index (reused from interval to interval), then listed
+/// in key order. The sums, and their order of addition, are those of
+/// [`Occupancy::tally`].
+#[derive(Clone, Debug)]
+pub struct Tally<'i, 'a> {
+    index: &'i ThreadIndex<'a>,
+    acc: Vec<ThreadTime>,
+    /// Whether each thread has a part in the current interval.
+    seen: Vec<bool>,
+    touched: Vec<u32>,
+}
+
+impl<'i, 'a> Tally<'i, 'a> {
+    /// A tally over `index`'s timeline.
+    pub fn new(index: &'i ThreadIndex<'a>) -> Self {
+        Self {
+            index,
+            acc: vec![ThreadTime::default(); index.keys.len()],
+            seen: vec![false; index.keys.len()],
+            touched: Vec::new(),
+        }
+    }
+
+    /// The timeline tallied.
+    pub fn timeline(&self) -> &'a Timeline {
+        self.index.timeline
+    }
+
+    /// [`Occupancy::tally`] of `[a, b)` on `cpus` into `occ` (its buffers reused).
+    pub fn fill(
+        &mut self,
+        occ: &mut Occupancy,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &dyn Fn(u32, &Run) -> f64,
+    ) {
+        let mut pairs = std::mem::take(&mut occ.threads.0);
+        pairs.clear();
+        *occ = Occupancy::default();
+        let index = self.index;
+        for &cpu in cpus {
+            let mut covered = 0u64;
+            if let Some(pos) = index.position(cpu) {
+                let runs = &index.timeline.cpus[pos].runs;
+                let ids = &index.runs[pos];
+                let first = runs.partition_point(|r| r.end_ns <= a);
+                for (run, &id) in runs[first..].iter().zip(&ids[first..]) {
+                    if run.start_ns >= b {
+                        break;
+                    }
+                    let ns = run.overlap_ns(a, b);
+                    covered += ns;
+                    let ns = ns as f64;
+                    if id != NO_THREAD {
+                        let i = id as usize;
+                        if !self.seen[i] {
+                            self.seen[i] = true;
+                            self.touched.push(id);
+                        }
+                        let t = &mut self.acc[i];
+                        t.ns += ns;
+                        t.weighted += ns * weight(cpu, run);
+                    } else if run.tid == IDLE_TID {
+                        occ.idle_ns += ns;
+                    } else {
+                        occ.unknown.ns += ns;
+                        occ.unknown.weighted += ns * weight(cpu, run);
+                    }
+                }
+            }
+            add_gap(occ, cpu, a, b, covered, weight);
+        }
+        self.touched.sort_unstable();
+        pairs.extend(self.touched.iter().map(|&id| {
+            let i = id as usize;
+            self.seen[i] = false;
+            (index.keys[i], std::mem::take(&mut self.acc[i]))
+        }));
+        self.touched.clear();
+        occ.threads = ThreadTimes::from_sorted(pairs);
+    }
+
+    /// The occupancy of `[a, b)` on `cpus` with no thread listed: every busy thread's time
+    /// summed into `unknown` (what the static-power estimate and load rows read: busy and
+    /// weighted CPU-ns), at no per-thread cost.
+    pub fn totals(
+        &self,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &dyn Fn(u32, &Run) -> f64,
+    ) -> Occupancy {
+        let mut occ = Occupancy::default();
+        for &cpu in cpus {
+            let mut covered = 0u64;
+            if let Some(ct) = self.index.timeline.cpu(cpu) {
+                for run in ct.runs_in(a, b) {
+                    let ns = run.overlap_ns(a, b);
+                    covered += ns;
+                    let ns = ns as f64;
+                    if run.tid == IDLE_TID {
+                        occ.idle_ns += ns;
+                    } else {
+                        occ.unknown.ns += ns;
+                        occ.unknown.weighted += ns * weight(cpu, run);
+                    }
+                }
+            }
+            add_gap(&mut occ, cpu, a, b, covered, weight);
+        }
+        occ
+    }
+
+    /// Busy CPU-ns (threads + unknown) of `[a, b)` on `cpus`, as [`Occupancy::busy_ns`]
+    /// counts them (integer sums, so the same value), without listing threads.
+    pub fn busy_ns(&self, cpus: &[u32], a: u64, b: u64) -> f64 {
+        let mut idle = 0u64;
+        for &cpu in cpus {
+            if let Some(ct) = self.index.timeline.cpu(cpu) {
+                idle += ct
+                    .runs_in(a, b)
+                    .filter(|r| r.tid == IDLE_TID)
+                    .map(|r| r.overlap_ns(a, b))
+                    .sum::<u64>();
+            }
+        }
+        (cpus.len() as u64 * b.saturating_sub(a)).saturating_sub(idle) as f64
     }
 }
 
