@@ -14,7 +14,7 @@ use super::interval::{self, Interval};
 use super::regression::{self, Row};
 use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, Tally, ThreadIndex, ThreadKey};
-use super::{Input, Options, PowerModel};
+use super::{ActivityWeights, Input, Options, PowerModel};
 use super::{smt, static_power, uncertainty};
 
 /// What one source contributes.
@@ -45,13 +45,12 @@ pub(super) fn run_source(
     } else {
         domain_cpus(input, source)
     };
-    let activity = |cpu: u32, run: &Run| input.activity.map_or(1.0, |w| w.weight(cpu, run));
     let mut occupancy = DomainTally {
         tally: Tally::new(index),
         cpus: &cpus,
         cores: smt::cores(input.cpus, &cpus),
         extra: opts.smt_sibling_extra,
-        weight: &activity,
+        activity: input.activity,
     };
     // Each interval's busy totals (no thread listed): what the static-power estimate reads.
     // The per-thread occupancy of an interval is tallied when it is split, and dropped.
@@ -242,13 +241,15 @@ struct DomainTally<'t, 'i, 'a> {
     cpus: &'t [u32],
     cores: Vec<Vec<u32>>,
     extra: f64,
-    weight: &'t dyn Fn(u32, &Run) -> f64,
+    activity: Option<&'t ActivityWeights>,
 }
 
 impl DomainTally<'_, '_, '_> {
     /// Who ran over `[a, b)`, into `occ`.
     fn fill(&mut self, occ: &mut Occupancy, a: u64, b: u64) {
-        self.tally.fill(occ, self.cpus, a, b, self.weight);
+        let activity = self.activity;
+        let weight = |cpu: u32, run: &Run| activity.map_or(1.0, |w| w.weight(cpu, run));
+        self.tally.fill(occ, self.cpus, a, b, &weight);
         if !self.cores.is_empty() {
             let timeline = self.tally.timeline();
             smt::apply(occ, timeline, &self.cores, a, b, self.extra);
@@ -257,7 +258,9 @@ impl DomainTally<'_, '_, '_> {
 
     /// Busy totals over `[a, b)`, no thread listed ([`Tally::totals`]).
     fn totals(&self, a: u64, b: u64) -> Occupancy {
-        self.tally.totals(self.cpus, a, b, self.weight)
+        let activity = self.activity;
+        let weight = |cpu: u32, run: &Run| activity.map_or(1.0, |w| w.weight(cpu, run));
+        self.tally.totals(self.cpus, a, b, &weight)
     }
 }
 

@@ -185,13 +185,13 @@ impl Occupancy {
 
 /// Time of `[a, b)` on `cpu` the timeline does not cover (`covered` of it is): unknown, not
 /// idle.
-fn add_gap(
+fn add_gap<W: Fn(u32, &Run) -> f64 + ?Sized>(
     occ: &mut Occupancy,
     cpu: u32,
     a: u64,
     b: u64,
     covered: u64,
-    weight: &dyn Fn(u32, &Run) -> f64,
+    weight: &W,
 ) {
     let gap = (b - a).saturating_sub(covered) as f64;
     if gap > 0.0 {
@@ -316,7 +316,7 @@ impl<'i, 'a> Tally<'i, 'a> {
         cpus: &[u32],
         a: u64,
         b: u64,
-        weight: &dyn Fn(u32, &Run) -> f64,
+        weight: &impl Fn(u32, &Run) -> f64,
     ) {
         let mut pairs = std::mem::take(&mut occ.threads.0);
         pairs.clear();
@@ -372,7 +372,7 @@ impl<'i, 'a> Tally<'i, 'a> {
         cpus: &[u32],
         a: u64,
         b: u64,
-        weight: &dyn Fn(u32, &Run) -> f64,
+        weight: &impl Fn(u32, &Run) -> f64,
     ) -> Occupancy {
         let mut occ = Occupancy::default();
         for &cpu in cpus {
@@ -530,7 +530,7 @@ pub fn split_gpu(
 mod tests {
     use super::*;
 
-    use crate::testing::sw;
+    use crate::testing::{sw, sw_to};
 
     fn ones(_: u32, _: &Run) -> f64 {
         1.0
@@ -580,6 +580,46 @@ mod tests {
         let s = split_cpu(1000.0, 0.0, &occ, IdlePolicy::Separate, &equal_power);
         // weighted: 1→600, 2→200, 3→1600; total 2400.
         assert!((energy_of(&s, 3) - 1000.0 * 1600.0 / 2400.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_flat_tally_sums_as_the_sorting_one_does() {
+        // Four threads of two processes, idle and unknown stretches, on three CPUs (CPU 2
+        // has no events: all unknown); intervals inside, across and past the window.
+        let mut ev = Vec::new();
+        let mut x = 0x2545_f491_u64;
+        for i in 0..300u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let tid = (x % 5) as u32; // 0 is idle
+            let next = ((x >> 8) % 5) as u32;
+            let mut e = sw_to(10 * i + x % 7, (i % 2) as u32, tid, (x % 11 != 0).then_some(next));
+            if tid != 0 {
+                e.tgid = 100 + tid % 2;
+            }
+            ev.push(e);
+        }
+        ev.sort_by_key(|s| s.ts_ns);
+        let tl = Timeline::build(0, 3000, &[0, 1, 2], &ev);
+        let index = ThreadIndex::new(&tl);
+        let mut tally = Tally::new(&index);
+        let w = |cpu: u32, r: &Run| 1.0 + f64::from(cpu) * 0.25 + f64::from(r.tid % 3) * 0.1;
+        let mut occ = Occupancy::default();
+        for (a, b) in [(0, 3000), (5, 17), (100, 1234), (2990, 4000), (3100, 3200)] {
+            for cpus in [&[0, 1, 2][..], &[1], &[2, 0]] {
+                let want = Occupancy::tally(&tl, cpus, a, b, &w);
+                tally.fill(&mut occ, cpus, a, b, &w);
+                assert_eq!(occ, want, "[{a}, {b}) on {cpus:?}");
+                let totals = tally.totals(cpus, a, b, &w);
+                assert_eq!(totals.busy_ns(), want.busy_ns());
+                assert_eq!(totals.idle_ns, want.idle_ns);
+                assert_eq!(tally.busy_ns(cpus, a, b), want.busy_ns());
+                let weighted: f64 =
+                    want.threads.values().map(|t| t.weighted).sum::<f64>() + want.unknown.weighted;
+                assert!((totals.unknown.weighted - weighted).abs() <= 1e-9 * weighted);
+            }
+        }
     }
 
     #[test]
