@@ -220,7 +220,11 @@ fn domain_samples(input: &Input<'_>, cpus: &[u32]) -> Vec<(u64, usize, ThreadKey
 }
 
 /// The busiest processes on a source's CPUs over `intervals`, most busy first.
-fn rank_classes(intervals: &[Interval], occupancy: &mut DomainTally<'_, '_, '_>, n: usize) -> Vec<u32> {
+fn rank_classes(
+    intervals: &[Interval],
+    occupancy: &mut DomainTally<'_, '_, '_>,
+    n: usize,
+) -> Vec<u32> {
     let mut busy: HashMap<u32, f64> = HashMap::new();
     let mut occ = Occupancy::default();
     for iv in intervals {

@@ -594,7 +594,12 @@ mod tests {
             x ^= x << 17;
             let tid = (x % 5) as u32; // 0 is idle
             let next = ((x >> 8) % 5) as u32;
-            let mut e = sw_to(10 * i + x % 7, (i % 2) as u32, tid, (x % 11 != 0).then_some(next));
+            let mut e = sw_to(
+                10 * i + x % 7,
+                (i % 2) as u32,
+                tid,
+                (!x.is_multiple_of(11)).then_some(next),
+            );
             if tid != 0 {
                 e.tgid = 100 + tid % 2;
             }

@@ -255,7 +255,7 @@ impl Folder {
                 cpu.cursor = s.ts_ns;
                 // A long batch of one CPU is folded as it comes, so the raw runs held stay
                 // a few cells' worth, not the batch's.
-                if cpu.raw.len() % RAW_FOLD_EVERY == 0 {
+                if cpu.raw.len().is_multiple_of(RAW_FOLD_EVERY) {
                     self.fold_cells(cpu, horizon);
                 }
             }
