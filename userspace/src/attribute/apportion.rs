@@ -13,7 +13,8 @@ use super::attribution::{
 use super::interval::{self, Interval};
 use super::regression::{self, Row};
 use super::samples::SampleSplitter;
-use super::split::{self, Occupancy, Split, Tally, ThreadIndex, ThreadKey};
+use super::split::{self, Occupancy, Split, ThreadKey};
+use super::tally::{Tally, ThreadIndex};
 use super::{ActivityWeights, Input, Options, PowerModel};
 use super::{smt, static_power, uncertainty};
 

@@ -30,6 +30,7 @@ pub mod sim;
 pub mod smt;
 pub mod split;
 pub mod static_power;
+pub mod tally;
 pub mod uncertainty;
 pub mod zero_load;
 
@@ -173,7 +174,7 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     let mut sorted_sources: Vec<&EnergySource> = input.sources.iter().collect();
     sorted_sources.sort_by_key(|s| s.id);
     // Threads interned once for every source's tallies.
-    let index = split::ThreadIndex::new(input.timeline);
+    let index = tally::ThreadIndex::new(input.timeline);
     for source in sorted_sources {
         let out = apportion::run_source(input, &index, opts, source);
         let d = out.report.domain;
