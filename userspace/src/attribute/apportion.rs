@@ -293,10 +293,6 @@ impl Plan {
 
 /// Decides time or regression for a source (recording the decision in `report`) and, for
 /// regression, fits the sliding windows.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the source's inputs and the two ways of counting its occupancy"
-)]
 fn plan_model(
     source: &EnergySource,
     opts: &Options,

@@ -182,6 +182,37 @@ impl Occupancy {
         occ
     }
 
+    /// The occupancy of `[a, b)` on `cpus` with no thread listed: every busy thread's time
+    /// summed into `unknown` (what the static-power estimate and load rows read: busy and
+    /// weighted CPU-ns), at no per-thread cost.
+    pub fn totals<W: Fn(u32, &Run) -> f64 + ?Sized>(
+        timeline: &Timeline,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &W,
+    ) -> Self {
+        let mut occ = Occupancy::default();
+        for &cpu in cpus {
+            let mut covered = 0u64;
+            if let Some(ct) = timeline.cpu(cpu) {
+                for run in ct.runs_in(a, b) {
+                    let ns = run.overlap_ns(a, b);
+                    covered += ns;
+                    let ns = ns as f64;
+                    if run.tid == IDLE_TID {
+                        occ.idle_ns += ns;
+                    } else {
+                        occ.unknown.ns += ns;
+                        occ.unknown.weighted += ns * weight(cpu, run);
+                    }
+                }
+            }
+            add_gap(&mut occ, cpu, a, b, covered, weight);
+        }
+        occ
+    }
+
     /// Busy CPU-ns (threads + unknown).
     pub fn busy_ns(&self) -> f64 {
         self.threads.values().map(|t| t.ns).sum::<f64>() + self.unknown.ns

@@ -164,9 +164,7 @@ impl<'i, 'a> Tally<'i, 'a> {
         occ.threads = ThreadTimes::from_sorted(pairs);
     }
 
-    /// The occupancy of `[a, b)` on `cpus` with no thread listed: every busy thread's time
-    /// summed into `unknown` (what the static-power estimate and load rows read: busy and
-    /// weighted CPU-ns), at no per-thread cost.
+    /// [`Occupancy::totals`] over this tally's timeline.
     pub fn totals(
         &self,
         cpus: &[u32],
@@ -174,25 +172,7 @@ impl<'i, 'a> Tally<'i, 'a> {
         b: u64,
         weight: &impl Fn(u32, &Run) -> f64,
     ) -> Occupancy {
-        let mut occ = Occupancy::default();
-        for &cpu in cpus {
-            let mut covered = 0u64;
-            if let Some(ct) = self.index.timeline.cpu(cpu) {
-                for run in ct.runs_in(a, b) {
-                    let ns = run.overlap_ns(a, b);
-                    covered += ns;
-                    let ns = ns as f64;
-                    if run.tid == IDLE_TID {
-                        occ.idle_ns += ns;
-                    } else {
-                        occ.unknown.ns += ns;
-                        occ.unknown.weighted += ns * weight(cpu, run);
-                    }
-                }
-            }
-            add_gap(&mut occ, cpu, a, b, covered, weight);
-        }
-        occ
+        Occupancy::totals(self.index.timeline, cpus, a, b, weight)
     }
 
     /// Busy CPU-ns (threads + unknown) of `[a, b)` on `cpus`, as [`Occupancy::busy_ns`]
