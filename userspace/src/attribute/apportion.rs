@@ -14,7 +14,8 @@ use super::interval::{self, Interval};
 use super::regression::{self, Row};
 use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, ThreadKey};
-use super::{Input, Options, PowerModel};
+use super::tally::{Tally, ThreadIndex};
+use super::{ActivityWeights, Input, Options, PowerModel};
 use super::{smt, static_power, uncertainty};
 
 /// What one source contributes.
@@ -28,6 +29,7 @@ pub(super) struct SourceOutcome {
 
 pub(super) fn run_source(
     input: &Input<'_>,
+    index: &ThreadIndex<'_>,
     opts: &Options,
     source: &EnergySource,
 ) -> SourceOutcome {
@@ -44,35 +46,26 @@ pub(super) fn run_source(
     } else {
         domain_cpus(input, source)
     };
-    let activity = |cpu: u32, run: &Run| input.activity.map_or(1.0, |w| w.weight(cpu, run));
-    let cores = smt::cores(input.cpus, &cpus);
-    // Who ran over `[a, b)` on the domain's CPUs, activity-weighted, SMT siblings shared.
-    let occupancy = |a: u64, b: u64| {
-        let mut occ = Occupancy::tally(input.timeline, &cpus, a, b, &activity);
-        if !cores.is_empty() {
-            smt::apply(
-                &mut occ,
-                input.timeline,
-                &cores,
-                a,
-                b,
-                opts.smt_sibling_extra,
-            );
-        }
-        occ
+    let mut occupancy = DomainTally {
+        tally: Tally::new(index),
+        cpus: &cpus,
+        cores: smt::cores(input.cpus, &cpus),
+        extra: opts.smt_sibling_extra,
+        activity: input.activity,
     };
-    let occs: Vec<Occupancy> = if is_gpu {
+    // Each interval's busy totals (no thread listed): what the static-power estimate reads.
+    // The per-thread occupancy of an interval is tallied when it is split, and dropped.
+    let totals: Vec<Occupancy> = if is_gpu {
         Vec::new()
     } else {
         intervals
             .iter()
-            .map(|iv| occupancy(iv.start_ns, iv.end_ns))
+            .map(|iv| occupancy.totals(iv.start_ns, iv.end_ns))
             .collect()
     };
     // Busy CPU-ns of the domain over any span, for the zero-load fit's own rows.
-    let busy_ns =
-        |a: u64, b: u64| Occupancy::tally(input.timeline, &cpus, a, b, &|_, _| 1.0).busy_ns();
-    let st = static_power::estimate(opts, source, &intervals, &occs, cpus.len(), &busy_ns);
+    let busy_ns = |a: u64, b: u64| occupancy.tally.busy_ns(&cpus, a, b);
+    let st = static_power::estimate(opts, source, &intervals, &totals, cpus.len(), &busy_ns);
     let static_w = st.watts;
     let mut report = SourceAttribution {
         source_id: source.id,
@@ -116,15 +109,17 @@ pub(super) fn run_source(
         source,
         opts,
         &intervals,
-        &occs,
-        &occupancy,
+        &mut occupancy,
         static_w,
         by_activity,
         &mut report,
     );
     let samples = domain_samples(input, &cpus);
     let mut next_sample = 0;
-    for (i, (iv, occ)) in intervals.iter().zip(&occs).enumerate() {
+    let mut occ = Occupancy::default();
+    for (i, iv) in intervals.iter().enumerate() {
+        occupancy.fill(&mut occ, iv.start_ns, iv.end_ns);
+        let occ = &occ;
         let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
         let class_w = |k: Option<ThreadKey>| match &plan {
             Some(p) => p.weight(i, k),
@@ -225,10 +220,16 @@ fn domain_samples(input: &Input<'_>, cpus: &[u32]) -> Vec<(u64, usize, ThreadKey
     out
 }
 
-/// The busiest processes on a source's CPUs, most busy first.
-fn rank_classes(occs: &[Occupancy], n: usize) -> Vec<u32> {
+/// The busiest processes on a source's CPUs over `intervals`, most busy first.
+fn rank_classes(
+    intervals: &[Interval],
+    occupancy: &mut DomainTally<'_, '_, '_>,
+    n: usize,
+) -> Vec<u32> {
     let mut busy: HashMap<u32, f64> = HashMap::new();
-    for occ in occs {
+    let mut occ = Occupancy::default();
+    for iv in intervals {
+        occupancy.fill(&mut occ, iv.start_ns, iv.end_ns);
         for (&(tgid, _), t) in &occ.threads {
             *busy.entry(tgid).or_insert(0.0) += t.ns;
         }
@@ -236,6 +237,36 @@ fn rank_classes(occs: &[Occupancy], n: usize) -> Vec<u32> {
     let mut ranked: Vec<(u32, f64)> = busy.into_iter().collect();
     ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     ranked.into_iter().take(n).map(|(t, _)| t).collect()
+}
+
+/// One domain's occupancy over any span: the tally of its CPUs, activity-weighted, SMT
+/// siblings shared.
+struct DomainTally<'t, 'i, 'a> {
+    tally: Tally<'i, 'a>,
+    cpus: &'t [u32],
+    cores: Vec<Vec<u32>>,
+    extra: f64,
+    activity: Option<&'t ActivityWeights>,
+}
+
+impl DomainTally<'_, '_, '_> {
+    /// Who ran over `[a, b)`, into `occ`.
+    fn fill(&mut self, occ: &mut Occupancy, a: u64, b: u64) {
+        let activity = self.activity;
+        let weight = |cpu: u32, run: &Run| activity.map_or(1.0, |w| w.weight(cpu, run));
+        self.tally.fill(occ, self.cpus, a, b, &weight);
+        if !self.cores.is_empty() {
+            let timeline = self.tally.timeline();
+            smt::apply(occ, timeline, &self.cores, a, b, self.extra);
+        }
+    }
+
+    /// Busy totals over `[a, b)`, no thread listed ([`Tally::totals`]).
+    fn totals(&self, a: u64, b: u64) -> Occupancy {
+        let activity = self.activity;
+        let weight = |cpu: u32, run: &Run| activity.map_or(1.0, |w| w.weight(cpu, run));
+        self.tally.totals(self.cpus, a, b, &weight)
+    }
 }
 
 /// The regression's classes and the per-window watts that weight the split.
@@ -262,16 +293,11 @@ impl Plan {
 
 /// Decides time or regression for a source (recording the decision in `report`) and, for
 /// regression, fits the sliding windows.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the source's inputs and the two ways of counting its occupancy"
-)]
 fn plan_model(
     source: &EnergySource,
     opts: &Options,
     intervals: &[Interval],
-    occs: &[Occupancy],
-    occupancy: &dyn Fn(u64, u64) -> Occupancy,
+    occupancy: &mut DomainTally<'_, '_, '_>,
     static_w: f64,
     by_activity: bool,
     report: &mut SourceAttribution,
@@ -288,7 +314,7 @@ fn plan_model(
         return None;
     }
     // Classes: the busiest processes on this source's CPUs, plus "other" (seed 003 digest).
-    let ranked = rank_classes(occs, opts.regression_classes);
+    let ranked = rank_classes(intervals, occupancy, opts.regression_classes);
     let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let other = ranked.len();
     let k = other + 1;
@@ -297,15 +323,6 @@ fn plan_model(
     // time its columns count (in short rows a slice's edge on the wrong side of a row's
     // end is a visible share of it).
     let lag = source.update_period_ns / 2;
-    let lagged: Vec<Occupancy> = intervals
-        .iter()
-        .map(|iv| {
-            occupancy(
-                iv.start_ns.saturating_sub(lag),
-                iv.end_ns.saturating_sub(lag),
-            )
-        })
-        .collect();
     // Two row lengths, and the one whose fit pins the classes' watts down better (the
     // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
     // resolves (5 updates, as the zero-load fit's) see a fair scheduler's rotation:
@@ -329,7 +346,8 @@ fn plan_model(
         .map(|row_ns| {
             let rows = build_rows(
                 intervals,
-                &lagged,
+                &mut *occupancy,
+                lag,
                 static_w,
                 &class_of,
                 other,
@@ -433,9 +451,14 @@ fn weighted_se(fit: &regression::Fit) -> f64 {
 /// classes and "other" (with unknown time). With activity weights the columns are
 /// activity-weighted time, so the fitted watts multiply the weights instead of counting
 /// the same difference twice.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the intervals, how to count them, and the rows' shape"
+)]
 fn build_rows(
     intervals: &[Interval],
-    occs: &[Occupancy],
+    occupancy: &mut DomainTally<'_, '_, '_>,
+    lag: u64,
     static_w: f64,
     class_of: &HashMap<u32, usize>,
     other: usize,
@@ -446,7 +469,13 @@ fn build_rows(
     let time = |t: &split::ThreadTime| if by_activity { t.weighted } else { t.ns };
     let mut rows = Vec::new();
     let mut cur: Option<Row> = None;
-    for (iv, occ) in intervals.iter().zip(occs) {
+    let mut occ = Occupancy::default();
+    for iv in intervals {
+        occupancy.fill(
+            &mut occ,
+            iv.start_ns.saturating_sub(lag),
+            iv.end_ns.saturating_sub(lag),
+        );
         let row = cur.get_or_insert_with(|| Row {
             start_ns: iv.start_ns,
             end_ns: iv.end_ns,

@@ -55,7 +55,8 @@ pub fn load_rows(input: &Input<'_>, row_ns: u64) -> Vec<SourceLoad> {
             .collect();
         let (intervals, _) = interval::cut(&readings, source.update_period_ns);
         let cpus = super::apportion::domain_cpus(input, source);
-        // The weight is the run's raw count per ns, so `weighted_ns` sums counts.
+        // The weight is the run's raw count per ns, so `weighted_ns` sums counts. The rows
+        // read busy and weighted totals only: no thread is listed per interval.
         let count_rate = |_: u32, run: &crate::timeline::Run| {
             run.activity
                 .filter(|_| run.len_ns() > 0)
@@ -63,7 +64,7 @@ pub fn load_rows(input: &Input<'_>, row_ns: u64) -> Vec<SourceLoad> {
         };
         let occs: Vec<Occupancy> = intervals
             .iter()
-            .map(|iv| Occupancy::tally(input.timeline, &cpus, iv.start_ns, iv.end_ns, &count_rate))
+            .map(|iv| Occupancy::totals(input.timeline, &cpus, iv.start_ns, iv.end_ns, &count_rate))
             .collect();
         let rows = merge_spans(&intervals, &occs, row_ns)
             .iter()

@@ -30,6 +30,7 @@ pub mod sim;
 pub mod smt;
 pub mod split;
 pub mod static_power;
+pub mod tally;
 pub mod uncertainty;
 pub mod zero_load;
 
@@ -172,8 +173,10 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     let mut sources = Vec::with_capacity(input.sources.len());
     let mut sorted_sources: Vec<&EnergySource> = input.sources.iter().collect();
     sorted_sources.sort_by_key(|s| s.id);
+    // Threads interned once for every source's tallies.
+    let index = tally::ThreadIndex::new(input.timeline);
     for source in sorted_sources {
-        let out = apportion::run_source(input, opts, source);
+        let out = apportion::run_source(input, &index, opts, source);
         let d = out.report.domain;
         idle.add(d, out.report.idle_uj);
         unknown.add(d, out.report.unknown_uj);

@@ -7,8 +7,6 @@
 //! time (policy `proportional`). Time nobody can name (UNKNOWN_TID) is split like a thread
 //! and reported as its own row, so the parts always add up to the measured delta.
 
-use std::collections::BTreeMap;
-
 use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
 
 use super::IdlePolicy;
@@ -25,11 +23,104 @@ pub struct ThreadTime {
     pub weighted: f64,
 }
 
+/// Per-thread times of one interval: each thread once, in key order (a flat sorted array,
+/// looked up by binary search: no map per interval).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadTimes(Vec<(ThreadKey, ThreadTime)>);
+
+/// Iterator over [`ThreadTimes`] as `(key, time)` pairs, in key order.
+pub type ThreadTimesIter<'a> = std::iter::Map<
+    std::slice::Iter<'a, (ThreadKey, ThreadTime)>,
+    fn(&'a (ThreadKey, ThreadTime)) -> (&'a ThreadKey, &'a ThreadTime),
+>;
+
+impl ThreadTimes {
+    /// From pairs already sorted by key, each key once.
+    pub(super) fn from_sorted(pairs: Vec<(ThreadKey, ThreadTime)>) -> Self {
+        debug_assert!(pairs.windows(2).all(|w| w[0].0 < w[1].0));
+        Self(pairs)
+    }
+
+    /// `(key, time)` pairs in key order.
+    pub fn iter(&self) -> ThreadTimesIter<'_> {
+        self.0.iter().map(|(k, t)| (k, t))
+    }
+
+    /// `(key, time)` pairs in key order, times mutable.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&ThreadKey, &mut ThreadTime)> {
+        self.0.iter_mut().map(|(k, t)| (&*k, t))
+    }
+
+    /// Times in key order.
+    pub fn values(&self) -> impl Iterator<Item = &ThreadTime> {
+        self.0.iter().map(|(_, t)| t)
+    }
+
+    /// The time of one thread.
+    pub fn get(&self, key: &ThreadKey) -> Option<&ThreadTime> {
+        self.0
+            .binary_search_by_key(key, |(k, _)| *k)
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    /// Threads held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no thread ran.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The pairs, emptied out of `self` (their allocation to be refilled).
+    pub(super) fn take_pairs(&mut self) -> Vec<(ThreadKey, ThreadTime)> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl std::ops::Index<&ThreadKey> for ThreadTimes {
+    type Output = ThreadTime;
+
+    fn index(&self, key: &ThreadKey) -> &ThreadTime {
+        match self.get(key) {
+            Some(t) => t,
+            None => panic!("thread {key:?} is not in this occupancy"),
+        }
+    }
+}
+
+impl FromIterator<(ThreadKey, ThreadTime)> for ThreadTimes {
+    /// Pairs in any order; a key given twice keeps its last time (as a map insert would).
+    fn from_iter<I: IntoIterator<Item = (ThreadKey, ThreadTime)>>(iter: I) -> Self {
+        let mut pairs: Vec<(ThreadKey, ThreadTime)> = iter.into_iter().collect();
+        pairs.sort_by_key(|p| p.0);
+        let mut out: Vec<(ThreadKey, ThreadTime)> = Vec::with_capacity(pairs.len());
+        for p in pairs {
+            match out.last_mut() {
+                Some(last) if last.0 == p.0 => *last = p,
+                _ => out.push(p),
+            }
+        }
+        Self(out)
+    }
+}
+
+impl<'a> IntoIterator for &'a ThreadTimes {
+    type Item = (&'a ThreadKey, &'a ThreadTime);
+    type IntoIter = ThreadTimesIter<'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// Who occupied a domain's CPUs during one interval.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Occupancy {
     /// Busy threads.
-    pub threads: BTreeMap<ThreadKey, ThreadTime>,
+    pub threads: ThreadTimes,
     /// Idle CPU-ns.
     pub idle_ns: f64,
     /// CPU-ns whose task is unknown (including time outside the timeline's window).
@@ -38,7 +129,8 @@ pub struct Occupancy {
 
 impl Occupancy {
     /// Tallies `[a, b)` on `cpus`; `weight(cpu, run)` is the activity weight per ns of a
-    /// busy or unknown run (1.0 = busy time).
+    /// busy or unknown run (1.0 = busy time). For many intervals of one timeline,
+    /// [`super::tally::Tally`] does the same without sorting per interval.
     pub fn tally(
         timeline: &Timeline,
         cpus: &[u32],
@@ -48,8 +140,7 @@ impl Occupancy {
     ) -> Self {
         let mut occ = Occupancy::default();
         // Threads' parts in the order met, then stably sorted and summed per thread: the
-        // same sums in the same order as adding to the map part by part, and the map is
-        // built in one pass from sorted keys (an insert per part cost most of the tally).
+        // same sums in the same order as adding to a map part by part.
         let mut parts: Vec<(ThreadKey, ThreadTime)> = Vec::new();
         for &cpu in cpus {
             let mut covered = 0u64;
@@ -74,20 +165,7 @@ impl Occupancy {
                     }
                 }
             }
-            // Parts of the interval the timeline does not cover are unknown, not idle.
-            let gap = (b - a).saturating_sub(covered) as f64;
-            if gap > 0.0 {
-                let unknown_run = Run {
-                    start_ns: a,
-                    end_ns: b,
-                    tid: UNKNOWN_TID,
-                    tgid: 0,
-                    cgroup_id: 0,
-                    activity: None,
-                };
-                occ.unknown.ns += gap;
-                occ.unknown.weighted += gap * weight(cpu, &unknown_run);
-            }
+            add_gap(&mut occ, cpu, a, b, covered, weight);
         }
         parts.sort_by_key(|p| p.0);
         let mut summed: Vec<(ThreadKey, ThreadTime)> = Vec::with_capacity(parts.len());
@@ -100,13 +178,69 @@ impl Occupancy {
                 _ => summed.push((key, part)),
             }
         }
-        occ.threads = summed.into_iter().collect();
+        occ.threads = ThreadTimes::from_sorted(summed);
+        occ
+    }
+
+    /// The occupancy of `[a, b)` on `cpus` with no thread listed: every busy thread's time
+    /// summed into `unknown` (what the static-power estimate and load rows read: busy and
+    /// weighted CPU-ns), at no per-thread cost.
+    pub fn totals<W: Fn(u32, &Run) -> f64 + ?Sized>(
+        timeline: &Timeline,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &W,
+    ) -> Self {
+        let mut occ = Occupancy::default();
+        for &cpu in cpus {
+            let mut covered = 0u64;
+            if let Some(ct) = timeline.cpu(cpu) {
+                for run in ct.runs_in(a, b) {
+                    let ns = run.overlap_ns(a, b);
+                    covered += ns;
+                    let ns = ns as f64;
+                    if run.tid == IDLE_TID {
+                        occ.idle_ns += ns;
+                    } else {
+                        occ.unknown.ns += ns;
+                        occ.unknown.weighted += ns * weight(cpu, run);
+                    }
+                }
+            }
+            add_gap(&mut occ, cpu, a, b, covered, weight);
+        }
         occ
     }
 
     /// Busy CPU-ns (threads + unknown).
     pub fn busy_ns(&self) -> f64 {
         self.threads.values().map(|t| t.ns).sum::<f64>() + self.unknown.ns
+    }
+}
+
+/// Time of `[a, b)` on `cpu` the timeline does not cover (`covered` of it is): unknown, not
+/// idle.
+pub(super) fn add_gap<W: Fn(u32, &Run) -> f64 + ?Sized>(
+    occ: &mut Occupancy,
+    cpu: u32,
+    a: u64,
+    b: u64,
+    covered: u64,
+    weight: &W,
+) {
+    let gap = (b - a).saturating_sub(covered) as f64;
+    if gap > 0.0 {
+        let unknown_run = Run {
+            start_ns: a,
+            end_ns: b,
+            tid: UNKNOWN_TID,
+            tgid: 0,
+            cgroup_id: 0,
+            activity: None,
+        };
+        occ.unknown.ns += gap;
+        occ.unknown.weighted += gap * weight(cpu, &unknown_run);
     }
 }
 

@@ -91,6 +91,9 @@ struct CpuFold {
     exact: bool,
 }
 
+/// Raw runs of one CPU after which a batch of its switches is folded before it ends.
+const RAW_FOLD_EVERY: usize = 1024;
+
 /// Folds switch events into per-CPU, per-interval runs (see the module doc).
 #[derive(Clone, Debug)]
 pub struct Folder {
@@ -194,6 +197,7 @@ impl Folder {
     /// Adds switch events (each CPU's in time order) and folds the cells they complete.
     pub fn push_switches(&mut self, events: impl IntoIterator<Item = SwitchEvent>) {
         let start = self.start_ns;
+        let horizon = self.horizon();
         let mut touched: Vec<u32> = Vec::new();
         // Events come a CPU's batch at a time: its state is taken out of the map once per
         // batch, not looked up per event.
@@ -249,6 +253,11 @@ impl Folder {
                     },
                 });
                 cpu.cursor = s.ts_ns;
+                // A long batch of one CPU is folded as it comes, so the raw runs held stay
+                // a few cells' worth, not the batch's.
+                if cpu.raw.len().is_multiple_of(RAW_FOLD_EVERY) {
+                    self.fold_cells(cpu, horizon);
+                }
             }
             cpu.previous = Some(s.ts_ns);
             cpu.last_next = s.next_known.then_some((s.next_tid, s.next_tgid));
@@ -256,7 +265,6 @@ impl Folder {
         if let Some((id, cpu)) = current {
             self.cpus.insert(id, cpu);
         }
-        let horizon = self.horizon();
         touched.sort_unstable();
         touched.dedup();
         for id in touched {
@@ -293,17 +301,22 @@ impl Folder {
         let Some(mut cpu) = self.cpus.remove(&id) else {
             return;
         };
+        self.fold_cells(&mut cpu, horizon);
+        self.cpus.insert(id, cpu);
+    }
+
+    /// Folds the cells of `cpu` that end by both its cursor and `horizon`.
+    fn fold_cells(&mut self, cpu: &mut CpuFold, horizon: u64) {
         let limit = cpu.cursor.min(horizon);
         loop {
             let end = self.next_cut(cpu.raw_start);
             if end > limit {
                 break;
             }
-            self.fold_cell(&mut cpu, end);
+            self.fold_cell(cpu, end);
         }
         cpu.raw.drain(..cpu.raw_head);
         cpu.raw_head = 0;
-        self.cpus.insert(id, cpu);
     }
 
     /// Folds `cpu`'s raw runs in `[raw_start, end)` into one cell.
@@ -370,12 +383,12 @@ impl Folder {
             cpu.raw.drain(..cpu.raw_head);
             cpu.raw_head = 0;
             // This window's runs; a CPU ahead of the end keeps the rest for the next one.
+            // The window's runs keep their allocation (no copy), less its spare room; the
+            // few runs past the end move to a new one.
             let keep = cpu.done.partition_point(|r| r.end_ns <= end);
-            let mut runs: Vec<Run> = if keep == cpu.done.len() {
-                std::mem::take(&mut cpu.done)
-            } else {
-                cpu.done.drain(..keep).collect()
-            };
+            let rest = cpu.done.split_off(keep);
+            let mut runs = std::mem::replace(&mut cpu.done, rest);
+            runs.shrink_to_fit();
             if let Some(first) = cpu.done.first_mut()
                 && first.start_ns < end
             {

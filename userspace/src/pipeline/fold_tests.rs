@@ -321,6 +321,25 @@ fn folded_cells_keep_the_exact_per_interval_sums() {
     assert_eq!(folder.close(end + 5 * MS).start_ns, end);
 }
 
+#[test]
+fn a_long_batch_folds_as_it_comes_to_the_same_cells() {
+    // Three seconds of three CPUs (thousands of switches each): pushed in one batch, each
+    // CPU's raw runs are folded every few hundred, with the same cells as 100 ms batches.
+    let cpu_list = cpus(3, false);
+    let mut stream = Stream::new(3, false, None);
+    let chunks: Vec<Chunk> = (0..30).map(|_| stream.chunk()).collect();
+    let end = stream.now - 7 * MS;
+    let all: Vec<SwitchEvent> = chunks.iter().flat_map(|c| c.switches.clone()).collect();
+    assert!(all.iter().filter(|s| s.cpu == 0).count() > 4 * 1024);
+    let mut once = Folder::new(START, &cpu_list, &[], true);
+    once.push_switches(all);
+    let mut batched = Folder::new(START, &cpu_list, &[], true);
+    for c in chunks {
+        batched.push_switches(c.switches);
+    }
+    assert_eq!(once.close(end), batched.close(end));
+}
+
 /// The learner's load rows (`agent::learn`) of every window: (end, length, busy CPUs).
 fn load_rows(pipeline: &mut Pipeline, stream: &mut Stream, cpus: &[Cpu]) -> Vec<(u64, u64, f64)> {
     let mut rows = Vec::new();

@@ -1,0 +1,244 @@
+//! Tallying many intervals of one timeline fast: its threads interned once per window
+//! ([`ThreadIndex`]: dense indices in key order), each interval's per-thread sums added into
+//! a flat array by index that is reused from interval to interval ([`Tally`]). No map is
+//! built per interval and none is held across intervals; the sums, and their order of
+//! addition, are those of [`Occupancy::tally`].
+
+use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
+
+use super::split::{Occupancy, ThreadKey, ThreadTime, ThreadTimes, add_gap};
+
+/// The threads of one timeline, interned once: their keys in order, and for every run the
+/// index of its thread's key ([`NO_THREAD`] for idle and unknown runs). Built once per
+/// window, it lets [`Tally`] sum each interval into a flat array.
+#[derive(Clone, Debug)]
+pub struct ThreadIndex<'a> {
+    timeline: &'a Timeline,
+    keys: Vec<ThreadKey>,
+    /// Per CPU of the timeline (same positions), per run.
+    runs: Vec<Vec<u32>>,
+}
+
+/// The index of idle and unknown runs in a [`ThreadIndex`].
+pub const NO_THREAD: u32 = u32::MAX;
+
+impl<'a> ThreadIndex<'a> {
+    /// Interns every busy run's thread of `timeline`.
+    pub fn new(timeline: &'a Timeline) -> Self {
+        let mut ids: foldhash::HashMap<ThreadKey, u32> = Default::default();
+        let mut keys: Vec<ThreadKey> = Vec::new();
+        let mut runs: Vec<Vec<u32>> = timeline
+            .cpus
+            .iter()
+            .map(|ct| {
+                ct.runs
+                    .iter()
+                    .map(|r| {
+                        if r.tid == IDLE_TID || r.tid == UNKNOWN_TID {
+                            return NO_THREAD;
+                        }
+                        *ids.entry((r.tgid, r.tid)).or_insert_with(|| {
+                            keys.push((r.tgid, r.tid));
+                            (keys.len() - 1) as u32
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        // Indices in key order, so an interval's threads sorted by index are in key order.
+        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
+        order.sort_unstable_by_key(|&i| keys[i as usize]);
+        let mut rank = vec![0u32; keys.len()];
+        for (r, &i) in order.iter().enumerate() {
+            rank[i as usize] = r as u32;
+        }
+        for cpu in &mut runs {
+            for id in cpu.iter_mut().filter(|id| **id != NO_THREAD) {
+                *id = rank[*id as usize];
+            }
+        }
+        keys.sort_unstable();
+        Self {
+            timeline,
+            keys,
+            runs,
+        }
+    }
+
+    /// The timeline indexed.
+    pub fn timeline(&self) -> &'a Timeline {
+        self.timeline
+    }
+
+    /// Position of `cpu` among the timeline's CPUs.
+    fn position(&self, cpu: u32) -> Option<usize> {
+        let cpus = &self.timeline.cpus;
+        match cpus.binary_search_by_key(&cpu, |c| c.cpu) {
+            Ok(i) => Some(i),
+            Err(_) => cpus.iter().position(|c| c.cpu == cpu),
+        }
+    }
+}
+
+/// Tallies many intervals of one indexed timeline: each interval's per-thread sums are
+/// added into a flat array by thread index (reused from interval to interval), then listed
+/// in key order. The sums, and their order of addition, are those of
+/// [`Occupancy::tally`].
+#[derive(Clone, Debug)]
+pub struct Tally<'i, 'a> {
+    index: &'i ThreadIndex<'a>,
+    acc: Vec<ThreadTime>,
+    /// Whether each thread has a part in the current interval.
+    seen: Vec<bool>,
+    touched: Vec<u32>,
+}
+
+impl<'i, 'a> Tally<'i, 'a> {
+    /// A tally over `index`'s timeline.
+    pub fn new(index: &'i ThreadIndex<'a>) -> Self {
+        Self {
+            index,
+            acc: vec![ThreadTime::default(); index.keys.len()],
+            seen: vec![false; index.keys.len()],
+            touched: Vec::new(),
+        }
+    }
+
+    /// The timeline tallied.
+    pub fn timeline(&self) -> &'a Timeline {
+        self.index.timeline
+    }
+
+    /// [`Occupancy::tally`] of `[a, b)` on `cpus` into `occ` (its buffers reused).
+    pub fn fill(
+        &mut self,
+        occ: &mut Occupancy,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &impl Fn(u32, &Run) -> f64,
+    ) {
+        let mut pairs = occ.threads.take_pairs();
+        pairs.clear();
+        *occ = Occupancy::default();
+        let index = self.index;
+        for &cpu in cpus {
+            let mut covered = 0u64;
+            if let Some(pos) = index.position(cpu) {
+                let runs = &index.timeline.cpus[pos].runs;
+                let ids = &index.runs[pos];
+                let first = runs.partition_point(|r| r.end_ns <= a);
+                for (run, &id) in runs[first..].iter().zip(&ids[first..]) {
+                    if run.start_ns >= b {
+                        break;
+                    }
+                    let ns = run.overlap_ns(a, b);
+                    covered += ns;
+                    let ns = ns as f64;
+                    if id != NO_THREAD {
+                        let i = id as usize;
+                        if !self.seen[i] {
+                            self.seen[i] = true;
+                            self.touched.push(id);
+                        }
+                        let t = &mut self.acc[i];
+                        t.ns += ns;
+                        t.weighted += ns * weight(cpu, run);
+                    } else if run.tid == IDLE_TID {
+                        occ.idle_ns += ns;
+                    } else {
+                        occ.unknown.ns += ns;
+                        occ.unknown.weighted += ns * weight(cpu, run);
+                    }
+                }
+            }
+            add_gap(occ, cpu, a, b, covered, weight);
+        }
+        self.touched.sort_unstable();
+        pairs.extend(self.touched.iter().map(|&id| {
+            let i = id as usize;
+            self.seen[i] = false;
+            (index.keys[i], std::mem::take(&mut self.acc[i]))
+        }));
+        self.touched.clear();
+        occ.threads = ThreadTimes::from_sorted(pairs);
+    }
+
+    /// [`Occupancy::totals`] over this tally's timeline.
+    pub fn totals(
+        &self,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &impl Fn(u32, &Run) -> f64,
+    ) -> Occupancy {
+        Occupancy::totals(self.index.timeline, cpus, a, b, weight)
+    }
+
+    /// Busy CPU-ns (threads + unknown) of `[a, b)` on `cpus`, as [`Occupancy::busy_ns`]
+    /// counts them (integer sums, so the same value), without listing threads.
+    pub fn busy_ns(&self, cpus: &[u32], a: u64, b: u64) -> f64 {
+        let mut idle = 0u64;
+        for &cpu in cpus {
+            if let Some(ct) = self.index.timeline.cpu(cpu) {
+                idle += ct
+                    .runs_in(a, b)
+                    .filter(|r| r.tid == IDLE_TID)
+                    .map(|r| r.overlap_ns(a, b))
+                    .sum::<u64>();
+            }
+        }
+        (cpus.len() as u64 * b.saturating_sub(a)).saturating_sub(idle) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::sw_to;
+
+    #[test]
+    fn the_flat_tally_sums_as_the_sorting_one_does() {
+        // Four threads of two processes, idle and unknown stretches, on three CPUs (CPU 2
+        // has no events: all unknown); intervals inside, across and past the window.
+        let mut ev = Vec::new();
+        let mut x = 0x2545_f491_u64;
+        for i in 0..300u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let tid = (x % 5) as u32; // 0 is idle
+            let next = ((x >> 8) % 5) as u32;
+            let mut e = sw_to(
+                10 * i + x % 7,
+                (i % 2) as u32,
+                tid,
+                (!x.is_multiple_of(11)).then_some(next),
+            );
+            if tid != 0 {
+                e.tgid = 100 + tid % 2;
+            }
+            ev.push(e);
+        }
+        ev.sort_by_key(|s| s.ts_ns);
+        let tl = Timeline::build(0, 3000, &[0, 1, 2], &ev);
+        let index = ThreadIndex::new(&tl);
+        let mut tally = Tally::new(&index);
+        let w = |cpu: u32, r: &Run| 1.0 + f64::from(cpu) * 0.25 + f64::from(r.tid % 3) * 0.1;
+        let mut occ = Occupancy::default();
+        for (a, b) in [(0, 3000), (5, 17), (100, 1234), (2990, 4000), (3100, 3200)] {
+            for cpus in [&[0, 1, 2][..], &[1], &[2, 0]] {
+                let want = Occupancy::tally(&tl, cpus, a, b, &w);
+                tally.fill(&mut occ, cpus, a, b, &w);
+                assert_eq!(occ, want, "[{a}, {b}) on {cpus:?}");
+                let totals = tally.totals(cpus, a, b, &w);
+                assert_eq!(totals.busy_ns(), want.busy_ns());
+                assert_eq!(totals.idle_ns, want.idle_ns);
+                assert_eq!(tally.busy_ns(cpus, a, b), want.busy_ns());
+                let weighted: f64 =
+                    want.threads.values().map(|t| t.weighted).sum::<f64>() + want.unknown.weighted;
+                assert!((totals.unknown.weighted - weighted).abs() <= 1e-9 * weighted);
+            }
+        }
+    }
+}
