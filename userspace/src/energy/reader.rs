@@ -36,6 +36,8 @@ pub struct Measurement {
     pub update_period_ns: u64,
     /// Whether `update_period_ns` is only a lower bound.
     pub period_is_lower_bound: bool,
+    /// How many times the value changed while watched (at most [`MEASURE_CHANGES`]).
+    pub changes: u32,
     /// Mean cost of one read, ns.
     pub read_cost_ns: u64,
 }
@@ -106,16 +108,19 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
             let mut gaps: Vec<u64> = st.changes.windows(2).map(|w| w[1] - w[0]).collect();
             gaps.sort_unstable();
             let read_cost_ns = st.cost_ns / st.reads.max(1);
+            let changes = st.changes.len() as u32;
             Ok(match gaps.get(gaps.len() / 2) {
                 Some(&median) => Measurement {
                     update_period_ns: median,
                     period_is_lower_bound: false,
                     read_cost_ns,
+                    changes,
                 },
                 None => Measurement {
                     update_period_ns: st.window_ns,
                     period_is_lower_bound: true,
                     read_cost_ns,
+                    changes,
                 },
             })
         })
@@ -126,9 +131,11 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
 /// used: it counts nothing. A hypervisor can expose the power PMU (`energy-psys` on
 /// Firecracker) with counters that stay at one value; a real RAPL counter changes about every
 /// millisecond and NVML every 20–100 ms, so one that sat still for the whole window is not
-/// counting energy. `None` when the counter counts or was asked for by name.
+/// counting energy. One that changed once is counting, only too slowly (or read too
+/// rarely, on a loaded machine) to time: it is used. `None` when the counter counts or was
+/// asked for by name.
 pub fn silent(args: &EnergyArgs, m: &Measurement) -> Option<String> {
-    (args.energy_source == SourceKind::Auto && m.period_is_lower_bound).then(|| {
+    (args.energy_source == SourceKind::Auto && m.changes == 0).then(|| {
         format!(
             "did not change once in {} ms of reads: not counting energy (a hypervisor can expose \
              the PMU without counting); not used",

@@ -193,6 +193,7 @@ fn counter_report(
                 update_period_ns: 0,
                 period_is_lower_bound: false,
                 read_cost_ns: 0,
+                changes: 0,
             },
             Some(e.to_string()),
         ),
@@ -438,6 +439,7 @@ mod tests {
             update_period_ns: 1_000_000,
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
+            changes: reader::MEASURE_CHANGES as u32,
         };
         let c = counter_report(&a, probe.counters[0].as_ref(), Ok(m), true);
         assert_eq!(
@@ -534,16 +536,24 @@ mod tests {
             update_period_ns: reader::MEASURE_WINDOW_NS,
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
+            changes: reader::MEASURE_CHANGES as u32,
         };
         let c = counter_report(&a, zone.as_ref(), Ok(slow), true);
         assert_eq!(c.read_interval_ns, 50_000_000);
         // One that never changed while watched counts nothing: not used, and it says so.
         let still = Measurement {
             period_is_lower_bound: true,
+            changes: 0,
             ..slow
         };
         let s = counter_report(&a, zone.as_ref(), Ok(still), true);
         assert!(!s.used);
+        // One seen changing once counts, too slowly (or read too rarely) to time: used.
+        let once = Measurement {
+            changes: 1,
+            ..still
+        };
+        assert!(counter_report(&a, zone.as_ref(), Ok(once), true).used);
         assert!(
             s.error
                 .as_deref()
@@ -583,6 +593,7 @@ mod tests {
             update_period_ns: 1_000_000,
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
+            changes: reader::MEASURE_CHANGES as u32,
         };
         let c = counter_report(&a, zone.as_ref(), Ok(m), true);
         assert_eq!(
