@@ -142,31 +142,14 @@ impl Occupancy {
         // Threads' parts in the order met, then stably sorted and summed per thread: the
         // same sums in the same order as adding to a map part by part.
         let mut parts: Vec<(ThreadKey, ThreadTime)> = Vec::new();
-        for &cpu in cpus {
-            let mut covered = 0u64;
-            if let Some(ct) = timeline.cpu(cpu) {
-                for run in ct.runs_in(a, b) {
-                    let ns = run.overlap_ns(a, b);
-                    covered += ns;
-                    let ns = ns as f64;
-                    if run.tid == IDLE_TID {
-                        occ.idle_ns += ns;
-                    } else if run.tid == UNKNOWN_TID {
-                        occ.unknown.ns += ns;
-                        occ.unknown.weighted += ns * weight(cpu, run);
-                    } else {
-                        parts.push((
-                            (run.tgid, run.tid),
-                            ThreadTime {
-                                ns,
-                                weighted: ns * weight(cpu, run),
-                            },
-                        ));
-                    }
-                }
+        walk(timeline, cpus, a, b, weight, &mut occ, |occ, run, part| {
+            if run.tid == UNKNOWN_TID {
+                occ.unknown.ns += part.ns;
+                occ.unknown.weighted += part.weighted;
+            } else {
+                parts.push(((run.tgid, run.tid), part));
             }
-            add_gap(&mut occ, cpu, a, b, covered, weight);
-        }
+        });
         parts.sort_by_key(|p| p.0);
         let mut summed: Vec<(ThreadKey, ThreadTime)> = Vec::with_capacity(parts.len());
         for (key, part) in parts {
@@ -193,29 +176,46 @@ impl Occupancy {
         weight: &W,
     ) -> Self {
         let mut occ = Occupancy::default();
-        for &cpu in cpus {
-            let mut covered = 0u64;
-            if let Some(ct) = timeline.cpu(cpu) {
-                for run in ct.runs_in(a, b) {
-                    let ns = run.overlap_ns(a, b);
-                    covered += ns;
-                    let ns = ns as f64;
-                    if run.tid == IDLE_TID {
-                        occ.idle_ns += ns;
-                    } else {
-                        occ.unknown.ns += ns;
-                        occ.unknown.weighted += ns * weight(cpu, run);
-                    }
-                }
-            }
-            add_gap(&mut occ, cpu, a, b, covered, weight);
-        }
+        walk(timeline, cpus, a, b, weight, &mut occ, |occ, _, part| {
+            occ.unknown.ns += part.ns;
+            occ.unknown.weighted += part.weighted;
+        });
         occ
     }
 
     /// Busy CPU-ns (threads + unknown).
     pub fn busy_ns(&self) -> f64 {
         self.threads.values().map(|t| t.ns).sum::<f64>() + self.unknown.ns
+    }
+}
+
+/// Walks the runs of `[a, b)` on `cpus`: idle time and the gaps the timeline does not cover
+/// go into `occ`, and each other run's part (ns and weighted ns) to `busy`.
+fn walk<W: Fn(u32, &Run) -> f64 + ?Sized>(
+    timeline: &Timeline,
+    cpus: &[u32],
+    a: u64,
+    b: u64,
+    weight: &W,
+    occ: &mut Occupancy,
+    mut busy: impl FnMut(&mut Occupancy, &Run, ThreadTime),
+) {
+    for &cpu in cpus {
+        let mut covered = 0u64;
+        if let Some(ct) = timeline.cpu(cpu) {
+            for run in ct.runs_in(a, b) {
+                let ns = run.overlap_ns(a, b);
+                covered += ns;
+                let ns = ns as f64;
+                if run.tid == IDLE_TID {
+                    occ.idle_ns += ns;
+                } else {
+                    let weighted = ns * weight(cpu, run);
+                    busy(occ, run, ThreadTime { ns, weighted });
+                }
+            }
+        }
+        add_gap(occ, cpu, a, b, covered, weight);
     }
 }
 
