@@ -1,6 +1,11 @@
 // Test workload: two named hot methods; hotHeavy does 3x the work of hotLight per call.
 // Run: java -XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit -XX:+PreserveFramePointer
 //      -XX:CompileCommand=dontinline,Burn::hot* Burn SECONDS
+// At exit it prints the thread CPU time spent in each method ("time_s HEAVY LIGHT"): the
+// compiled code of the two need not run exactly 3:1 in time, so that is the truth to check.
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
+
 public class Burn {
     static int hotHeavy(int n) {
         int x = 1;
@@ -20,12 +25,21 @@ public class Burn {
 
     public static void main(String[] args) {
         double seconds = args.length > 0 ? Double.parseDouble(args[0]) : 2.0;
+        ThreadMXBean threads = ManagementFactory.getThreadMXBean();
         long end = System.nanoTime() + (long) (seconds * 1e9);
+        long heavyNs = 0;
+        long lightNs = 0;
         int acc = 0;
         while (System.nanoTime() < end) {
+            long t0 = threads.getCurrentThreadCpuTime();
             acc ^= hotHeavy(300000);
+            long t1 = threads.getCurrentThreadCpuTime();
             acc ^= hotLight(300000);
+            long t2 = threads.getCurrentThreadCpuTime();
+            heavyNs += t1 - t0;
+            lightNs += t2 - t1;
         }
         System.out.println(acc);
+        System.out.println("time_s " + heavyNs / 1e9 + " " + lightNs / 1e9);
     }
 }
