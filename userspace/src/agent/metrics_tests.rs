@@ -179,6 +179,7 @@ fn learned_static_power_and_its_drift_only_where_both_exist() {
         ci_high_w: 6.6,
         rows: 64,
         rejected: 0,
+        lag_ns: 0,
     };
     let learned = |name: &str, w: Option<f64>| SourceLearned {
         key: format!("powercap:{name}"),

@@ -148,6 +148,16 @@ pub fn duty_cycle_beside_spinner(seed: u64, update_period_ns: u64) -> SimConfig 
     }
 }
 
+/// [`duty_cycle_beside_spinner`] with a 1 ms counter that the reads follow in step, 100 µs
+/// after each update (a counter a writer updates just before the reader runs), not at any
+/// moment between updates.
+pub fn duty_cycle_reads_in_step(seed: u64) -> SimConfig {
+    SimConfig {
+        read_lag_ns: Some(100_000),
+        ..duty_cycle_beside_spinner(seed, 1_000_000)
+    }
+}
+
 /// Three always-runnable processes of 15, 5 and 10 W sharing 2 CPUs (every CPU always
 /// busy), 6 W static, 10 s, rotated fairly in 3 ms slices as a fair scheduler does: each
 /// process gets 2/3 of a CPU and a row's shares differ from that by about one slice, so

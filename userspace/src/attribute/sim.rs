@@ -70,6 +70,10 @@ pub struct SimConfig {
     pub update_jitter_ns: u64,
     /// Reading period, ns (± 5% jitter).
     pub read_period_ns: u64,
+    /// Reads in step with the counter: each read comes this long after an update (a
+    /// counter a driver or hypervisor updates as the reader wakes). `None`: reads fall at
+    /// any moment between updates, as a reader's timer against RAPL's hardware clock.
+    pub read_lag_ns: Option<u64>,
     /// Relative Gaussian noise on every counter increment.
     pub noise: f64,
     /// Stack sampling frequency per CPU, Hz.
@@ -124,6 +128,7 @@ impl Default for SimConfig {
             update_period_ns: 1_000_000,
             update_jitter_ns: 20_000,
             read_period_ns: 10_000_000,
+            read_lag_ns: None,
             noise: 0.01,
             sample_hz: 99,
             mean_function_ns: 300_000,
@@ -598,7 +603,7 @@ fn counters(
             let idx = updates.partition_point(|u| u.0 <= r).saturating_sub(1);
             readings.push(EnergyReading {
                 source_id: p,
-                ts_ns: r,
+                ts_ns: cfg.read_lag_ns.map_or(r, |lag| updates[idx].0 + lag),
                 energy_uj: updates[idx].1,
                 ..Default::default()
             });

@@ -18,7 +18,7 @@ use super::split::Occupancy;
 
 use super::zero_load::Unidentified;
 use super::zero_load::{
-    FIT_UPDATES, ZeroLoadFit, fine_spread, fit_rows, fit_zero_load, merge_rows,
+    FIT_UPDATES, ZeroLoadFit, aligned_rows, fine_spread, fit_zero_load, merge_rows,
 };
 
 /// Counter updates a row spans at least for the static bound (see [`estimate`]).
@@ -271,9 +271,13 @@ fn choose(
     } else {
         opts.regression_row_ns
     };
-    let rows = fit_rows(intervals, row_ns, period / 2, busy_ns);
-    match fit_zero_load(&rows) {
-        Ok(fit) => (fit.intercept_w, StaticOrigin::Extrapolated { fit }),
+    let (rows, lag_ns) = aligned_rows(intervals, row_ns, period, busy_ns);
+    let with_lag = |fit: ZeroLoadFit| ZeroLoadFit { lag_ns, ..fit };
+    match fit_zero_load(&rows).map_err(|(why, fit)| (why, fit.map(with_lag))) {
+        Ok(fit) => (
+            fit.intercept_w,
+            StaticOrigin::Extrapolated { fit: with_lag(fit) },
+        ),
         // Flat rows over a load that does vary (in 1 ms windows of the timeline):
         // say so, rather than blame busy CPUs.
         Err((Unidentified::NoSpread | Unidentified::FewLevels, fit))
