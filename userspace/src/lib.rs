@@ -52,8 +52,10 @@ pub mod record;
 pub mod remote;
 pub mod roofline;
 pub mod symbolize;
-#[cfg(test)]
-pub(crate) mod testing;
+/// Builders shared by the unit tests, the integration tests and the benches: test-only,
+/// compiled for `cargo test` and with the `test-support` feature, never in a release build.
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 pub mod timeline;
 pub mod tui;
 pub mod unwind;

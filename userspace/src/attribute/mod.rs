@@ -35,13 +35,13 @@ pub mod uncertainty;
 pub mod zero_load;
 
 #[cfg(test)]
+mod activity_tests;
+#[cfg(test)]
+mod idle_tests;
+#[cfg(test)]
+mod static_tests;
+#[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_activity;
-#[cfg(test)]
-mod tests_idle;
-#[cfg(test)]
-mod tests_static;
 
 use std::collections::{BTreeMap, HashMap};
 
