@@ -9,6 +9,7 @@
 //! caller for fresh settings and applies what can change live (interval, series limit).
 
 pub mod collect;
+pub mod config;
 pub mod health;
 mod http;
 pub mod learn;

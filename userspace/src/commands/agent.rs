@@ -1,11 +1,8 @@
 //! `energy-bpf agent`: flags and the TOML config file merged into
 //! [`crate::agent::Settings`]; the daemon itself lives in [`crate::agent`].
 //!
-//! The config file's keys are the long flag names (`interval = 5`,
-//! `metrics-addr = "127.0.0.1:9102"`, `energy-source = "model"`), so every flag can be set
-//! there and no second list of options can drift from the first. The file's values are
-//! parsed as flags placed before the command line's, and the later flag wins: flags given
-//! on the command line beat the file.
+//! The config file ([`crate::agent::config`]) gives flags; they are parsed before the
+//! command line's, and the later flag wins: flags given on the command line beat the file.
 
 use std::{
     net::SocketAddr,
@@ -214,9 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The config file's settings overlaid by the command line's.
 fn merged(path: &Path, cli: &[String]) -> anyhow::Result<Args> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    let file = toml_to_flags(&text).with_context(|| format!("in {}", path.display()))?;
+    let file = agent::config::read_flags(path)?;
     parse_layered(&file, cli).with_context(|| {
         format!(
             "{} and the command line do not make valid settings",
@@ -235,62 +230,12 @@ fn parse_layered(file: &[String], cli: &[String]) -> anyhow::Result<Args> {
     Ok(Args::from_arg_matches(&matches)?)
 }
 
-/// TOML `key = value` lines as `--key=value` flags: strings, numbers, `true` (a bare flag)
-/// and arrays (the flag repeated).
-fn toml_to_flags(text: &str) -> anyhow::Result<Vec<String>> {
-    let table: toml::Table = text.parse().context("not valid TOML")?;
-    let mut flags = Vec::new();
-    for (key, value) in &table {
-        if key == "config" {
-            anyhow::bail!("`config` cannot be set in a config file");
-        }
-        let values = match value {
-            toml::Value::Array(items) => items.iter().collect(),
-            other => vec![other],
-        };
-        for v in values {
-            match v {
-                toml::Value::String(s) => flags.push(format!("--{key}={s}")),
-                toml::Value::Integer(n) => flags.push(format!("--{key}={n}")),
-                toml::Value::Float(x) => flags.push(format!("--{key}={x}")),
-                toml::Value::Boolean(true) => flags.push(format!("--{key}")),
-                toml::Value::Boolean(false) => {}
-                other => anyhow::bail!(
-                    "`{key}`: expected a string, number, boolean or array, found {}",
-                    other.type_str()
-                ),
-            }
-        }
-    }
-    Ok(flags)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(ToString::to_string).collect()
-    }
-
-    #[test]
-    fn toml_keys_are_long_flags() {
-        let flags = toml_to_flags(
-            "interval = 2\nmetrics-addr = \":0\"\nmodel-idle-w = 3.5\nenergy-source = \"model\"\n",
-        )
-        .expect("parses");
-        assert_eq!(
-            flags,
-            strings(&[
-                "--energy-source=model",
-                "--interval=2",
-                "--metrics-addr=:0",
-                "--model-idle-w=3.5"
-            ])
-        );
-        assert!(toml_to_flags("config = \"x\"").is_err());
-        assert!(toml_to_flags("interval = {a = 1}").is_err());
-        assert!(toml_to_flags("interval = ").is_err());
     }
 
     #[test]

@@ -20,7 +20,10 @@ use anyhow::Context as _;
 use crate::{
     capture::{Live, LiveOptions, host, runs::Runs, session::Targets},
     pb::v1::{Header, Trailer},
-    record::{WriteError, Writer},
+    record::{
+        WriteError, Writer,
+        early::{self, Kept},
+    },
 };
 
 /// Arguments of `energy-bpf record`.
@@ -181,15 +184,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         if let Some(status) = exited {
             child_status = Some(status);
-            let n = runs.as_ref().map_or(0, Runs::ended);
-            break if args.repeat > 1 {
-                format!(
-                    "command exited ({status}) after {n} of {} runs",
-                    args.repeat
-                )
-            } else {
-                format!("command exited ({status})")
-            };
+            break runs
+                .as_ref()
+                .map_or_else(String::new, |r| r.stop_reason(status));
         }
     };
     kill(&mut runs);
@@ -239,28 +236,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// A write failed (disk full, I/O error): the writer has cut the partial record off, so
-/// the file ends on a whole record. Try to close it with a trailer saying why (the cut-off
-/// record freed more than a trailer needs), then report what the file keeps.
+/// A write failed (disk full, I/O error): the recording is closed as well as it can be
+/// ([`crate::record::early`]) and the error says what the file keeps.
 fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) -> anyhow::Error {
     let why = if err.is_disk_full() {
         "the disk is full"
     } else {
         "writing failed"
     };
-    let end_ns = crate::clock::monotonic_ns();
-    let kept = match writer.finish(Trailer {
-        end_ns,
-        stop_reason: format!("error: {err}"),
-        losses: None,
-    }) {
-        Ok(bytes) => format!(
-            "{} keeps the first {:.1} s ({} KiB) and reads normally",
+    let kept = match early::close_after_error(writer, &err, header.start_ns) {
+        Kept::Closed { secs, bytes } => format!(
+            "{} keeps the first {secs:.1} s ({} KiB) and reads normally",
             path.display(),
-            end_ns.saturating_sub(header.start_ns) as f64 / 1e9,
             bytes / 1024
         ),
-        Err(_) => format!(
+        Kept::CutShort => format!(
             "{} keeps everything before this point (it reads as cut short)",
             path.display()
         ),

@@ -14,6 +14,7 @@ mod budget;
 pub mod columns;
 #[cfg(test)]
 mod damage_tests;
+pub mod early;
 pub mod frame;
 mod parallel;
 mod reader;
