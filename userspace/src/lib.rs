@@ -2,7 +2,8 @@
 //!
 //! The binary is thin; these modules do the work (`docs/ARCHITECTURE.md` draws the map):
 //! - [`attribute`]: pure attribution of measured energy to threads, processes and stacks.
-//! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events.
+//! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events; the
+//!   one live capture into the pipeline's windows (`top`, the agent).
 //! - [`calibration`]: the calibration file (static power per host and source).
 //! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
 //! - [`commands`]: one module per subcommand (argument parsing and wiring only).
@@ -14,14 +15,14 @@
 //! - [`agent`]: the always-on daemon: continuous capture, Prometheus metrics, per-window
 //!   sinks.
 //! - [`container`]: container ids and pod UIDs from cgroup v2 paths.
-//! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
 //! - [`hot`]: the hot Python, JIT or native function of each thread and process in a window.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
 //! - [`agent::otlp`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
 //! - [`procmaps`]: `/proc/PID/maps` and GNU build-ids (a leaf: symbolize, unwind, python).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
 //! - [`roofline`]: the machine's energy roofline (seed 002): kernels, fit, plot, DVFS.
-//! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
+//! - [`tui`]: `top`: where its snapshots come from (the live capture's or a replayed
+//!   recording's windows), view state, rendering, keys, batch frames.
 //! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
 //! - [`unwind`]: `.eh_frame`/`.debug_frame` compiled into unwind rows for the stack
 //!   walker, cached on disk by build-id.
@@ -40,7 +41,6 @@ pub mod commands;
 pub mod container;
 pub mod diff;
 pub mod energy;
-pub mod feed;
 pub mod hot;
 pub mod kube;
 pub mod output;

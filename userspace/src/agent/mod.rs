@@ -28,7 +28,7 @@ use tokio::signal::unix::{SignalKind, signal};
 pub use settings::{OtlpSettings, RecordSettings, Retain, Settings};
 pub use sink::{Sink, SinkError};
 
-use crate::feed::Capture;
+use crate::capture::Capture;
 
 /// Re-reads the settings (flags and the config file) on SIGHUP; the error is logged and
 /// the running settings kept.
@@ -78,7 +78,7 @@ pub enum AgentError {
     },
     /// Capture could not start.
     #[error(transparent)]
-    Capture(#[from] crate::feed::FeedError),
+    Capture(#[from] crate::capture::LiveError),
     /// The capture thread ended before it said whether capture started.
     #[error("the capture thread ended during start-up")]
     CaptureEnded,

@@ -45,7 +45,7 @@ pub trait Sink: Send {
     }
 
     /// Every closed window (`header` as given to [`Self::start`], for the sample rate).
-    /// [`crate::feed::snapshot`] turns it into what `top` shows.
+    /// [`crate::tui::Snapshot::from_window`] turns it into what `top` shows.
     fn window(&mut self, window: &Window, header: &pb::Header) -> Result<(), SinkError> {
         let _ = (window, header);
         Ok(())

@@ -21,11 +21,13 @@ pub mod run_counts;
 pub mod runs;
 pub mod session;
 pub mod unwinder;
+pub mod windowed;
 
 pub use activity::ActivityEvent;
 pub use decode::{Comm, Event, comm_string};
 pub use live::{Live, LiveError, LiveOptions};
 pub use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
+pub use windowed::{Capture, LiveConfig};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
 pub(crate) static PROBES_OBJECT: &[u8] =

@@ -17,8 +17,8 @@ use clap::{Args as _, FromArgMatches as _};
 use crate::{
     agent::{self, RecordSettings, Retain, Settings, settings::parse_metrics_addr},
     attribute::PowerModel,
+    capture::LiveConfig,
     commands::args::AttributeArgs,
-    feed::LiveConfig,
 };
 
 /// Arguments of `energy-bpf agent`.

@@ -119,10 +119,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
         let paced = !args.batch && io::stdout().is_terminal();
-        let feed = crate::feed::replay(
+        let feed = crate::tui::feed::replay(
             rec,
             attribute,
-            crate::feed::ReplayConfig {
+            crate::tui::feed::ReplayConfig {
                 interval: args.interval(),
                 paced,
             },
@@ -148,7 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .resolve(&hostname)
         .context("cannot use the calibration")?;
     crate::capture::probe_log::enable(args.unwind.debug_probes);
-    let feed = crate::feed::live(crate::feed::LiveConfig {
+    let feed = crate::tui::feed::live(crate::capture::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),
         energy: args.energy.config(),

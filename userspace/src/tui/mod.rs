@@ -2,7 +2,10 @@
 //!
 //! Collection and display meet at one seam: the feed sends [`Snapshot`]s over a
 //! `std::sync::mpsc` channel; [`run_interactive`] or [`run_batch`] consume them.
-//! - [`snapshot`]: the seam types (header figures, process and thread rows).
+//! - [`feed`]: the live and replay threads: the one live capture ([`crate::capture::Capture`])
+//!   or a recording, through the pipeline, into snapshots.
+//! - [`snapshot`]: the seam types (header figures, process and thread rows), built from a
+//!   pipeline window by [`Snapshot::from_window`].
 //! - [`table`]: pure view model: filter, group by cgroup or container, sort, expand.
 //! - [`state`]: pure session state and how each user [`Action`] changes it.
 //! - [`input`]: key bindings.
@@ -12,6 +15,7 @@
 
 pub mod app;
 pub mod batch;
+pub mod feed;
 pub mod format;
 pub mod input;
 pub mod render;
