@@ -12,13 +12,13 @@
 //! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
 //! - [`pipeline`]: the streaming analysis core: events in, closed windows with their
 //!   attribution and rows out; every output stands on it.
-//! - [`agent`]: the always-on daemon: continuous capture, Prometheus metrics, per-window
+//! - `agent`: the always-on daemon: continuous capture, Prometheus metrics, per-window
 //!   sinks.
-//! - [`container`]: container ids and pod UIDs from cgroup v2 paths.
-//! - [`hot`]: the hot Python, JIT or native function of each thread and process in a window.
+//! - `container`: container ids and pod UIDs from cgroup v2 paths.
+//! - `hot`: the hot Python, JIT or native function of each thread and process in a window.
 //! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
-//! - [`agent::otlp`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
-//! - [`procmaps`]: `/proc/PID/maps` and GNU build-ids (a leaf: symbolize, unwind, python).
+//! - `agent::otlp`: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
+//! - `procmaps`: `/proc/PID/maps` and GNU build-ids (a leaf: symbolize, unwind, python).
 //! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
 //! - [`roofline`]: the machine's energy roofline (seed 002): kernels, fit, plot, DVFS.
 //! - [`tui`]: `top`: where its snapshots come from (the live capture's or a replayed
@@ -31,21 +31,21 @@
 
 #![warn(missing_docs)]
 
-pub mod agent;
+pub(crate) mod agent;
 pub mod analysis;
 pub mod attribute;
 pub mod calibration;
 pub mod capture;
 pub mod clock;
 pub mod commands;
-pub mod container;
+pub(crate) mod container;
 pub mod diff;
 pub mod energy;
-pub mod hot;
+pub(crate) mod hot;
 pub mod kube;
 pub mod output;
 pub mod pipeline;
-pub mod procmaps;
+pub(crate) mod procmaps;
 pub mod profile;
 pub mod python;
 pub mod record;

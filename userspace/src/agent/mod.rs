@@ -8,25 +8,25 @@
 //! SIGTERM/SIGINT finish the current window, flush the sinks and return; SIGHUP asks the
 //! caller for fresh settings and applies what can change live (interval, series limit).
 
-pub mod collect;
-pub mod config;
-pub mod health;
+pub(crate) mod collect;
+pub(crate) mod config;
+pub(crate) mod health;
 mod http;
-pub mod learn;
-pub mod ledger;
-pub mod metrics;
-pub mod otlp;
-pub mod outputs;
-pub mod selfstat;
-pub mod settings;
-pub mod sink;
+pub(crate) mod learn;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
+pub(crate) mod otlp;
+pub(crate) mod outputs;
+pub(crate) mod selfstat;
+pub(crate) mod settings;
+pub(crate) mod sink;
 
 use std::sync::{Arc, mpsc};
 
 use tokio::signal::unix::{SignalKind, signal};
 
 pub use settings::{OtlpSettings, RecordSettings, Retain, Settings};
-pub use sink::{Sink, SinkError};
+pub use sink::Sink;
 
 use crate::capture::Capture;
 

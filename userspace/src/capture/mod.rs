@@ -3,25 +3,25 @@
 //! [`Probes::start`] checks privileges and the kernel, loads the object built from
 //! `ebpf-probes/probes`, attaches `sched_switch`, the lifecycle tracepoints and a cpu-clock
 //! sampler on every online CPU. [`Probes::drain`] empties the ring buffers; the caller calls
-//! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). [`session`] builds recording
-//! chunks on top of it; [`live`] is the one place a capture is started, polled and finished.
+//! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). `session` builds recording
+//! chunks on top of it; `live` is the one place a capture is started, polled and finished.
 
-pub mod activity;
+pub(crate) mod activity;
 mod bpf_sys;
 pub mod btf;
-pub mod cgroupns;
+pub(crate) mod cgroupns;
 mod decode;
 pub mod host;
-pub mod jit;
-pub mod live;
-pub mod probe_log;
+pub(crate) mod jit;
+pub(crate) mod live;
+pub(crate) mod probe_log;
 mod probes;
-pub mod python;
-pub mod run_counts;
-pub mod runs;
-pub mod session;
-pub mod unwinder;
-pub mod windowed;
+pub(crate) mod python;
+pub(crate) mod run_counts;
+pub(crate) mod runs;
+pub(crate) mod session;
+pub(crate) mod unwinder;
+pub(crate) mod windowed;
 
 pub use activity::ActivityEvent;
 pub use decode::{Comm, Event, comm_string};

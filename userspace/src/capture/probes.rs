@@ -140,7 +140,7 @@ impl Probes {
     /// [`Self::start`] with the stack-sample ring buffer resized to `sample_ring_bytes`
     /// (see [`sample_ring_bytes`]; `None` keeps the probes' 16 MiB, sized for `record`'s
     /// high rates on large machines), and run counters for `run_events` (`record
-    /// --activity-events`, at most three; see [`super::run_counts`]): an event this machine
+    /// --activity-events`, at most three; see `super::run_counts`): an event this machine
     /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error.
     pub fn start_sized(
         sample_hz: u64,
@@ -345,7 +345,7 @@ impl Probes {
     }
 
     /// Looks at a kept sample's `unwind` word: loads the tables of a process sampled without
-    /// them (see [`Unwinder::observe`]).
+    /// them (see `Unwinder::observe`).
     pub fn observe_unwind(&mut self, tgid: u32, unwind: u32) {
         if let Some(u) = &mut self.unwinder {
             u.observe(tgid, unwind);
@@ -353,14 +353,14 @@ impl Probes {
     }
 
     /// An explicit target exec'd: its new program's tables are loaded now
-    /// ([`Unwinder::exec`]).
+    /// (`Unwinder::exec`).
     pub fn exec_unwind(&mut self, tgid: u32) {
         if let Some(u) = &mut self.unwinder {
             u.exec(tgid);
         }
     }
 
-    /// Process `tgid` exec'd at `exec_ns` ([`Unwinder::on_exec`]): tables asked for since
+    /// Process `tgid` exec'd at `exec_ns` (`Unwinder::on_exec`): tables asked for since
     /// stay; older ones are dropped, and reloaded at once when `reload`.
     pub fn exec_event_unwind(&mut self, tgid: u32, exec_ns: u64, reload: bool) {
         if let Some(u) = &mut self.unwinder {

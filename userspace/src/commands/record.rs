@@ -1,7 +1,7 @@
 //! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
 //! Ctrl-C/SIGTERM. With `--repeat N` the command runs N times in a row, each run marked in
 //! the recording (`RunMarker`: start, end, exit code; the runs are
-//! [`crate::capture::runs`]'s). Every drain becomes one flushed chunk, so nothing recorded
+//! `crate::capture::runs`'s). Every drain becomes one flushed chunk, so nothing recorded
 //! is lost if the recorder is killed; a clean stop adds a trailer.
 
 use std::{
@@ -31,45 +31,45 @@ use crate::{
 pub struct Args {
     /// Stack sampling frequency per CPU, Hz.
     #[arg(short = 'F', long = "freq", default_value_t = 99)]
-    pub freq: u64,
+    pub(crate) freq: u64,
     /// Stop after this many seconds.
     #[arg(short = 'd', long = "duration")]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     /// Keep stacks of these processes (and their children) only; scheduling is always
     /// recorded system-wide because the energy split needs every thread's time.
     #[arg(short = 'p', long = "pid")]
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
     /// Output file.
     #[arg(short = 'o', long = "output", default_value = "energy-bpf.ebpr")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// How often the ring buffers are drained into the file, ms.
     #[arg(long = "drain-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(5..=5000))]
-    pub drain_ms: u64,
+    pub(crate) drain_ms: u64,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: super::args::EnergyFlags,
+    pub(crate) energy: super::args::EnergyFlags,
     /// Static power from `energy-bpf calibrate`, stored in the recording's header.
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
     /// The per-run activity counter, stored with every switch event.
     #[command(flatten)]
-    pub activity: super::args::ActivityArgs,
+    pub(crate) activity: super::args::ActivityArgs,
     /// Also count these events per run, for `report --by function --roofline`: up to three
     /// of instructions, cycles, llc-misses (hardware), task-clock, cpu-clock, page-faults,
     /// context-switches (software). An event this machine cannot count is said and left out;
     /// recording goes on.
     #[arg(long = "activity-events", value_name = "EVENTS", value_parser = crate::capture::run_counts::parse_run_events)]
-    pub activity_events: Option<crate::capture::run_counts::RunEvents>,
+    pub(crate) activity_events: Option<crate::capture::run_counts::RunEvents>,
     /// How user stacks are walked.
     #[command(flatten)]
-    pub unwind: super::args::UnwindArgs,
+    pub(crate) unwind: super::args::UnwindArgs,
     /// Run the command this many times, one after the other, into one recording; each run
     /// is marked (start, end, exit code), so `energy-bpf diff` sees a distribution of runs.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub repeat: u32,
+    pub(crate) repeat: u32,
     /// Command to run; recording stops when it exits (after its last run with `--repeat`).
     #[arg(last = true)]
-    pub command: Vec<String>,
+    pub(crate) command: Vec<String>,
 }
 
 /// Runs the command.

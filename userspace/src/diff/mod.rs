@@ -5,18 +5,18 @@
 //!
 //! - [`mod@side`]: recordings into runs, each through the same pipeline and rollup as
 //!   `report` (no rollup of its own);
-//! - [`stats`]: the Welch interval over runs, sampling variance within a run;
-//! - [`render`]: table, JSON and CSV; [`flame`]: the differential flamegraph (SVG) and
+//! - `stats`: the Welch interval over runs, sampling variance within a run;
+//! - `render`: table, JSON and CSV; [`flame`]: the differential flamegraph (SVG) and
 //!   the two-column collapsed stacks inferno's `difffolded` writes;
-//! - [`gate`]: the CI check (`--fail-above`).
+//! - `gate`: the CI check (`--fail-above`).
 //!
 //! Pure: recordings in, a [`Diff`] out; the command does the reading and writing.
 
 pub mod flame;
-pub mod gate;
-pub mod render;
+pub(crate) mod gate;
+pub(crate) mod render;
 pub mod side;
-pub mod stats;
+pub(crate) mod stats;
 
 use serde::Serialize;
 

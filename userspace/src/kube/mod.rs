@@ -1,5 +1,5 @@
 //! Names of Kubernetes pods, namespaces and containers for the cgroups the agent sees.
-//! [`crate::container`] reads the container id and pod UID from a cgroup path; this module
+//! `crate::container` reads the container id and pod UID from a cgroup path; this module
 //! turns them into `namespace`, `pod` and `container` names from the node's pod list
 //! (the API server's `/api/v1/pods?fieldSelector=spec.nodeName=NODE`, or the kubelet's
 //! `/pods`: both answer a `v1.PodList`).
@@ -16,7 +16,7 @@
 //! a file and never logged; the answer is bounded ([`podlist::MAX_BYTES`]) before it is
 //! parsed.
 
-pub mod fetch;
+pub(crate) mod fetch;
 pub mod podlist;
 
 use std::{

@@ -5,11 +5,11 @@
 //! profile is built once and pushed into whichever sink the user asked for.
 
 pub mod collapsed;
-pub mod file;
+pub(crate) mod file;
 pub mod functions;
-pub mod otlp;
+pub(crate) mod otlp;
 pub mod pprof;
-pub mod report;
+pub(crate) mod report;
 pub mod speedscope;
 pub mod svg;
 pub mod table;

@@ -6,16 +6,16 @@
 //! - `top` closes a window at every refresh of a live capture;
 //! - the agent closes one every interval, forever.
 //!
-//! Built from pure parts: the [`window`] cutter, attribution ([`crate::attribute`]) and the
-//! [`rollup`] into the [`mod@rows`] every renderer reads. [`Pipeline`] holds the little state
+//! Built from pure parts: the `window` cutter, attribution ([`crate::attribute`]) and the
+//! [`rollup`] into the `mod@rows` every renderer reads. [`Pipeline`] holds the little state
 //! that crosses windows: thread names, energy since start, loss counters.
 
-pub mod fold;
+pub(crate) mod fold;
 #[cfg(test)]
 mod fold_tests;
 pub mod rollup;
-pub mod rows;
-pub mod window;
+pub(crate) mod rows;
+pub(crate) mod window;
 
 use std::collections::HashMap;
 
@@ -131,7 +131,7 @@ pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) ->
     analyze_timeline(timeline, input, cfg, threads)
 }
 
-/// [`analyze`] on a timeline already built (the folded path's, see [`fold`]); the
+/// [`analyze`] on a timeline already built (the folded path's, see `fold`); the
 /// input's switches are not read.
 pub fn analyze_timeline(
     timeline: Timeline,
@@ -361,7 +361,7 @@ impl Pipeline {
     }
 
     /// A pipeline that folds switch events into per-interval, per-CPU runs as they are
-    /// pushed ([`fold`]): what live `top`, the agent and `top --replay` run. Without
+    /// pushed (`fold`): what live `top`, the agent and `top --replay` run. Without
     /// counters its windows end on the modelled readings' grid.
     pub fn folded(cfg: Config, start_ns: u64) -> Self {
         let modelled = cfg.sources.iter().any(energy::model::is_model);

@@ -1,16 +1,16 @@
 //! CPython frames (docs/ARCHITECTURE.md, "Python frames"): finding a process's
-//! interpreter and the offsets its version needs ([`discover`], [`offsets`]), naming the
-//! code objects the sampler saw from the live process ([`code`], [`linetable`]), and
+//! interpreter and the offsets its version needs (`discover`, `offsets`), naming the
+//! code objects the sampler saw from the live process (`code`, `linetable`), and
 //! turning a sample's raw Python frames into the recording's frame ids and table
-//! ([`names`]); which versions the machine runs now ([`census`]).
+//! (`names`); which versions the machine runs now (`census`).
 
-pub mod census;
-pub mod code;
-pub mod discover;
-pub mod linetable;
-pub mod memory;
-pub mod names;
-pub mod offsets;
+pub(crate) mod census;
+pub(crate) mod code;
+pub(crate) mod discover;
+pub(crate) mod linetable;
+pub(crate) mod memory;
+pub(crate) mod names;
+pub(crate) mod offsets;
 
 pub use linetable::{LineFormat, line_at};
 pub use names::{Namer, RawFrames};

@@ -14,13 +14,13 @@ mod budget;
 pub mod columns;
 #[cfg(test)]
 mod damage_tests;
-pub mod early;
+pub(crate) mod early;
 pub mod frame;
 mod parallel;
 mod reader;
-pub mod rotate;
-pub mod run_counts;
-pub mod series;
+pub(crate) mod rotate;
+pub(crate) mod run_counts;
+pub(crate) mod series;
 mod switch_log;
 mod unwind_counts;
 mod validate;

@@ -7,9 +7,9 @@
 //! saved. Rules the walker cannot follow are kept as marked rows (PLT stubs, signal
 //! trampolines, expressions) so it knows to fall back instead of guessing.
 //!
-//! Tables are built once per file and cached on disk by build-id ([`cache`]). [`process`]
+//! Tables are built once per file and cached on disk by build-id ([`cache`]). `process`
 //! lays them out as the sampler will read them (a shared, bounded row arena and per-process
-//! mapping entries with load biases); [`walk`] is the walk itself in plain Rust, the
+//! mapping entries with load biases); `walk` is the walk itself in plain Rust, the
 //! reference the eBPF walker is to follow step for step (not wired into the sampler yet).
 //!
 //! Every input is bounded (these are outside bytes, and the tables end up in BPF maps):
@@ -20,10 +20,11 @@
 
 pub mod cache;
 mod compile;
-pub mod process;
+pub(crate) mod process;
 #[cfg(test)]
 mod tests;
-pub mod walk;
+#[cfg(test)]
+pub(crate) mod walk;
 #[cfg(test)]
 mod walk_tests;
 
