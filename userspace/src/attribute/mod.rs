@@ -54,7 +54,7 @@ pub use attribution::{
     SourceAttribution, ThreadEnergy, domain_name,
 };
 pub use ci::{Estimate, estimate_samples};
-pub use split::ThreadKey;
+pub(crate) use split::ThreadKey;
 pub use static_power::{Calibrated, Learned, StaticOrigin, source_key};
 pub use zero_load::Unidentified;
 

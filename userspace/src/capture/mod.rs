@@ -1,8 +1,8 @@
 //! Loading and attaching the eBPF probes, draining their ring buffers, decoding events.
 //!
-//! [`Probes::start`] checks privileges and the kernel, loads the object built from
+//! `Probes::start_sized` checks privileges and the kernel, loads the object built from
 //! `ebpf-probes/probes`, attaches `sched_switch`, the lifecycle tracepoints and a cpu-clock
-//! sampler on every online CPU. [`Probes::drain`] empties the ring buffers; the caller calls
+//! sampler on every online CPU. `Probes::drain` empties the ring buffers; the caller calls
 //! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). `session` builds recording
 //! chunks on top of it; `live` is the one place a capture is started, polled and finished.
 
@@ -23,10 +23,10 @@ pub(crate) mod session;
 pub(crate) mod unwinder;
 pub(crate) mod windowed;
 
-pub use activity::ActivityEvent;
-pub use decode::{Comm, Event, comm_string};
+pub(crate) use activity::ActivityEvent;
+pub(crate) use decode::{Comm, Event, comm_string};
 pub use live::{Live, LiveError, LiveOptions};
-pub use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
+pub(crate) use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
 pub use windowed::{Capture, LiveConfig};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.

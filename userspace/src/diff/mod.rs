@@ -50,7 +50,7 @@ impl Per {
     }
 
     /// What was normalised, in words.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Per::Run => "per run (each run is taken to do the same work)".into(),
             Per::Second => "per second of each run (average power)".into(),
@@ -61,7 +61,7 @@ impl Per {
     }
 
     /// What a run's values are divided by.
-    pub fn divisor(&self, run: &side::Run, is_new: bool) -> f64 {
+    pub(crate) fn divisor(&self, run: &side::Run, is_new: bool) -> f64 {
         match *self {
             Per::Run => 1.0,
             Per::Second => run.duration_s,
@@ -104,7 +104,7 @@ fn pct(p: Option<f64>) -> String {
 }
 
 /// One line about a row: its change, interval and whether it is significant.
-pub fn describe(r: &Row, unit: &str) -> String {
+pub(crate) fn describe(r: &Row, unit: &str) -> String {
     let rel = |j: f64| {
         if r.base_j > 0.0 {
             format!("{:+.1}%", 100.0 * j / r.base_j)
@@ -245,7 +245,7 @@ pub fn compare(base: &Side, new: &Side, by: By, per: Per) -> Diff {
 }
 
 /// The name of a row kind, as `--by` takes it.
-pub fn by_name(by: By) -> &'static str {
+pub(crate) fn by_name(by: By) -> &'static str {
     match by {
         By::Function => "function",
         By::Process => "process",

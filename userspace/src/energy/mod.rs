@@ -141,7 +141,7 @@ pub enum EnergyError {
 
 impl EnergyError {
     /// Classifies an I/O error on a counter file into the variant a user can act on.
-    pub fn from_io(path: impl Into<PathBuf>, source: std::io::Error, hint: &str) -> Self {
+    pub(crate) fn from_io(path: impl Into<PathBuf>, source: std::io::Error, hint: &str) -> Self {
         let path = path.into();
         match source.kind() {
             std::io::ErrorKind::PermissionDenied => EnergyError::PermissionDenied {
@@ -172,7 +172,7 @@ pub(crate) fn read_u64(path: &std::path::Path, hint: &str) -> Result<u64, Energy
 }
 
 /// Name of a domain as users see it.
-pub fn domain_name(domain: pb::EnergyDomain) -> &'static str {
+pub(crate) fn domain_name(domain: pb::EnergyDomain) -> &'static str {
     match domain {
         pb::EnergyDomain::Package => "package",
         pb::EnergyDomain::Cores => "cores",

@@ -7,13 +7,13 @@
 //! Threads: [`Resolver::names`] is called from the capture thread while it publishes a
 //! window; it only reads a cached index under a short lock. A thread of the resolver's own
 //! fetches the list at start, again when a lookup misses (at most once per
-//! [`MIN_REFRESH`]) and every [`MAX_AGE`] so deleted pods are forgotten. The index is
+//! `MIN_REFRESH`) and every `MAX_AGE` so deleted pods are forgotten. The index is
 //! replaced whole, so it is bounded by one list ([`podlist::MAX_PODS`]). With no list to be
 //! had, lookups answer `None` and the metrics keep today's ids; the failure is logged once
 //! (then at debug) and its recovery once.
 //!
 //! Security: https only, the server verified against a CA file, the bearer token read from
-//! a file and never logged; the answer is bounded ([`podlist::MAX_BYTES`]) before it is
+//! a file and never logged; the answer is bounded (`podlist::MAX_BYTES`) before it is
 //! parsed.
 
 pub(crate) mod fetch;
@@ -25,15 +25,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use podlist::{Index, PodNames};
+pub(crate) use podlist::{Index, PodNames};
 
 use crate::container::ContainerRef;
 
 /// Shortest time between two fetches asked for by misses (a node's new pod is named within
 /// this; an unknown container costs at most one request per this).
-pub const MIN_REFRESH: Duration = Duration::from_secs(15);
+pub(crate) const MIN_REFRESH: Duration = Duration::from_secs(15);
 /// A list older than this is fetched again even without a miss.
-pub const MAX_AGE: Duration = Duration::from_secs(300);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(300);
 
 /// Where the pod list comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -335,7 +335,7 @@ pub fn group<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>, by: GroupBy) ->
 }
 
 /// The group a process row sums into (the grouped row's `comm`).
-pub fn group_key(p: &ProcessRow, by: GroupBy) -> String {
+pub(crate) fn group_key(p: &ProcessRow, by: GroupBy) -> String {
     match by {
         GroupBy::Cgroup => p.cgroup.clone(),
         GroupBy::Command => p.comm.clone(),

@@ -13,15 +13,12 @@ pub(crate) mod names;
 pub(crate) mod offsets;
 
 pub use linetable::{LineFormat, line_at};
-pub use names::{Namer, RawFrames};
-pub use offsets::{Table, Version};
+pub(crate) use names::{Namer, RawFrames};
 
 use crate::symbolize::Frame;
 
-pub use crate::symbolize::PYTHON_MODULE;
-
 /// Native function whose frames run Python code: each is one evaluation-loop call.
-pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+pub(crate) const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 
 /// Why a process's Python could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -36,7 +36,7 @@ pub(crate) mod sweep;
 
 use std::io::Read as _;
 
-pub use fit::{FitError, FitReport, KernelPoint};
+pub(crate) use fit::{FitError, FitReport, KernelPoint};
 pub use model::Constants;
 
 /// The constants of one thread count, and what follows from them.
@@ -107,7 +107,7 @@ pub struct Roofline {
 }
 
 /// Fits the kernels of each thread count: the most threads is the machine.
-pub fn summarize(
+pub(crate) fn summarize(
     points: &[KernelPoint],
     const_w: f64,
     const_w_interval: [f64; 2],
