@@ -142,7 +142,7 @@ impl CalibrationFile {
 
 /// Which calibration file the commands that attribute energy read (`--calibration FILE`).
 #[derive(Debug, Clone, Default)]
-pub struct CalibrationArgs {
+pub(crate) struct CalibrationArgs {
     /// Calibration file from `energy-bpf calibrate` (default: /var/lib/energy-bpf/calibration.json
     /// when it exists).
     pub calibration: Option<PathBuf>,

@@ -40,7 +40,7 @@ pub(crate) const HOW_TO_SET: &str = "set per-package watts with --model-idle-w W
 
 /// Model parameters from a config file.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModelConfig {
+pub(crate) struct ModelConfig {
     /// Idle watts per package.
     pub idle_w: Option<f64>,
     /// Full-load watts per package.

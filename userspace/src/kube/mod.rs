@@ -4,7 +4,7 @@
 //! (the API server's `/api/v1/pods?fieldSelector=spec.nodeName=NODE`, or the kubelet's
 //! `/pods`: both answer a `v1.PodList`).
 //!
-//! Threads: [`Resolver::names`] is called from the capture thread while it publishes a
+//! Threads: `Resolver::names` is called from the capture thread while it publishes a
 //! window; it only reads a cached index under a short lock. A thread of the resolver's own
 //! fetches the list at start, again when a lookup misses (at most once per
 //! `MIN_REFRESH`) and every `MAX_AGE` so deleted pods are forgotten. The index is
@@ -37,7 +37,7 @@ pub(crate) const MAX_AGE: Duration = Duration::from_secs(300);
 
 /// Where the pod list comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KubeSettings {
+pub(crate) struct KubeSettings {
     /// `https://…/api/v1/pods?fieldSelector=spec.nodeName%3DNODE` or `https://NODE_IP:10250/pods`.
     pub pods_url: String,
     /// PEM file of the CA that signed the server's certificate.
@@ -48,7 +48,7 @@ pub struct KubeSettings {
 
 /// Why pod names cannot be had.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     /// The URL is not usable.
     #[error("pod list URL `{0}`: {1}")]
     Url(String, &'static str),
@@ -84,7 +84,7 @@ fn status_hint(status: u16) -> &'static str {
 }
 
 /// Looks names up; cheap and non-blocking (see the module doc).
-pub struct Resolver {
+pub(crate) struct Resolver {
     shared: Arc<Shared>,
 }
 
@@ -117,7 +117,8 @@ impl Resolver {
         Ok(Self { shared })
     }
 
-    /// A resolver over a fixed index, with no fetching (tests, replays).
+    /// A resolver over a fixed index, with no fetching (tests).
+    #[cfg(test)]
     pub fn fixed(index: Index) -> Self {
         Self {
             shared: Arc::new(Shared {

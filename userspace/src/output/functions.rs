@@ -37,7 +37,7 @@ pub(crate) fn wilson(n: u64, total: u64, z: f64) -> (f64, f64) {
 
 /// Running sums of one function's sample weights in one domain.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct WeightSums {
+pub(crate) struct WeightSums {
     /// Samples.
     pub n: u64,
     /// Σ w.

@@ -34,7 +34,7 @@ use crate::{
     timeline::{Switches, Timeline},
 };
 
-pub use rollup::{GroupBy, group};
+pub(crate) use rollup::{GroupBy, group};
 pub use rows::{DomainJoules, ProcessRow, ThreadRow};
 pub(crate) use window::{WindowEvents, Windower};
 

@@ -285,7 +285,7 @@ fn scale(e: &PerDomain, k: f64) -> PerDomain {
 
 /// What process rows are grouped by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupBy {
+pub(crate) enum GroupBy {
     /// The cgroup (container, service).
     Cgroup,
     /// The command name.
@@ -297,7 +297,10 @@ pub enum GroupBy {
 /// Sums process rows into one row per cgroup or command (the key in `comm`, `pid` 0, the
 /// member processes' threads in `threads`); largest share first. Confidence intervals add
 /// as if the members' errors were independent and of the same sign, which is conservative.
-pub fn group<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>, by: GroupBy) -> Vec<ProcessRow> {
+pub(crate) fn group<'a>(
+    rows: impl IntoIterator<Item = &'a ProcessRow>,
+    by: GroupBy,
+) -> Vec<ProcessRow> {
     let mut groups: BTreeMap<String, ProcessRow> = BTreeMap::new();
     for p in rows {
         let key = group_key(p, by);

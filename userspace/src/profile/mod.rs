@@ -19,10 +19,10 @@ use std::sync::Arc;
 pub use crate::symbolize::{Frame, FrameKind, JitRuntime};
 
 /// Index of a frame in [`Profile::frames`].
-pub type FrameId = u32;
+pub(crate) type FrameId = u32;
 
 /// Index of a location in [`Profile::locations`].
-pub type LocationId = u32;
+pub(crate) type LocationId = u32;
 
 /// File name of the kernel's [`ProfileMapping`], as perf and pprof name it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";

@@ -22,7 +22,7 @@ pub(crate) const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 
 /// Why a process's Python could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum PythonError {
+pub(crate) enum PythonError {
     /// A file or the process's memory could not be opened.
     #[error("cannot read {path}: {source}")]
     Io {

@@ -157,7 +157,7 @@ const STRIDE: usize = 64;
 /// before), and the checksum of any range follows from two prefixes (CRC32C is linear:
 /// `crc(a ++ b) = crc(a) · x^(8|b|) ⊕ crc(b)`), so each candidate costs at most
 /// 2 × `STRIDE` bytes and a few multiplications.
-pub struct Resync<'a> {
+pub(crate) struct Resync<'a> {
     bytes: &'a [u8],
     /// CRC32C of `bytes[..i * STRIDE]`; built on first use.
     prefix: Vec<u32>,

@@ -83,7 +83,7 @@ pub(crate) fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadIn
 }
 
 /// The names of a recording's Python frames, by id.
-pub type PythonFrames = HashMap<u64, crate::pb::v1::PythonFrame>;
+pub(crate) type PythonFrames = HashMap<u64, crate::pb::v1::PythonFrame>;
 
 /// A whole recording, merged from all its chunks.
 #[derive(Clone, Debug, Default)]

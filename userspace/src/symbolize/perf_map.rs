@@ -4,7 +4,7 @@
 //! Python 3.12+ `-X perf`, .NET `DOTNET_PerfMapEnabled=1`, LuaJIT).
 //!
 //! This module owns the line parser ([`parse_line`], fuzzed), the safe incremental reader
-//! of another user's map file ([`PerfMapFile`]: no symlinks, regular file, owned by the
+//! of another user's map file (`PerfMapFile`: no symlinks, regular file, owned by the
 //! process's user, bounded) and the lookup table a report builds from the entries a
 //! recording kept ([`JitTable`]), which turns addresses into [`Frame::jit`] frames.
 
@@ -71,7 +71,7 @@ pub fn parse_line(line: &str) -> Option<PerfMapLine<'_>> {
 
 /// Why a map file was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum PerfMapError {
+pub(crate) enum PerfMapError {
     /// No map file (the runtime writes none, or not yet).
     #[error("no perf map at {path}")]
     Missing {
@@ -107,7 +107,7 @@ pub enum PerfMapError {
 
 /// An open map file read as it grows: each `PerfMapFile::read_new` returns the whole
 /// lines appended since the previous one.
-pub struct PerfMapFile {
+pub(crate) struct PerfMapFile {
     path: PathBuf,
     file: File,
     /// Bytes consumed (up to the last whole line).

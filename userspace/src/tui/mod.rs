@@ -36,7 +36,7 @@ use std::io;
 
 /// What can go wrong while showing `top`.
 #[derive(Debug, thiserror::Error)]
-pub enum TuiError {
+pub(crate) enum TuiError {
     /// The terminal could not be put into full-screen mode.
     #[error(
         "cannot take over the terminal (raw mode / alternate screen): {source}; use --batch for plain output"
