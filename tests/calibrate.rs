@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use energy_bpf::energy::fake;
-
 use crate::util::{Recorder, Workload, require_root, run, text};
 
 const STATIC_W: f64 = 7.0;
@@ -16,10 +14,12 @@ fn calibrate_measures_a_quiet_machine_and_refuses_a_busy_one() {
         return;
     }
     let _guard = crate::util::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (sysfs, tree) = crate::util::one_package(dir.path());
-    fake::topology(&sysfs, 1, 2).expect("fake topology");
-    let emulator = tree.spawn(&[("intel-rapl:0", STATIC_W)]).expect("emulator");
+    let fake = crate::util::two_cpu_package();
+    let (dir, sysfs) = (&fake.dir, &fake.sysfs);
+    let emulator = fake
+        .tree
+        .spawn(&[("intel-rapl:0", STATIC_W)])
+        .expect("emulator");
     let cal = dir.path().join("cal/calibration.json");
     let (sysfs_s, cal_s) = (sysfs.to_str().expect("path"), cal.to_str().expect("path"));
 
@@ -116,22 +116,9 @@ fn calibrate_load_measures_the_power_curve_core_first() {
         return;
     }
     let _guard = crate::util::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (sysfs, tree) = crate::util::one_package(dir.path());
-    let cpu_dir = sysfs.join("devices/system/cpu");
-    std::fs::create_dir_all(&cpu_dir).expect("cpu dir");
-    std::fs::write(cpu_dir.join("online"), "0-1\n").expect("online");
-    for id in 0..2 {
-        let topo = cpu_dir.join(format!("cpu{id}/topology"));
-        std::fs::create_dir_all(&topo).expect("topology dir");
-        std::fs::write(topo.join("physical_package_id"), "0\n").expect("package");
-        std::fs::write(topo.join("core_id"), "0\n").expect("core");
-    }
-    let _emulator = crate::util::BusyEmulator::start(
-        &tree.zone_dir("intel-rapl:0").join("energy_uj"),
-        6.0,
-        10.0,
-    );
+    let fake = crate::util::smt_pair_package();
+    let (dir, sysfs) = (&fake.dir, &fake.sysfs);
+    let _emulator = crate::util::BusyEmulator::start(&fake.energy_uj, 6.0, 10.0);
     let cal = dir.path().join("calibration.json");
     let out = run(&[
         "calibrate",

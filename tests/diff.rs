@@ -6,8 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use energy_bpf::pb::v1::{
-    Chunk, Cpu, EnergyDomain, EnergySource, Header, RunMarker, Sample, SwitchEvent, ThreadInfo,
-    Trailer,
+    Chunk, Cpu, EnergyDomain, EnergySource, Header, RunMarker, Sample, ThreadInfo, Trailer,
 };
 use energy_bpf::record::{FORMAT_VERSION, Writer};
 
@@ -193,15 +192,7 @@ fn synthetic(path: &Path, host: &str, runs: u64, busy_ms: u64) {
     let ms = 1_000_000u64;
     for r in 0..runs {
         let start = header.start_ns + r * 100 * ms;
-        let sw = |ts: u64, tid: u32, next: u32| SwitchEvent {
-            ts_ns: ts,
-            tid,
-            tgid: tid,
-            next_known: true,
-            next_tid: next,
-            next_tgid: next,
-            ..Default::default()
-        };
+        let sw = |ts: u64, tid: u32, next: u32| energy_bpf::testing::sw(ts, 0, tid, next);
         chunk.switches.push(sw(start + ms, 0, 50));
         chunk.switches.push(sw(start + ms + busy_ms * ms, 50, 0));
         for k in 0..busy_ms / 10 {

@@ -15,8 +15,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use energy_bpf::energy::fake;
-
 use crate::agent::{Daemon, get, spawn_agent};
 use crate::util::{self, BusyEmulator, Workload};
 
@@ -119,14 +117,9 @@ fn agent_learns_static_power_and_keeps_it_across_restarts() {
         return;
     }
     let _guard = util::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (sysfs, tree) = crate::util::one_package(dir.path());
-    fake::topology(&sysfs, 1, 2).expect("fake topology");
-    let _emulator = BusyEmulator::start(
-        &tree.zone_dir("intel-rapl:0").join("energy_uj"),
-        STATIC_W,
-        PER_CPU_W,
-    );
+    let fake = util::two_cpu_package();
+    let (dir, sysfs) = (&fake.dir, &fake.sysfs);
+    let _emulator = BusyEmulator::start(&fake.energy_uj, STATIC_W, PER_CPU_W);
     // An empty calibration file, so a calibration on the test machine cannot win.
     let none = dir.path().join("none.json");
     std::fs::write(&none, r#"{"version":1,"hosts":{}}"#).expect("write calibration");

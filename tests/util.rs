@@ -180,18 +180,43 @@ pub struct FakePackage {
     pub sysfs: PathBuf,
     /// The package counter's `energy_uj`.
     pub energy_uj: PathBuf,
+    /// The powercap tree (its own emulator: [`FakePowercap::spawn`]).
+    ///
+    /// [`FakePowercap::spawn`]: energy_bpf::energy::fake::FakePowercap::spawn
+    pub tree: energy_bpf::energy::fake::FakePowercap,
 }
 
-/// Builds a [`FakePackage`].
+/// Builds a [`FakePackage`] whose two CPUs are cores of their own.
 pub fn two_cpu_package() -> FakePackage {
+    let fake = package_without_topology();
+    energy_bpf::energy::fake::topology(&fake.sysfs, 1, 2).expect("fake topology");
+    fake
+}
+
+/// Builds a [`FakePackage`] whose two CPUs are SMT siblings of one core (core 0).
+pub fn smt_pair_package() -> FakePackage {
+    let fake = package_without_topology();
+    let cpu_dir = fake.sysfs.join("devices/system/cpu");
+    std::fs::create_dir_all(&cpu_dir).expect("cpu dir");
+    std::fs::write(cpu_dir.join("online"), "0-1\n").expect("online");
+    for id in 0..2 {
+        let topo = cpu_dir.join(format!("cpu{id}/topology"));
+        std::fs::create_dir_all(&topo).expect("topology dir");
+        std::fs::write(topo.join("physical_package_id"), "0\n").expect("package");
+        std::fs::write(topo.join("core_id"), "0\n").expect("core");
+    }
+    fake
+}
+
+fn package_without_topology() -> FakePackage {
     let dir = tempfile::tempdir().expect("tempdir");
     let (sysfs, tree) = one_package(dir.path());
-    energy_bpf::energy::fake::topology(&sysfs, 1, 2).expect("fake topology");
     let energy_uj = tree.zone_dir("intel-rapl:0").join("energy_uj");
     FakePackage {
         dir,
         sysfs,
         energy_uj,
+        tree,
     }
 }
 

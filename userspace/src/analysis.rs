@@ -16,7 +16,7 @@ use crate::{
     symbolize::Symbolizer,
 };
 
-pub use crate::pipeline::{Analysis, source_label};
+pub(crate) use crate::pipeline::{Analysis, source_label};
 
 /// Model parameters to recompute an estimated recording with (`report --model-idle-w ...`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -69,7 +69,7 @@ pub fn analyze(rec: &Recording, cfg: &Config) -> Analysis {
 
 /// [`source_label`] followed by ` (estimated)` when any source is modelled: for text a
 /// person reads next to the numbers.
-pub fn source_description(sources: &[EnergySource]) -> String {
+pub(crate) fn source_description(sources: &[EnergySource]) -> String {
     let label = source_label(sources);
     if sources.iter().any(|s| s.estimated) {
         format!("{label} (estimated)")

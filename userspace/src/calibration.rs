@@ -13,10 +13,10 @@ use std::{
 use crate::attribute::{Calibrated, calibrate::Measured};
 
 /// Where calibration lives unless `--calibration` says otherwise.
-pub const DEFAULT_PATH: &str = "/var/lib/energy-bpf/calibration.json";
+pub(crate) const DEFAULT_PATH: &str = "/var/lib/energy-bpf/calibration.json";
 
 /// Format version of the file.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 
 /// The whole file.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -93,7 +93,7 @@ impl CalibrationFile {
     }
 
     /// Reads a file, or an empty one when it does not exist yet.
-    pub fn load_or_default(path: &Path) -> Result<Self, CalibrationError> {
+    pub(crate) fn load_or_default(path: &Path) -> Result<Self, CalibrationError> {
         if path.exists() {
             Self::load(path)
         } else {
@@ -105,7 +105,7 @@ impl CalibrationFile {
     }
 
     /// Writes the file atomically with mode 0644, creating its directory.
-    pub fn save(&self, path: &Path) -> Result<(), CalibrationError> {
+    pub(crate) fn save(&self, path: &Path) -> Result<(), CalibrationError> {
         let err = |source| CalibrationError::Write {
             path: path.to_owned(),
             source,
@@ -142,7 +142,7 @@ impl CalibrationFile {
 
 /// Which calibration file the commands that attribute energy read (`--calibration FILE`).
 #[derive(Debug, Clone, Default)]
-pub struct CalibrationArgs {
+pub(crate) struct CalibrationArgs {
     /// Calibration file from `energy-bpf calibrate` (default: /var/lib/energy-bpf/calibration.json
     /// when it exists).
     pub calibration: Option<PathBuf>,
@@ -165,7 +165,7 @@ impl CalibrationArgs {
 
 /// The calibration a report of `header` uses: `--calibration FILE` when given, else the one
 /// stored in the recording (so a report stays reproducible), else the default file.
-pub fn for_recording(
+pub(crate) fn for_recording(
     args: &CalibrationArgs,
     header: &crate::pb::v1::Header,
 ) -> Result<BTreeMap<String, Calibrated>, CalibrationError> {
@@ -189,7 +189,9 @@ pub fn for_recording(
 }
 
 /// For a recording's header: the calibration in use, by source key.
-pub fn to_header(cal: &BTreeMap<String, Calibrated>) -> Vec<crate::pb::v1::CalibratedStatic> {
+pub(crate) fn to_header(
+    cal: &BTreeMap<String, Calibrated>,
+) -> Vec<crate::pb::v1::CalibratedStatic> {
     cal.iter()
         .map(|(key, c)| crate::pb::v1::CalibratedStatic {
             source_key: key.clone(),
@@ -200,7 +202,7 @@ pub fn to_header(cal: &BTreeMap<String, Calibrated>) -> Vec<crate::pb::v1::Calib
 }
 
 /// Unix time (ns) as RFC 3339 UTC, e.g. `2026-05-20T10:00:00Z`.
-pub fn rfc3339(unix_ns: u64) -> String {
+pub(crate) fn rfc3339(unix_ns: u64) -> String {
     let secs = unix_ns / 1_000_000_000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm, proleptic Gregorian).

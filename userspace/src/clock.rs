@@ -9,12 +9,12 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// CLOCK_REALTIME now, in ns since the Unix epoch.
-pub fn realtime_ns() -> u64 {
+pub(crate) fn realtime_ns() -> u64 {
     clock_ns(libc::CLOCK_REALTIME)
 }
 
 /// CLOCK_BOOTTIME now, in ns (what /proc/PID/stat start times count from).
-pub fn boottime_ns() -> u64 {
+pub(crate) fn boottime_ns() -> u64 {
     clock_ns(libc::CLOCK_BOOTTIME)
 }
 

@@ -1,59 +1,61 @@
 //! energy-bpf: which code burned these joules?
 //!
-//! The binary is thin; these modules do the work (`docs/ARCHITECTURE.md` draws the map):
-//! - [`attribute`]: pure attribution of measured energy to threads, processes and stacks.
-//! - [`capture`]: load and attach the eBPF probes, drain ring buffers, decode events.
-//! - [`calibration`]: the calibration file (static power per host and source).
-//! - [`record`]: the protobuf recording stream (writer, reader, truncation handling).
-//! - [`commands`]: one module per subcommand (argument parsing and wiring only).
-//! - [`energy`]: energy counters (perf PMU, powercap, MSR, hwmon, NVML) and the estimated
-//!   model, read on a dedicated thread.
-//! - [`timeline`]: pure reconstruction of who ran on each CPU in every nanosecond range.
-//! - [`pipeline`]: the streaming analysis core: events in, closed windows with their
-//!   attribution and rows out; every output stands on it.
-//! - [`agent`]: the always-on daemon: continuous capture, Prometheus metrics, per-window
-//!   sinks.
-//! - [`container`]: container ids and pod UIDs from cgroup v2 paths.
-//! - [`feed`]: where `top`'s snapshots come from: a live capture or a replayed recording.
-//! - [`hot`]: the hot Python, JIT or native function of each thread and process in a window.
-//! - [`clock`]: CLOCK_MONOTONIC, the clock every timestamp uses.
-//! - [`agent::otlp`]: OTLP profiles pushed to a collector (gRPC, bounded queue, backoff).
-//! - [`procmaps`]: `/proc/PID/maps` and GNU build-ids (a leaf: symbolize, unwind, python).
-//! - [`remote`]: window snapshots over the agent's Unix socket (server and `top` client).
-//! - [`roofline`]: the machine's energy roofline (seed 002): kernels, fit, plot, DVFS.
-//! - [`tui`]: `top`: live view state, rendering, keys, batch frames (no collection).
-//! - [`symbolize`]: addresses to functions, files and lines (blazesym, build-id checked).
-//! - [`unwind`]: `.eh_frame`/`.debug_frame` compiled into unwind rows for the stack
-//!   walker, cached on disk by build-id.
-//! - [`profile`]: the one typed profile model every output reads.
-//! - [`output`]: exporters (SVG, collapsed, pprof, speedscope) and report tables.
+//! The binary is thin; these modules do the work (`docs/ARCHITECTURE.md` draws the map).
+//! Modules are crate-private unless the binary, the integration tests, the benches, the
+//! examples or the fuzz targets use them; inside a public module, only what those use is
+//! public. The public ones, by task:
+//! - Capture and record: [`capture`] (load and attach the eBPF probes, drain ring buffers,
+//!   decode events; the one live capture into the pipeline's windows), [`energy`] (energy
+//!   counters and the estimated model, read on a dedicated thread), [`record`] (the
+//!   recording file: writer, reader, damage handling), [`clock`] (CLOCK_MONOTONIC, the clock
+//!   every timestamp uses), [`calibration`] (static power per host and source).
+//! - Attribute: [`timeline`] (who ran on each CPU in every nanosecond range),
+//!   [`attribute`] (measured energy to threads, processes and stacks), [`pipeline`] (the
+//!   streaming analysis core: events in, closed windows with their attribution and rows
+//!   out), [`analysis`] (a whole recording as one window).
+//! - Name and unwind: [`symbolize`] (addresses to functions, files and lines, build-id
+//!   checked), [`unwind`] (`.eh_frame`/`.debug_frame` compiled into unwind rows, cached by
+//!   build-id), [`python`] (CPython frames and line tables).
+//! - Report and compare: [`profile`] (the one typed profile model every output reads),
+//!   [`output`] (exporters and report tables), [`diff`] (two sets of runs compared),
+//!   [`roofline`] (the machine's energy roofline).
+//! - Watch: [`tui`] (`top`: its live and replay threads, view state, rendering, batch
+//!   frames), [`remote`] (window snapshots over the agent's Unix socket), [`kube`] (pod
+//!   names from the pod list).
+//! - [`commands`]: one module per subcommand for the binary (`Args` and `run`).
+//!
+//! Crate-private: `agent` (the always-on daemon: continuous capture, Prometheus metrics,
+//! per-window sinks, OTLP), `container` (container ids and pod UIDs from cgroup v2 paths),
+//! `hot` (the hot function of each thread and process in a window) and `procmaps`
+//! (`/proc/PID/maps` and GNU build-ids).
 
 #![warn(missing_docs)]
 
-pub mod agent;
+pub(crate) mod agent;
 pub mod analysis;
 pub mod attribute;
 pub mod calibration;
 pub mod capture;
 pub mod clock;
 pub mod commands;
-pub mod container;
+pub(crate) mod container;
 pub mod diff;
 pub mod energy;
-pub mod feed;
-pub mod hot;
+pub(crate) mod hot;
 pub mod kube;
 pub mod output;
 pub mod pipeline;
-pub mod procmaps;
+pub(crate) mod procmaps;
 pub mod profile;
 pub mod python;
 pub mod record;
 pub mod remote;
 pub mod roofline;
 pub mod symbolize;
-#[cfg(test)]
-pub(crate) mod testing;
+/// Builders shared by the unit tests, the integration tests and the benches: test-only,
+/// compiled for `cargo test` and with the `test-support` feature, never in a release build.
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 pub mod timeline;
 pub mod tui;
 pub mod unwind;

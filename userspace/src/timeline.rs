@@ -14,11 +14,11 @@ use crate::{
 };
 
 /// Thread id of a CPU's idle task (swapper).
-pub const IDLE_TID: u32 = 0;
+pub(crate) const IDLE_TID: u32 = 0;
 
 /// Thread id used for a stretch of time whose task is not known (no switch seen on the CPU
 /// yet and the probe could not read `next`).
-pub const UNKNOWN_TID: u32 = u32::MAX;
+pub(crate) const UNKNOWN_TID: u32 = u32::MAX;
 
 /// One uninterrupted stretch of one thread on one CPU, `[start_ns, end_ns)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub struct Run {
     pub start_ns: u64,
     /// End (exclusive), CLOCK_MONOTONIC ns.
     pub end_ns: u64,
-    /// Thread; [`IDLE_TID`] for idle, [`UNKNOWN_TID`] when unknown.
+    /// Thread; `IDLE_TID` for idle, `UNKNOWN_TID` when unknown.
     pub tid: u32,
     /// Process of `tid`.
     pub tgid: u32,
@@ -114,7 +114,12 @@ impl Timeline {
     /// [`Self::build`] from events held either way. Each CPU's runs are built as its
     /// events come, one batch decoded at a time; only a CPU whose events are out of time
     /// order has them gathered and sorted first (stably, so ties keep their order).
-    pub fn build_from(start_ns: u64, end_ns: u64, cpus: &[u32], switches: Switches<'_>) -> Self {
+    pub(crate) fn build_from(
+        start_ns: u64,
+        end_ns: u64,
+        cpus: &[u32],
+        switches: Switches<'_>,
+    ) -> Self {
         // How many events each CPU has, and whether they come in time order: a log counted
         // them as they were added; a slice is cheap to count here.
         let counted;

@@ -14,7 +14,7 @@ use super::{
     metrics::Metrics,
     sink::Sink,
 };
-use crate::{attribute, clock, feed::Capture, pb::v1 as pb, pipeline::Window};
+use crate::{attribute, capture::Capture, clock, pb::v1 as pb, pipeline::Window};
 
 /// Drains at least this often: ring buffers are sized for about a second of a busy
 /// machine (docs/ARCHITECTURE.md, "Capture"), and a later drain only makes chunks larger.

@@ -243,6 +243,7 @@ impl Ledger {
 
     /// Sum of every process series per zone (own series and buckets): equals
     /// [`Self::active`] up to rounding.
+    #[cfg(test)]
     pub fn process_sum(&self) -> Zones {
         let mut sum = Zones::new();
         let all = self

@@ -8,26 +8,27 @@
 //! SIGTERM/SIGINT finish the current window, flush the sinks and return; SIGHUP asks the
 //! caller for fresh settings and applies what can change live (interval, series limit).
 
-pub mod collect;
-pub mod health;
+pub(crate) mod collect;
+pub(crate) mod config;
+pub(crate) mod health;
 mod http;
-pub mod learn;
-pub mod ledger;
-pub mod metrics;
-pub mod otlp;
-pub mod outputs;
-pub mod selfstat;
-pub mod settings;
-pub mod sink;
+pub(crate) mod learn;
+pub(crate) mod ledger;
+pub(crate) mod metrics;
+pub(crate) mod otlp;
+pub(crate) mod outputs;
+pub(crate) mod selfstat;
+pub(crate) mod settings;
+pub(crate) mod sink;
 
 use std::sync::{Arc, mpsc};
 
 use tokio::signal::unix::{SignalKind, signal};
 
 pub use settings::{OtlpSettings, RecordSettings, Retain, Settings};
-pub use sink::{Sink, SinkError};
+pub use sink::Sink;
 
-use crate::feed::Capture;
+use crate::capture::Capture;
 
 /// Re-reads the settings (flags and the config file) on SIGHUP; the error is logged and
 /// the running settings kept.
@@ -77,7 +78,7 @@ pub enum AgentError {
     },
     /// Capture could not start.
     #[error(transparent)]
-    Capture(#[from] crate::feed::FeedError),
+    Capture(#[from] crate::capture::LiveError),
     /// The capture thread ended before it said whether capture started.
     #[error("the capture thread ended during start-up")]
     CaptureEnded,

@@ -32,7 +32,7 @@ impl Sink for SocketSink {
     fn window(&mut self, window: &Window, header: &pb::Header) -> Result<(), SinkError> {
         // The server hands the frame to its own client threads; this only encodes.
         self.server
-            .publish(&crate::feed::snapshot(window, header.sample_hz));
+            .publish(&crate::tui::Snapshot::from_window(window, header.sample_hz));
         Ok(())
     }
 }

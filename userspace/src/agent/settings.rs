@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use crate::feed::LiveConfig;
+use crate::capture::LiveConfig;
 pub use crate::record::rotate::Retain;
 
 /// Everything the agent needs, merged from flags and the config file.

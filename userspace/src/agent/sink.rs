@@ -11,14 +11,6 @@ use crate::{pb::v1 as pb, pipeline::Window};
 /// Why a sink could not take a chunk or a window.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    /// A file or socket operation failed.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done, e.g. "writing /var/lib/energy-bpf/0001.ebpr".
-        what: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
     /// Anything else, said in words.
     #[error("{0}")]
     Failed(String),
@@ -45,7 +37,7 @@ pub trait Sink: Send {
     }
 
     /// Every closed window (`header` as given to [`Self::start`], for the sample rate).
-    /// [`crate::feed::snapshot`] turns it into what `top` shows.
+    /// [`crate::tui::Snapshot::from_window`] turns it into what `top` shows.
     fn window(&mut self, window: &Window, header: &pb::Header) -> Result<(), SinkError> {
         let _ = (window, header);
         Ok(())

@@ -212,7 +212,7 @@ pub struct ThreadEnergy {
     /// flamegraphs show it as a `[no stack sample]` frame under the thread.
     pub no_stack: PerDomain,
     /// Standard error of `energy` from the model (fitted per-class watts, estimated static
-    /// power), µJ ([`super::uncertainty`]); threads of one process err together.
+    /// power), µJ (`super::uncertainty`); threads of one process err together.
     pub model_sd: PerDomain,
 }
 

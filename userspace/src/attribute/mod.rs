@@ -4,44 +4,44 @@
 //! PURE: no aya, sysfs, clocks or files; a function of its inputs, tested with tables and
 //! property tests and checked against the simulator (`sim`, behind `test-support`) for accuracy.
 //!
-//! Pipeline per energy source: cut time into reading intervals ([`interval`]); per interval,
+//! Pipeline per energy source: cut time into reading intervals (`interval`); per interval,
 //! set the static share aside and split the rest across the threads that ran on the
-//! source's CPUs by activity-weighted busy time ([`split`], seed 000), optionally weighted by
-//! per-class watts fitted by regression ([`regression`], seed 003); push each thread's
-//! energy onto its stack samples ([`samples`], seed 001); aggregate with confidence
-//! intervals ([`attribution`], [`ci`]). Conservation is the hard invariant: for every interval
+//! source's CPUs by activity-weighted busy time (`split`, seed 000), optionally weighted by
+//! per-class watts fitted by regression (`regression`, seed 003); push each thread's
+//! energy onto its stack samples (`samples`, seed 001); aggregate with confidence
+//! intervals (`attribution`, `ci`). Conservation is the hard invariant: for every interval
 //! and domain, attributed + idle + unknown = measured.
 
-pub mod activity;
+pub(crate) mod activity;
 mod apportion;
-pub mod attribution;
-pub mod calibrate;
-pub mod ci;
-pub mod interval;
+pub(crate) mod attribution;
+pub(crate) mod calibrate;
+pub(crate) mod ci;
+pub(crate) mod interval;
 pub(crate) mod linalg;
-pub mod load;
-pub mod regression;
-pub mod samples;
+pub(crate) mod load;
+pub(crate) mod regression;
+pub(crate) mod samples;
 #[cfg(any(test, feature = "test-support"))]
 pub mod scenarios;
 // The simulator behind the accuracy bench and property tests (`test-support` feature).
 #[cfg(any(test, feature = "test-support"))]
 pub mod sim;
-pub mod smt;
-pub mod split;
-pub mod static_power;
-pub mod tally;
-pub mod uncertainty;
-pub mod zero_load;
+pub(crate) mod smt;
+pub(crate) mod split;
+pub(crate) mod static_power;
+pub(crate) mod tally;
+pub(crate) mod uncertainty;
+pub(crate) mod zero_load;
 
 #[cfg(test)]
+mod activity_tests;
+#[cfg(test)]
+mod idle_tests;
+#[cfg(test)]
+mod static_tests;
+#[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_activity;
-#[cfg(test)]
-mod tests_idle;
-#[cfg(test)]
-mod tests_static;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -54,7 +54,7 @@ pub use attribution::{
     SourceAttribution, ThreadEnergy, domain_name,
 };
 pub use ci::{Estimate, estimate_samples};
-pub use split::ThreadKey;
+pub(crate) use split::ThreadKey;
 pub use static_power::{Calibrated, Learned, StaticOrigin, source_key};
 pub use zero_load::Unidentified;
 
@@ -74,7 +74,7 @@ pub struct Input<'a> {
     /// Thread names and cgroups (may be empty).
     pub threads: &'a [ThreadInfo],
     /// Activity weights from the runs' counts (cycles where the PMU has them, see
-    /// [`activity`]); `None` splits by busy time.
+    /// `activity`); `None` splits by busy time.
     pub activity: Option<&'a ActivityWeights>,
 }
 
@@ -134,7 +134,7 @@ pub struct Options {
     pub fit: regression::FitOptions,
     /// Stack windows span at least this long, ns (0: one interval).
     pub stack_window_ns: u64,
-    /// Power a second busy SMT sibling adds, as a share of one thread's ([`smt`]).
+    /// Power a second busy SMT sibling adds, as a share of one thread's (`smt`).
     pub smt_sibling_extra: f64,
 }
 

@@ -257,6 +257,7 @@ pub struct Split {
 
 impl Split {
     /// Sum of all parts, µJ (equals the measured delta to fp precision).
+    #[cfg(test)]
     pub fn total(&self) -> f64 {
         self.threads.iter().map(|(_, e)| e).sum::<f64>() + self.idle_uj + self.unknown_uj
     }

@@ -65,11 +65,6 @@ impl<'a> ThreadIndex<'a> {
         }
     }
 
-    /// The timeline indexed.
-    pub fn timeline(&self) -> &'a Timeline {
-        self.timeline
-    }
-
     /// Position of `cpu` among the timeline's CPUs.
     fn position(&self, cpu: u32) -> Option<usize> {
         let cpus = &self.timeline.cpus;

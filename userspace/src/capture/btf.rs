@@ -109,7 +109,7 @@ pub fn member_offsets(btf: &[u8], ty: &str, members: &[&str]) -> Result<Vec<u32>
 }
 
 /// `task_struct::pid` and `::tgid` offsets of the running kernel.
-pub fn task_pid_offsets(vmlinux: &Path) -> Result<(u32, u32), BtfError> {
+pub(crate) fn task_pid_offsets(vmlinux: &Path) -> Result<(u32, u32), BtfError> {
     let btf = std::fs::read(vmlinux).map_err(|source| BtfError::Read {
         path: vmlinux.display().to_string(),
         source,
@@ -124,7 +124,7 @@ pub fn task_pid_offsets(vmlinux: &Path) -> Result<(u32, u32), BtfError> {
 
 /// Offset of `task_struct::thread.fsbase` (x86_64): where the kernel keeps a thread's
 /// thread pointer, which glibc's `pthread_self()` returns.
-pub fn task_fsbase_offset(vmlinux: &Path) -> Result<u32, BtfError> {
+pub(crate) fn task_fsbase_offset(vmlinux: &Path) -> Result<u32, BtfError> {
     let btf = std::fs::read(vmlinux).map_err(|source| BtfError::Read {
         path: vmlinux.display().to_string(),
         source,

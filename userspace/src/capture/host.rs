@@ -6,7 +6,7 @@ use std::{fs, path::Path};
 use crate::clock::{boottime_ns, monotonic_ns};
 
 /// `uname -r` and `uname -n`.
-pub fn uname() -> (String, String) {
+pub(crate) fn uname() -> (String, String) {
     // SAFETY: utsname is plain data; uname fills it.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointer.
@@ -49,13 +49,11 @@ pub enum PreflightError {
 const CAP_SYS_ADMIN: u32 = 21;
 /// Read other users' `/proc/<pid>/maps` and `/proc/<pid>/root` (unwind tables, symbols).
 pub const CAP_SYS_PTRACE: u32 = 19;
-/// Read files whatever their mode (powercap `energy_uj` is 0400 root).
-pub const CAP_DAC_READ_SEARCH: u32 = 2;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 /// Whether this process holds capability `cap` (a `CAP_*` number) in its effective set.
-pub fn has_capability(cap: u32) -> bool {
+pub(crate) fn has_capability(cap: u32) -> bool {
     cap < 64 && effective_caps() & (1 << cap) != 0
 }
 
@@ -72,7 +70,7 @@ fn effective_caps() -> u64 {
 }
 
 /// Checks privileges, BTF and kernel version before anything is loaded.
-pub fn preflight(btf_path: &Path) -> Result<(), PreflightError> {
+pub(crate) fn preflight(btf_path: &Path) -> Result<(), PreflightError> {
     let caps = effective_caps();
     let has = |cap: u32| caps & (1 << cap) != 0;
     if !(has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))) {
@@ -96,7 +94,7 @@ pub fn preflight(btf_path: &Path) -> Result<(), PreflightError> {
 }
 
 /// Whether a release string like `6.18.44-foo` is at least `major.minor`.
-pub fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
+pub(crate) fn kernel_at_least(release: &str, want: (u32, u32)) -> bool {
     let mut parts = release
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|p| p.parse::<u32>().ok());
@@ -122,7 +120,7 @@ pub fn process_start_ns(tgid: u32) -> Option<u64> {
 }
 
 /// A thread's comm from `/proc/PID/task/TID/comm` (None if it vanished).
-pub fn thread_comm(tgid: u32, tid: u32) -> Option<String> {
+pub(crate) fn thread_comm(tgid: u32, tid: u32) -> Option<String> {
     fs::read_to_string(format!("/proc/{tgid}/task/{tid}/comm"))
         .ok()
         .map(|s| s.trim_end().to_owned())

@@ -103,7 +103,7 @@ impl Live {
     }
 
     /// Each run counter asked for (`record --activity-events`) with whether it counts on
-    /// this machine (see [`super::run_counts`]); empty without run counters.
+    /// this machine (see `super::run_counts`); empty without run counters.
     pub fn run_counters(&self) -> &[super::run_counts::RunCounterStatus] {
         self.session.probes().run_counters()
     }

@@ -1,31 +1,33 @@
 //! Loading and attaching the eBPF probes, draining their ring buffers, decoding events.
 //!
-//! [`Probes::start`] checks privileges and the kernel, loads the object built from
+//! `Probes::start_sized` checks privileges and the kernel, loads the object built from
 //! `ebpf-probes/probes`, attaches `sched_switch`, the lifecycle tracepoints and a cpu-clock
-//! sampler on every online CPU. [`Probes::drain`] empties the ring buffers; the caller calls
-//! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). [`session`] builds recording
-//! chunks on top of it; [`live`] is the one place a capture is started, polled and finished.
+//! sampler on every online CPU. `Probes::drain` empties the ring buffers; the caller calls
+//! it on a timer (the probes never wake us, see docs/ARCHITECTURE.md, "Capture"). `session` builds recording
+//! chunks on top of it; `live` is the one place a capture is started, polled and finished.
 
-pub mod activity;
+pub(crate) mod activity;
 mod bpf_sys;
 pub mod btf;
-pub mod cgroupns;
+pub(crate) mod cgroupns;
 mod decode;
 pub mod host;
-pub mod jit;
-pub mod live;
-pub mod probe_log;
+pub(crate) mod jit;
+pub(crate) mod live;
+pub(crate) mod probe_log;
 mod probes;
-pub mod python;
-pub mod run_counts;
-pub mod runs;
-pub mod session;
-pub mod unwinder;
+pub(crate) mod python;
+pub(crate) mod run_counts;
+pub(crate) mod runs;
+pub(crate) mod session;
+pub(crate) mod unwinder;
+pub(crate) mod windowed;
 
-pub use activity::ActivityEvent;
-pub use decode::{Comm, Event, comm_string};
+pub(crate) use activity::ActivityEvent;
+pub(crate) use decode::{Comm, Event, comm_string};
 pub use live::{Live, LiveError, LiveOptions};
-pub use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
+pub(crate) use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
+pub use windowed::{Capture, LiveConfig};
 
 /// Probe object built by `userspace/build.rs` (aya-build) with the pinned nightly.
 pub(crate) static PROBES_OBJECT: &[u8] =

@@ -103,8 +103,6 @@ pub struct Probes {
     cpus: Vec<u32>,
     /// The per-CPU activity counters `sched_switch` reads (kept open while capturing).
     activity: Option<ActivityCounters>,
-    /// Whether the probes could read the task switched in (task_struct offsets known).
-    pub next_known: bool,
     /// The table walker's loader, when user stacks are walked with unwind tables.
     unwinder: Option<Unwinder>,
     /// The CPython frame walker's process map and namer, when it is loaded.
@@ -128,19 +126,11 @@ pub fn sample_ring_bytes(sample_hz: u64, cpus: usize, margin: std::time::Duratio
 
 impl Probes {
     /// Loads and attaches every probe; samples stacks at `sample_hz` on each online CPU and
-    /// counts `activity` per run (see [`ActivityEvent`]).
-    pub fn start(
-        sample_hz: u64,
-        activity: ActivityEvent,
-        unwind: UnwindMode,
-    ) -> Result<Self, CaptureError> {
-        Self::start_sized(sample_hz, activity, unwind, None, &[])
-    }
-
-    /// [`Self::start`] with the stack-sample ring buffer resized to `sample_ring_bytes`
+    /// counts `activity` per run (see [`ActivityEvent`]), with the stack-sample ring buffer
+    /// resized to `sample_ring_bytes`
     /// (see [`sample_ring_bytes`]; `None` keeps the probes' 16 MiB, sized for `record`'s
     /// high rates on large machines), and run counters for `run_events` (`record
-    /// --activity-events`, at most three; see [`super::run_counts`]): an event this machine
+    /// --activity-events`, at most three; see `super::run_counts`): an event this machine
     /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error.
     pub fn start_sized(
         sample_hz: u64,
@@ -301,7 +291,6 @@ impl Probes {
             delivered: HashMap::new(),
             cpus,
             activity,
-            next_known: pid_off != 0,
             unwinder,
             python,
             run_counts,
@@ -345,7 +334,7 @@ impl Probes {
     }
 
     /// Looks at a kept sample's `unwind` word: loads the tables of a process sampled without
-    /// them (see [`Unwinder::observe`]).
+    /// them (see `Unwinder::observe`).
     pub fn observe_unwind(&mut self, tgid: u32, unwind: u32) {
         if let Some(u) = &mut self.unwinder {
             u.observe(tgid, unwind);
@@ -353,14 +342,14 @@ impl Probes {
     }
 
     /// An explicit target exec'd: its new program's tables are loaded now
-    /// ([`Unwinder::exec`]).
+    /// (`Unwinder::exec`).
     pub fn exec_unwind(&mut self, tgid: u32) {
         if let Some(u) = &mut self.unwinder {
             u.exec(tgid);
         }
     }
 
-    /// Process `tgid` exec'd at `exec_ns` ([`Unwinder::on_exec`]): tables asked for since
+    /// Process `tgid` exec'd at `exec_ns` (`Unwinder::on_exec`): tables asked for since
     /// stay; older ones are dropped, and reloaded at once when `reload`.
     pub fn exec_event_unwind(&mut self, tgid: u32, exec_ns: u64, reload: bool) {
         if let Some(u) = &mut self.unwinder {

@@ -26,6 +26,7 @@ pub struct RunError {
 pub struct Runs {
     program: String,
     rest: Vec<String>,
+    repeat: u32,
     left: u32,
     index: u32,
     current: Option<(Child, u64)>,
@@ -40,6 +41,7 @@ impl Runs {
         Some(Self {
             program: program.clone(),
             rest: rest.to_vec(),
+            repeat,
             left: repeat,
             index: 0,
             current: None,
@@ -130,6 +132,20 @@ impl Runs {
         self.index
     }
 
+    /// Why the recording stops when a run exited with `status` and no run is left: the
+    /// trailer's stop reason.
+    pub fn stop_reason(&self, status: ExitStatus) -> String {
+        if self.repeat > 1 {
+            format!(
+                "command exited ({status}) after {} of {} runs",
+                self.ended(),
+                self.repeat
+            )
+        } else {
+            format!("command exited ({status})")
+        }
+    }
+
     /// Kills the running run, if any, and reaps it (it is not marked).
     pub fn kill(&mut self) {
         if let Some((c, _)) = self.current.as_mut()
@@ -168,6 +184,20 @@ mod tests {
         assert!(Runs::new(&[], 3).is_none());
         let r = Runs::new(&["true".into(), "x".into()], 2).expect("runs");
         assert_eq!((r.program.as_str(), r.rest.len(), r.left), ("true", 1, 2));
+    }
+
+    #[test]
+    fn the_stop_reason_counts_runs_only_when_repeated() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let status = ExitStatus::from_raw(3 << 8);
+        let once = Runs::new(&["true".into()], 1).expect("runs");
+        assert_eq!(once.stop_reason(status), "command exited (exit status: 3)");
+        let mut twice = Runs::new(&["true".into()], 2).expect("runs");
+        twice.index = 1;
+        assert_eq!(
+            twice.stop_reason(status),
+            "command exited (exit status: 3) after 1 of 2 runs"
+        );
     }
 
     #[test]

@@ -1,11 +1,8 @@
 //! `energy-bpf agent`: flags and the TOML config file merged into
-//! [`crate::agent::Settings`]; the daemon itself lives in [`crate::agent`].
+//! `crate::agent::Settings`; the daemon itself lives in `crate::agent`.
 //!
-//! The config file's keys are the long flag names (`interval = 5`,
-//! `metrics-addr = "127.0.0.1:9102"`, `energy-source = "model"`), so every flag can be set
-//! there and no second list of options can drift from the first. The file's values are
-//! parsed as flags placed before the command line's, and the later flag wins: flags given
-//! on the command line beat the file.
+//! The config file (`crate::agent::config`) gives flags; they are parsed before the
+//! command line's, and the later flag wins: flags given on the command line beat the file.
 
 use std::{
     net::SocketAddr,
@@ -20,8 +17,8 @@ use clap::{Args as _, FromArgMatches as _};
 use crate::{
     agent::{self, RecordSettings, Retain, Settings, settings::parse_metrics_addr},
     attribute::PowerModel,
+    capture::LiveConfig,
     commands::args::AttributeArgs,
-    feed::LiveConfig,
 };
 
 /// Arguments of `energy-bpf agent`.
@@ -30,81 +27,81 @@ pub struct Args {
     /// TOML file of settings whose keys are the long flag names (`interval = 5`,
     /// `energy-source = "model"`); flags on the command line win. Re-read on SIGHUP.
     #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Window length, seconds: one window of attribution is closed and exported per interval.
     #[arg(short = 'i', long, value_name = "SECS", default_value_t = 5.0, value_parser = parse_interval)]
-    pub interval: f64,
+    pub(crate) interval: f64,
     /// Address of the Prometheus `/metrics` endpoint; `:PORT` is loopback, port 0 picks a
     /// free port (logged at start).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9102", value_parser = parse_addr)]
-    pub metrics_addr: SocketAddr,
+    pub(crate) metrics_addr: SocketAddr,
     /// At most this many processes get series of their own; the rest are `comm="[other]"`.
     #[arg(long, value_name = "N", default_value_t = 500)]
-    pub max_process_series: usize,
+    pub(crate) max_process_series: usize,
     /// Unix socket serving window snapshots to `top`.
     #[arg(
         long,
         value_name = "PATH",
         default_value = "/run/energy-bpf/agent.sock"
     )]
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// Write rotating recordings into this directory.
     #[arg(long, value_name = "DIR")]
-    pub record_dir: Option<PathBuf>,
+    pub(crate) record_dir: Option<PathBuf>,
     /// How much of the rotating recordings to keep: an age (`24h`, `7d`) or a size
     /// (`10GiB`); default 7 days.
     #[arg(long, value_name = "DURATION|SIZE", requires = "record_dir")]
-    pub retain: Option<Retain>,
+    pub(crate) retain: Option<Retain>,
     /// Stack-sampling frequency in Hz (stacks feed the recordings; energy comes from the
     /// scheduler timeline whatever the rate).
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 49,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub freq: u32,
+    pub(crate) freq: u32,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: super::args::EnergyFlags,
+    pub(crate) energy: super::args::EnergyFlags,
     /// How energy is split between threads. `auto` means busy time here, as in `top`: a
     /// per-class regression needs minutes of intervals, and a window has seconds.
     #[command(flatten)]
-    pub attribute: AttributeArgs,
+    pub(crate) attribute: AttributeArgs,
     /// Send energy profiles over OTLP/gRPC to this collector (`http://127.0.0.1:4317`;
     /// plaintext only to loopback unless --otlp-insecure; `https://` uses the system's roots).
     #[arg(long, value_name = "URL")]
-    pub otlp_endpoint: Option<String>,
+    pub(crate) otlp_endpoint: Option<String>,
     /// gRPC metadata sent with every export, e.g. `authorization=Bearer TOKEN` (repeat for
     /// more; values are never logged).
     #[arg(long, value_name = "K=V", value_parser = crate::agent::otlp::transport::parse_header)]
-    pub otlp_header: Vec<(String, String)>,
+    pub(crate) otlp_header: Vec<(String, String)>,
     /// Allow plaintext http:// to a collector that is not on loopback.
     #[arg(long)]
-    pub otlp_insecure: bool,
+    pub(crate) otlp_insecure: bool,
     /// Seconds of windows per exported profile.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = parse_interval)]
-    pub profile_interval: f64,
+    pub(crate) profile_interval: f64,
     /// The per-run activity counter.
     #[command(flatten)]
-    pub activity: super::args::ActivityArgs,
+    pub(crate) activity: super::args::ActivityArgs,
     /// How user stacks are walked.
     #[command(flatten)]
-    pub unwind: super::args::UnwindArgs,
+    pub(crate) unwind: super::args::UnwindArgs,
     /// Static power measured by `energy-bpf calibrate` (the default file when it exists).
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
     /// Directory of state kept across restarts: the quietest intervals static power is
     /// learned from (`static-learned.json`, mode 0600).
     #[arg(long, value_name = "DIR", default_value = crate::agent::learn::store::DEFAULT_STATE_DIR)]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Name pods, namespaces and containers from this pod list: the API server's
     /// `https://kubernetes.default.svc/api/v1/pods?fieldSelector=spec.nodeName%3DNODE`
     /// (RBAC: list pods) or the kubelet's `https://NODE_IP:10250/pods`.
     #[arg(long, value_name = "URL", requires = "kube_ca")]
-    pub kube_pods_url: Option<String>,
+    pub(crate) kube_pods_url: Option<String>,
     /// PEM file of the CA that signed the pod list server's certificate.
     #[arg(long, value_name = "FILE")]
-    pub kube_ca: Option<PathBuf>,
+    pub(crate) kube_ca: Option<PathBuf>,
     /// File holding the bearer token sent with the request (the service account's).
     #[arg(long, value_name = "FILE")]
-    pub kube_token: Option<PathBuf>,
+    pub(crate) kube_token: Option<PathBuf>,
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -125,7 +122,7 @@ fn parse_addr(text: &str) -> Result<SocketAddr, String> {
 
 impl Args {
     /// The settings these arguments select (reading the calibration file they name).
-    pub fn settings(&self) -> anyhow::Result<Settings> {
+    pub(crate) fn settings(&self) -> anyhow::Result<Settings> {
         let mut attribute = self.attribute.options();
         let (_, hostname) = crate::capture::host::uname();
         attribute.calibrated = self
@@ -214,9 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The config file's settings overlaid by the command line's.
 fn merged(path: &Path, cli: &[String]) -> anyhow::Result<Args> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    let file = toml_to_flags(&text).with_context(|| format!("in {}", path.display()))?;
+    let file = agent::config::read_flags(path)?;
     parse_layered(&file, cli).with_context(|| {
         format!(
             "{} and the command line do not make valid settings",
@@ -235,62 +230,12 @@ fn parse_layered(file: &[String], cli: &[String]) -> anyhow::Result<Args> {
     Ok(Args::from_arg_matches(&matches)?)
 }
 
-/// TOML `key = value` lines as `--key=value` flags: strings, numbers, `true` (a bare flag)
-/// and arrays (the flag repeated).
-fn toml_to_flags(text: &str) -> anyhow::Result<Vec<String>> {
-    let table: toml::Table = text.parse().context("not valid TOML")?;
-    let mut flags = Vec::new();
-    for (key, value) in &table {
-        if key == "config" {
-            anyhow::bail!("`config` cannot be set in a config file");
-        }
-        let values = match value {
-            toml::Value::Array(items) => items.iter().collect(),
-            other => vec![other],
-        };
-        for v in values {
-            match v {
-                toml::Value::String(s) => flags.push(format!("--{key}={s}")),
-                toml::Value::Integer(n) => flags.push(format!("--{key}={n}")),
-                toml::Value::Float(x) => flags.push(format!("--{key}={x}")),
-                toml::Value::Boolean(true) => flags.push(format!("--{key}")),
-                toml::Value::Boolean(false) => {}
-                other => anyhow::bail!(
-                    "`{key}`: expected a string, number, boolean or array, found {}",
-                    other.type_str()
-                ),
-            }
-        }
-    }
-    Ok(flags)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(ToString::to_string).collect()
-    }
-
-    #[test]
-    fn toml_keys_are_long_flags() {
-        let flags = toml_to_flags(
-            "interval = 2\nmetrics-addr = \":0\"\nmodel-idle-w = 3.5\nenergy-source = \"model\"\n",
-        )
-        .expect("parses");
-        assert_eq!(
-            flags,
-            strings(&[
-                "--energy-source=model",
-                "--interval=2",
-                "--metrics-addr=:0",
-                "--model-idle-w=3.5"
-            ])
-        );
-        assert!(toml_to_flags("config = \"x\"").is_err());
-        assert!(toml_to_flags("interval = {a = 1}").is_err());
-        assert!(toml_to_flags("interval = ").is_err());
     }
 
     #[test]

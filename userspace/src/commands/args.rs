@@ -11,29 +11,29 @@ use crate::{
 
 /// The counter `sched_switch` reads per run, for `record` and `top`.
 #[derive(Clone, Copy, Debug, Default, clap::Args)]
-pub struct ActivityArgs {
+pub(crate) struct ActivityArgs {
     /// Counter that weighs each run's share of dynamic energy: hardware cycles or
     /// instructions where the PMU has them; `task-clock` or `cpu-clock` (software, the same
     /// as time) to exercise the path where it has not; `none` to split by time. `auto`:
     /// cycles if available, else none.
     #[arg(long = "activity-event", value_enum, default_value_t = ActivityEvent::Auto)]
-    pub event: ActivityEvent,
+    pub(crate) event: ActivityEvent,
 }
 
 /// How user stacks are walked, for `record`, `top` and the agent.
 #[derive(clap::Args, Clone, Debug)]
-pub struct UnwindArgs {
+pub(crate) struct UnwindArgs {
     /// User-stack unwinding: `dwarf` walks unwind tables compiled from each binary's
     /// `.eh_frame` (whole stacks without frame pointers; a frame-pointer step where a PC has
     /// no table); `fp` has the kernel follow frame pointers; `auto` is `dwarf` where the
     /// kernel accepts the table walker, else `fp` with a warning.
     #[arg(long = "unwind", value_enum, default_value_t = UnwindMode::Auto)]
-    pub mode: UnwindMode,
+    pub(crate) mode: UnwindMode,
     /// Log the probes' diagnostics on stderr: why a Python walk stopped short (which read
     /// faulted at which address, the depth limit, a failed tail call). Off: the probes are
     /// loaded without them, at no cost.
     #[arg(long = "debug-probes")]
-    pub debug_probes: bool,
+    pub(crate) debug_probes: bool,
 }
 
 impl ValueEnum for UnwindMode {
@@ -82,24 +82,24 @@ impl ValueEnum for ActivityEvent {
 
 /// Command-line flags of attribution, for `report`, `flamegraph` and `top`.
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct AttributeArgs {
+pub(crate) struct AttributeArgs {
     /// Where idle/static energy goes: its own row (`separate`, like Kepler's idle) or spread
     /// over the busy threads by busy time (`proportional`, like PowerJoular).
     #[arg(long, value_enum, default_value_t = IdlePolicy::Separate)]
-    pub idle: IdlePolicy,
+    pub(crate) idle: IdlePolicy,
     /// How dynamic energy is weighted between threads: by busy time, by per-class watts
     /// fitted by regression, or regression where it predicts held-out intervals better.
     #[arg(long, value_enum, default_value_t = PowerModel::Auto)]
-    pub power_model: PowerModel,
+    pub(crate) power_model: PowerModel,
     /// Static (all-idle) power of each package, W, e.g. measured on a quiet machine;
     /// default: an online estimate (or the model's idle power).
     #[arg(long, value_name = "W")]
-    pub static_power_w: Option<f64>,
+    pub(crate) static_power_w: Option<f64>,
 }
 
 impl AttributeArgs {
     /// The options these flags select.
-    pub fn options(&self) -> Options {
+    pub(crate) fn options(&self) -> Options {
         Options {
             idle: self.idle,
             power_model: self.power_model,
@@ -111,18 +111,18 @@ impl AttributeArgs {
 
 /// Flags that recompute an estimated recording with other model parameters.
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// Recompute modelled (estimated) energy with this idle power per package, W.
     #[arg(long = "model-idle-w", value_name = "W")]
-    pub idle_w: Option<f64>,
+    pub(crate) idle_w: Option<f64>,
     /// Recompute modelled (estimated) energy with this full-load power per package, W.
     #[arg(long = "model-max-w", value_name = "W")]
-    pub max_w: Option<f64>,
+    pub(crate) max_w: Option<f64>,
 }
 
 impl ModelArgs {
     /// The override these flags ask for.
-    pub fn model(&self) -> ModelOverride {
+    pub(crate) fn model(&self) -> ModelOverride {
         ModelOverride {
             idle_w: self.idle_w,
             max_w: self.max_w,
@@ -132,18 +132,18 @@ impl ModelArgs {
 
 /// Which part of a recording (or of a directory of the agent's rotating recordings).
 #[derive(Clone, Debug, Default, clap::Args)]
-pub struct RangeArgs {
+pub(crate) struct RangeArgs {
     /// Start here: RFC 3339 (`2026-11-26T04:00:00Z`) or a time ago (`-15m`).
     #[arg(long, value_name = "TIME")]
-    pub from: Option<String>,
+    pub(crate) from: Option<String>,
     /// End here: RFC 3339, a time ago (`-5m`), or `now`.
     #[arg(long, value_name = "TIME")]
-    pub to: Option<String>,
+    pub(crate) to: Option<String>,
 }
 
 impl RangeArgs {
     /// Reads `path` (a recording file or a directory of them) cut to the range.
-    pub fn read(
+    pub(crate) fn read(
         &self,
         path: &std::path::Path,
     ) -> Result<crate::record::Recording, crate::record::ReadError> {
@@ -193,23 +193,23 @@ impl ValueEnum for PowerModel {
 pub struct CalibrateArgs {
     /// Seconds to measure (with `--load`, each load step lasts this long too).
     #[arg(short = 'd', long = "duration", default_value_t = 10.0)]
-    pub duration: f64,
+    pub(crate) duration: f64,
     /// Calibration file to update.
     #[arg(long, value_name = "FILE", default_value = crate::calibration::DEFAULT_PATH)]
-    pub calibration: std::path::PathBuf,
+    pub(crate) calibration: std::path::PathBuf,
     /// Refuse when more than this share of CPU time is busy, %.
     #[arg(long = "max-busy", value_name = "PCT", default_value_t = 10.0)]
-    pub max_busy: f64,
+    pub(crate) max_busy: f64,
     /// Then spin 1..N CPUs in turn to measure watts per busy CPU.
     #[arg(long)]
-    pub load: bool,
+    pub(crate) load: bool,
     /// Measure the energy roofline instead: time and energy per flop and per byte, constant
     /// power, balance points, whether racing to halt saves energy (stored under `roofline`).
     #[arg(long)]
-    pub roofline: bool,
+    pub(crate) roofline: bool,
     /// With --roofline: also draw the normalised roofline and arch line to this SVG file.
     #[arg(long, value_name = "FILE.svg", requires = "roofline")]
-    pub plot: Option<std::path::PathBuf>,
+    pub(crate) plot: Option<std::path::PathBuf>,
     /// With --roofline: repeat the sweep with every CPU pinned to each of these frequencies
     /// (kHz, or with an MHz/GHz suffix) and fit the V²-scaling model; needs cpufreq.
     #[arg(
@@ -218,49 +218,49 @@ pub struct CalibrateArgs {
         value_delimiter = ',',
         requires = "roofline"
     )]
-    pub frequencies: Vec<String>,
+    pub(crate) frequencies: Vec<String>,
     /// With --roofline: how long each kernel runs, ms (at least 50 counter updates).
     #[arg(long = "kernel-ms", value_name = "MS", default_value_t = 500)]
-    pub kernel_ms: u64,
+    pub(crate) kernel_ms: u64,
     /// With --roofline: the kernels' buffer, MiB (default: twice the last-level cache,
     /// 64 to 1024 MiB).
     #[arg(long = "buffer-mib", value_name = "MIB")]
-    pub buffer_mib: Option<usize>,
+    pub(crate) buffer_mib: Option<usize>,
     /// With --roofline: keep the kernels' cumulative flops and bytes in this file (two
     /// little-endian u64, mapped shared, updated as they run), for emulated counters.
     #[arg(long = "progress-file", value_name = "FILE", hide = true)]
-    pub progress_file: Option<std::path::PathBuf>,
+    pub(crate) progress_file: Option<std::path::PathBuf>,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: EnergyFlags,
+    pub(crate) energy: EnergyFlags,
 }
 
 /// The energy flags; commands flatten this into their own `Args`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct EnergyFlags {
+pub(crate) struct EnergyFlags {
     /// Energy source to use (auto: best available per domain; model: estimated only).
     #[arg(long, value_enum, default_value_t = crate::energy::SourceKind::Auto)]
-    pub energy_source: crate::energy::SourceKind,
+    pub(crate) energy_source: crate::energy::SourceKind,
     /// Root of sysfs, where powercap, hwmon and the power PMU are found (tests pass a fake
     /// tree).
     #[arg(long, value_name = "DIR", default_value = "/sys")]
-    pub sysfs_root: std::path::PathBuf,
+    pub(crate) sysfs_root: std::path::PathBuf,
     /// Root of the MSR device files (`N/msr` under it).
     #[arg(long, value_name = "DIR", default_value = "/dev/cpu")]
-    pub dev_cpu_root: std::path::PathBuf,
+    pub(crate) dev_cpu_root: std::path::PathBuf,
     /// Read interval in ms (default: at least 5x the measured update period and 10 ms).
     #[arg(long, value_name = "N")]
-    pub energy_interval_ms: Option<u64>,
+    pub(crate) energy_interval_ms: Option<u64>,
     /// Estimated model: power of one package with all its CPUs idle, watts.
     #[arg(long, value_name = "W")]
-    pub model_idle_w: Option<f64>,
+    pub(crate) model_idle_w: Option<f64>,
     /// Estimated model: power of one package with all its CPUs busy, watts.
     #[arg(long, value_name = "W")]
-    pub model_max_w: Option<f64>,
+    pub(crate) model_max_w: Option<f64>,
     /// Estimated model parameters from a file of `key = value` lines (`idle_w`, `max_w`,
     /// per package; `#` comments).
     #[arg(long, value_name = "PATH")]
-    pub model_config: Option<std::path::PathBuf>,
+    pub(crate) model_config: Option<std::path::PathBuf>,
 }
 
 impl Default for EnergyFlags {
@@ -280,7 +280,7 @@ impl Default for EnergyFlags {
 
 impl EnergyFlags {
     /// The library's energy options.
-    pub fn config(&self) -> crate::energy::EnergyArgs {
+    pub(crate) fn config(&self) -> crate::energy::EnergyArgs {
         crate::energy::EnergyArgs {
             energy_source: self.energy_source,
             sysfs_root: self.sysfs_root.clone(),
@@ -295,16 +295,16 @@ impl EnergyFlags {
 
 /// `--calibration FILE` for the commands that attribute energy.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct CalibrationFlags {
+pub(crate) struct CalibrationFlags {
     /// Calibration file from `energy-bpf calibrate` (default: /var/lib/energy-bpf/calibration.json
     /// when it exists).
     #[arg(long, value_name = "FILE")]
-    pub calibration: Option<std::path::PathBuf>,
+    pub(crate) calibration: Option<std::path::PathBuf>,
 }
 
 impl CalibrationFlags {
     /// The library's calibration choice.
-    pub fn config(&self) -> crate::calibration::CalibrationArgs {
+    pub(crate) fn config(&self) -> crate::calibration::CalibrationArgs {
         crate::calibration::CalibrationArgs {
             calibration: self.calibration.clone(),
         }

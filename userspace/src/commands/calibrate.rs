@@ -2,7 +2,7 @@
 //! machine and store it in the calibration file that `record`, `top` and `report` read.
 //!
 //! Capture runs as for `record` (the switch timeline says how quiet the machine was and
-//! what did run); the measurement itself is the pure [`crate::attribute::calibrate`].
+//! what did run); the measurement itself is the pure `crate::attribute::calibrate`.
 
 use std::{
     process::ExitCode,

@@ -13,14 +13,14 @@ use crate::{
 };
 
 /// Exit status when the gate fails (errors exit 1).
-pub const GATE_FAILED: u8 = 3;
+pub(crate) const GATE_FAILED: u8 = 3;
 
 /// Rows a table shows when `--limit` is not given.
 const DEFAULT_TABLE_ROWS: usize = 25;
 
 /// What a row is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ByArg {
+pub(crate) enum ByArg {
     /// Functions (self energy).
     Function,
     /// Processes, matched by command line.
@@ -35,7 +35,7 @@ pub enum ByArg {
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Aligned columns for a terminal.
     Table,
     /// One JSON document: `base`, `new`, `total`, `rows[]`.
@@ -54,57 +54,57 @@ pub struct Args {
     /// BASE then NEW: each a recording or a directory of the agent's rotating recordings
     /// (or give the sides with `--base`/`--new`).
     #[arg(value_name = "BASE NEW", num_args = 0..=2)]
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
     /// The base side as several recordings (comma-separated), each one or more runs.
     #[arg(long, value_delimiter = ',', value_name = "A.ebpr,B.ebpr")]
-    pub base: Vec<PathBuf>,
+    pub(crate) base: Vec<PathBuf>,
     /// The new side as several recordings (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "C.ebpr,D.ebpr")]
-    pub new: Vec<PathBuf>,
+    pub(crate) new: Vec<PathBuf>,
     /// Which part of each recording (or directory).
     #[command(flatten)]
-    pub range: RangeArgs,
+    pub(crate) range: RangeArgs,
     /// What a row is.
     #[arg(long, value_enum, default_value_t = ByArg::Function)]
-    pub by: ByArg,
+    pub(crate) by: ByArg,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    pub(crate) format: Format,
     /// Write here instead of standard output (created with mode 0600).
     #[arg(short = 'o', long = "output")]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
     /// Normalise: `run` (fixed work per run), `second` (services: average power), or
     /// `unit=N` / `unit=BASE_N,NEW_N` (units of work per run, e.g. requests served).
     #[arg(long, default_value = "run", value_parser = parse_per)]
-    pub per: Per,
+    pub(crate) per: Per,
     /// CI gate: exit with status 3 when the scope rose significantly by more than PCT.
     #[arg(long, value_name = "PCT")]
-    pub fail_above: Option<f64>,
+    pub(crate) fail_above: Option<f64>,
     /// What the gate looks at: `total`, or a row's name.
     #[arg(long, default_value = "total", requires = "fail_above")]
-    pub scope: String,
+    pub(crate) scope: String,
     /// Also write the gate's verdict as JSON here (mode 0600).
     #[arg(long, value_name = "FILE", requires = "fail_above")]
-    pub summary: Option<PathBuf>,
+    pub(crate) summary: Option<PathBuf>,
     /// Compare even when the sides come from different machines, or one is estimated and
     /// the other measured (the output still says so).
     #[arg(long)]
-    pub allow_mismatch: bool,
+    pub(crate) allow_mismatch: bool,
     /// Table rows to show (default 25; JSON and CSV show all).
     #[arg(long, value_name = "N")]
-    pub limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// SVG width in pixels.
     #[arg(long)]
-    pub width: Option<usize>,
+    pub(crate) width: Option<usize>,
     /// How energy is split.
     #[command(flatten)]
-    pub attribute: AttributeArgs,
+    pub(crate) attribute: AttributeArgs,
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
 }
 
 fn parse_per(text: &str) -> Result<Per, String> {

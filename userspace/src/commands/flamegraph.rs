@@ -14,7 +14,7 @@ use crate::profile::{self, Filter};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// Interactive flamegraph SVG (inferno).
     Svg,
     /// Collapsed stacks, `comm;frame;... COUNT` (flamegraph.pl, inferno, speedscope).
@@ -30,7 +30,7 @@ pub enum Format {
 
 /// What the widths measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Domain {
+pub(crate) enum Domain {
     /// CPU package energy (RAPL package, or the model).
     Package,
     /// DRAM energy.
@@ -43,7 +43,7 @@ pub enum Domain {
 
 impl Domain {
     /// Name of the profile value this domain selects.
-    pub fn value_name(self) -> &'static str {
+    pub(crate) fn value_name(self) -> &'static str {
         match self {
             Domain::Package => "energy_package",
             Domain::Dram => "energy_dram",
@@ -58,37 +58,37 @@ impl Domain {
 pub struct Args {
     /// Recording made by `energy-bpf record`, or a directory of the agent's rotating
     /// recordings.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Which part of it.
     #[command(flatten)]
-    pub range: RangeArgs,
+    pub(crate) range: RangeArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Svg)]
-    pub format: Format,
+    pub(crate) format: Format,
     /// What the widths measure (default: package energy when recorded, else CPU time).
     #[arg(long, value_enum)]
-    pub domain: Option<Domain>,
+    pub(crate) domain: Option<Domain>,
     /// Only these process ids (repeatable).
     #[arg(long = "pid")]
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
     /// Only threads or processes with this name (repeatable).
     #[arg(long = "comm")]
-    pub comms: Vec<String>,
+    pub(crate) comms: Vec<String>,
     /// Write here instead of standard output (created with mode 0600).
     #[arg(short = 'o', long = "output")]
-    pub output: Option<PathBuf>,
+    pub(crate) output: Option<PathBuf>,
     /// SVG width in pixels.
     #[arg(long)]
-    pub width: Option<usize>,
+    pub(crate) width: Option<usize>,
     /// How energy is split between threads (and so between stacks).
     #[command(flatten)]
-    pub attribute: AttributeArgs,
+    pub(crate) attribute: AttributeArgs,
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub(crate) model: ModelArgs,
 }
 
 /// Resource attributes of a recording: its host and kernel, and this machine's id when the

@@ -14,7 +14,7 @@ use energy_bpf_kernels::{Body, Isa, sweep};
 
 /// Which kernel.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// One add per element over a large buffer: memory-bound.
     Stream,
     /// 64 FMA rounds per element over an L1-resident buffer: compute-bound.
@@ -26,13 +26,13 @@ pub enum Kind {
 pub struct Args {
     /// Which kernel.
     #[arg(value_enum)]
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// How long, seconds.
     #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Buffer size, MiB, for `stream` (default 256; larger than the last-level cache).
     #[arg(long, value_name = "MIB", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
-    pub buffer_mib: u64,
+    pub(crate) buffer_mib: u64,
 }
 
 fn parse_seconds(text: &str) -> Result<f64, String> {

@@ -2,7 +2,7 @@
 //! Each is a thin shell over the library modules.
 
 pub mod agent;
-pub mod args;
+pub(crate) mod args;
 pub mod calibrate;
 pub mod diff;
 pub mod flamegraph;

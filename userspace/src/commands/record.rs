@@ -1,7 +1,7 @@
 //! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
 //! Ctrl-C/SIGTERM. With `--repeat N` the command runs N times in a row, each run marked in
 //! the recording (`RunMarker`: start, end, exit code; the runs are
-//! [`crate::capture::runs`]'s). Every drain becomes one flushed chunk, so nothing recorded
+//! `crate::capture::runs`'s). Every drain becomes one flushed chunk, so nothing recorded
 //! is lost if the recorder is killed; a clean stop adds a trailer.
 
 use std::{
@@ -20,7 +20,10 @@ use anyhow::Context as _;
 use crate::{
     capture::{Live, LiveOptions, host, runs::Runs, session::Targets},
     pb::v1::{Header, Trailer},
-    record::{WriteError, Writer},
+    record::{
+        WriteError, Writer,
+        early::{self, Kept},
+    },
 };
 
 /// Arguments of `energy-bpf record`.
@@ -28,45 +31,45 @@ use crate::{
 pub struct Args {
     /// Stack sampling frequency per CPU, Hz.
     #[arg(short = 'F', long = "freq", default_value_t = 99)]
-    pub freq: u64,
+    pub(crate) freq: u64,
     /// Stop after this many seconds.
     #[arg(short = 'd', long = "duration")]
-    pub duration: Option<f64>,
+    pub(crate) duration: Option<f64>,
     /// Keep stacks of these processes (and their children) only; scheduling is always
     /// recorded system-wide because the energy split needs every thread's time.
     #[arg(short = 'p', long = "pid")]
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
     /// Output file.
     #[arg(short = 'o', long = "output", default_value = "energy-bpf.ebpr")]
-    pub output: PathBuf,
+    pub(crate) output: PathBuf,
     /// How often the ring buffers are drained into the file, ms.
     #[arg(long = "drain-ms", default_value_t = 100, value_parser = clap::value_parser!(u64).range(5..=5000))]
-    pub drain_ms: u64,
+    pub(crate) drain_ms: u64,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: super::args::EnergyFlags,
+    pub(crate) energy: super::args::EnergyFlags,
     /// Static power from `energy-bpf calibrate`, stored in the recording's header.
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
     /// The per-run activity counter, stored with every switch event.
     #[command(flatten)]
-    pub activity: super::args::ActivityArgs,
+    pub(crate) activity: super::args::ActivityArgs,
     /// Also count these events per run, for `report --by function --roofline`: up to three
     /// of instructions, cycles, llc-misses (hardware), task-clock, cpu-clock, page-faults,
     /// context-switches (software). An event this machine cannot count is said and left out;
     /// recording goes on.
     #[arg(long = "activity-events", value_name = "EVENTS", value_parser = crate::capture::run_counts::parse_run_events)]
-    pub activity_events: Option<crate::capture::run_counts::RunEvents>,
+    pub(crate) activity_events: Option<crate::capture::run_counts::RunEvents>,
     /// How user stacks are walked.
     #[command(flatten)]
-    pub unwind: super::args::UnwindArgs,
+    pub(crate) unwind: super::args::UnwindArgs,
     /// Run the command this many times, one after the other, into one recording; each run
     /// is marked (start, end, exit code), so `energy-bpf diff` sees a distribution of runs.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
-    pub repeat: u32,
+    pub(crate) repeat: u32,
     /// Command to run; recording stops when it exits (after its last run with `--repeat`).
     #[arg(last = true)]
-    pub command: Vec<String>,
+    pub(crate) command: Vec<String>,
 }
 
 /// Runs the command.
@@ -181,15 +184,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         if let Some(status) = exited {
             child_status = Some(status);
-            let n = runs.as_ref().map_or(0, Runs::ended);
-            break if args.repeat > 1 {
-                format!(
-                    "command exited ({status}) after {n} of {} runs",
-                    args.repeat
-                )
-            } else {
-                format!("command exited ({status})")
-            };
+            break runs
+                .as_ref()
+                .map_or_else(String::new, |r| r.stop_reason(status));
         }
     };
     kill(&mut runs);
@@ -239,28 +236,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// A write failed (disk full, I/O error): the writer has cut the partial record off, so
-/// the file ends on a whole record. Try to close it with a trailer saying why (the cut-off
-/// record freed more than a trailer needs), then report what the file keeps.
+/// A write failed (disk full, I/O error): the recording is closed as well as it can be
+/// ([`crate::record::early`]) and the error says what the file keeps.
 fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) -> anyhow::Error {
     let why = if err.is_disk_full() {
         "the disk is full"
     } else {
         "writing failed"
     };
-    let end_ns = crate::clock::monotonic_ns();
-    let kept = match writer.finish(Trailer {
-        end_ns,
-        stop_reason: format!("error: {err}"),
-        losses: None,
-    }) {
-        Ok(bytes) => format!(
-            "{} keeps the first {:.1} s ({} KiB) and reads normally",
+    let kept = match early::close_after_error(writer, &err, header.start_ns) {
+        Kept::Closed { secs, bytes } => format!(
+            "{} keeps the first {secs:.1} s ({} KiB) and reads normally",
             path.display(),
-            end_ns.saturating_sub(header.start_ns) as f64 / 1e9,
             bytes / 1024
         ),
-        Err(_) => format!(
+        Kept::CutShort => format!(
             "{} keeps everything before this point (it reads as cut short)",
             path.display()
         ),

@@ -5,7 +5,7 @@
 //!
 //! The recording goes through the [`crate::pipeline`]: one window covering all of it, or with
 //! `--window SECS` consecutive windows (a time series: `windows[]` in JSON, a row per
-//! window and process in CSV). The document is built by [`crate::output::report`]; this
+//! window and process in CSV). The document is built by `crate::output::report`; this
 //! module parses the flags, warns about damaged recordings and prints.
 
 use std::{io::Write as _, path::PathBuf, process::ExitCode};
@@ -26,43 +26,43 @@ use crate::{
 pub struct Args {
     /// Recording written by `energy-bpf record`, or a directory of the agent's rotating
     /// recordings.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Which part of it.
     #[command(flatten)]
-    pub range: RangeArgs,
+    pub(crate) range: RangeArgs,
     /// One row per process, thread, cgroup, command name, container (or pod), or function
     /// (self and total energy).
     #[arg(long, value_enum, default_value_t = By::Process)]
-    pub by: By,
+    pub(crate) by: By,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    pub(crate) format: Format,
     /// A time series: cut the recording into windows of this many seconds (JSON:
     /// `windows[]`; CSV: a row per window and process; table: one table per window).
     #[arg(long, value_name = "SECS", value_parser = parse_window)]
-    pub window: Option<f64>,
+    pub(crate) window: Option<f64>,
     /// Sort by this column (a unique prefix is enough, e.g. `samples`, `cpu_s`,
     /// `total_package`); default: the first energy column, else CPU time.
     #[arg(long, value_name = "COLUMN")]
-    pub sort: Option<String>,
+    pub(crate) sort: Option<String>,
     /// Show at most this many rows (default: 25 in a table, all in JSON and CSV; JSON always
     /// lists every process).
     #[arg(long, value_name = "N")]
-    pub limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// How energy is split.
     #[command(flatten)]
-    pub attribute: AttributeArgs,
+    pub(crate) attribute: AttributeArgs,
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub(crate) model: ModelArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
     /// With `--by function`: place each function against the machine's balance points
     /// (the calibration's `roofline`, from `calibrate --roofline`), using the run counts of
     /// `record --activity-events instructions,cycles,llc-misses`.
     #[arg(long)]
-    pub roofline: bool,
+    pub(crate) roofline: bool,
 }
 
 fn parse_window(text: &str) -> Result<f64, String> {

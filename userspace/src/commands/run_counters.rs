@@ -9,7 +9,7 @@ use crate::{
 
 /// Says whether each run counter of `live` counts; what the recording's header stores
 /// about them (nothing without run counters).
-pub fn announce(live: &Live) -> Vec<pb::RunCounter> {
+pub(crate) fn announce(live: &Live) -> Vec<pb::RunCounter> {
     let statuses = live.run_counters();
     for line in describe(statuses) {
         eprintln!("energy-bpf: {line}");
@@ -18,7 +18,7 @@ pub fn announce(live: &Live) -> Vec<pb::RunCounter> {
 }
 
 /// One line per counter: counted, or why not and what follows for the report.
-pub fn describe(statuses: &[RunCounterStatus]) -> Vec<String> {
+pub(crate) fn describe(statuses: &[RunCounterStatus]) -> Vec<String> {
     statuses
         .iter()
         .map(|s| match &s.unavailable {

@@ -1,7 +1,7 @@
 //! `energy-bpf sources`: every energy source kind on this machine, whether it can be read and
 //! why not, its domains with measured update period and read cost, and which will be used;
 //! with no counter, the estimated model's parameters and how to set them. The survey is
-//! [`crate::energy::survey`]; this module parses the flags, prints it and fails when
+//! `crate::energy::survey`; this module parses the flags, prints it and fails when
 //! nothing can give energy.
 use std::process::ExitCode;
 
@@ -11,7 +11,7 @@ use crate::energy::survey;
 
 /// Output format.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// Human-readable text.
     Text,
     /// One JSON document.

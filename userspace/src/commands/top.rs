@@ -1,7 +1,7 @@
 //! `energy-bpf top`: live per-process power, full screen or as `top -b` style text (or
 //! JSON lines); `--replay FILE` plays a recording through the same view.
 //!
-//! Wiring only: [`crate::feed`] makes the snapshots (live capture or replay, both through
+//! Wiring only: `crate::feed` makes the snapshots (live capture or replay, both through
 //! the pipeline), [`run_with_feed`] shows whatever arrives on the channel; the view itself
 //! lives in [`crate::tui`].
 use std::io::{self, IsTerminal};
@@ -17,7 +17,7 @@ use crate::tui::{self, Exit, FrameFormat, Snapshot, State};
 
 /// How `--batch` prints frames.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum BatchFormat {
+pub(crate) enum BatchFormat {
     /// Plain text, like `top -b`.
     #[default]
     Text,
@@ -31,52 +31,52 @@ pub enum BatchFormat {
 pub struct Args {
     /// Seconds between refreshes.
     #[arg(short = 'i', long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_interval)]
-    pub interval: f64,
+    pub(crate) interval: f64,
     /// Print plain-text frames like `top -b` instead of the full-screen view (also the
     /// default when stdout is not a terminal).
     #[arg(short = 'b', long)]
-    pub batch: bool,
+    pub(crate) batch: bool,
     /// With `--batch`: plain text or one JSON document per frame.
     #[arg(long, value_enum, default_value_t = BatchFormat::Text)]
-    pub format: BatchFormat,
+    pub(crate) format: BatchFormat,
     /// Play this recording through the view instead of capturing: one frame per `-i`
     /// seconds of recording time (as fast as it can with `--batch`).
     #[arg(long, value_name = "FILE")]
-    pub replay: Option<PathBuf>,
+    pub(crate) replay: Option<PathBuf>,
     /// With `--replay`: which part of the recording (or of a directory of the agent's
     /// rotating recordings).
     #[command(flatten)]
-    pub range: RangeArgs,
+    pub(crate) range: RangeArgs,
     /// Show what the agent at this socket publishes instead of capturing (what `top` does
     /// without root when the agent's socket exists).
     #[arg(long, value_name = "PATH", conflicts_with = "replay")]
-    pub connect: Option<PathBuf>,
+    pub(crate) connect: Option<PathBuf>,
     /// Stop after this many refreshes (default: run until quit).
     #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub iterations: Option<u64>,
+    pub(crate) iterations: Option<u64>,
     /// Stack-sampling frequency in Hz.
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 49,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub freq: u32,
     /// Only show these processes (repeat, or separate with commas or spaces).
     #[arg(short = 'p', long = "pid", value_name = "PID", num_args = 1.., value_delimiter = ',')]
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
-    pub energy: super::args::EnergyFlags,
+    pub(crate) energy: super::args::EnergyFlags,
     /// How energy is split between threads. `auto` means busy time here: a per-class
     /// regression needs minutes of intervals, which `report` has and a live view does not.
     #[command(flatten)]
-    pub attribute: AttributeArgs,
+    pub(crate) attribute: AttributeArgs,
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
-    pub calibration: super::args::CalibrationFlags,
+    pub(crate) calibration: super::args::CalibrationFlags,
     /// The per-run activity counter.
     #[command(flatten)]
-    pub activity: super::args::ActivityArgs,
+    pub(crate) activity: super::args::ActivityArgs,
     /// How user stacks are walked.
     #[command(flatten)]
-    pub unwind: super::args::UnwindArgs,
+    pub(crate) unwind: super::args::UnwindArgs,
 }
 
 impl Args {
@@ -119,10 +119,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
         let paced = !args.batch && io::stdout().is_terminal();
-        let feed = crate::feed::replay(
+        let feed = crate::tui::feed::replay(
             rec,
             attribute,
-            crate::feed::ReplayConfig {
+            crate::tui::feed::ReplayConfig {
                 interval: args.interval(),
                 paced,
             },
@@ -148,7 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .resolve(&hostname)
         .context("cannot use the calibration")?;
     crate::capture::probe_log::enable(args.unwind.debug_probes);
-    let feed = crate::feed::live(crate::feed::LiveConfig {
+    let feed = crate::tui::feed::live(crate::capture::LiveConfig {
         sample_hz: u64::from(args.freq),
         interval: args.interval(),
         energy: args.energy.config(),

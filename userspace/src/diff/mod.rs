@@ -5,18 +5,18 @@
 //!
 //! - [`mod@side`]: recordings into runs, each through the same pipeline and rollup as
 //!   `report` (no rollup of its own);
-//! - [`stats`]: the Welch interval over runs, sampling variance within a run;
-//! - [`render`]: table, JSON and CSV; [`flame`]: the differential flamegraph (SVG) and
+//! - `stats`: the Welch interval over runs, sampling variance within a run;
+//! - `render`: table, JSON and CSV; [`flame`]: the differential flamegraph (SVG) and
 //!   the two-column collapsed stacks inferno's `difffolded` writes;
-//! - [`gate`]: the CI check (`--fail-above`).
+//! - `gate`: the CI check (`--fail-above`).
 //!
 //! Pure: recordings in, a [`Diff`] out; the command does the reading and writing.
 
 pub mod flame;
-pub mod gate;
-pub mod render;
+pub(crate) mod gate;
+pub(crate) mod render;
 pub mod side;
-pub mod stats;
+pub(crate) mod stats;
 
 use serde::Serialize;
 
@@ -50,7 +50,7 @@ impl Per {
     }
 
     /// What was normalised, in words.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Per::Run => "per run (each run is taken to do the same work)".into(),
             Per::Second => "per second of each run (average power)".into(),
@@ -61,7 +61,7 @@ impl Per {
     }
 
     /// What a run's values are divided by.
-    pub fn divisor(&self, run: &side::Run, is_new: bool) -> f64 {
+    pub(crate) fn divisor(&self, run: &side::Run, is_new: bool) -> f64 {
         match *self {
             Per::Run => 1.0,
             Per::Second => run.duration_s,
@@ -104,7 +104,7 @@ fn pct(p: Option<f64>) -> String {
 }
 
 /// One line about a row: its change, interval and whether it is significant.
-pub fn describe(r: &Row, unit: &str) -> String {
+pub(crate) fn describe(r: &Row, unit: &str) -> String {
     let rel = |j: f64| {
         if r.base_j > 0.0 {
             format!("{:+.1}%", 100.0 * j / r.base_j)
@@ -245,7 +245,7 @@ pub fn compare(base: &Side, new: &Side, by: By, per: Per) -> Diff {
 }
 
 /// The name of a row kind, as `--by` takes it.
-pub fn by_name(by: By) -> &'static str {
+pub(crate) fn by_name(by: By) -> &'static str {
     match by {
         By::Function => "function",
         By::Process => "process",

@@ -8,16 +8,16 @@
 //!   reset, hot-unplug, permission change) is dropped alone while the others go on.
 //! - The backends: `perf` (power PMU), `powercap`, `msr`, `hwmon`, `nvml`; every
 //!   root is configurable ([`EnergyArgs`]) so tests drive the same code on fake trees.
-//! - [`detect`]: which kinds exist here, why not, and the best per domain
+//! - `detect`: which kinds exist here, why not, and the best per domain
 //!   (perf PMU > powercap > MSR > hwmon; NVML for GPUs), or the [`model`].
-//! - [`counter`]: wrap handling, merging of unchanged reads, flags for implausible ones.
-//! - [`reader`]: the reader thread ([`start`], [`EnergyReader`]).
+//! - `counter`: wrap handling, merging of unchanged reads, flags for implausible ones.
+//! - `reader`: the reader thread ([`start`], [`EnergyReader`]).
 //! - [`model`]: P = P_idle + (P_max − P_idle)·u from the timeline's exact busy time.
 //! - `fake` (behind `test-support`): fake sysfs/MSR trees and a counter emulator for tests.
 
-pub mod args;
-pub mod counter;
-pub mod detect;
+pub(crate) mod args;
+pub(crate) mod counter;
+pub(crate) mod detect;
 // Fake sysfs trees and emulators, for this crate's tests and the integration tests (the
 // `test-support` feature, which the crate's own dev-dependency turns on).
 #[cfg(any(test, feature = "test-support"))]
@@ -29,9 +29,9 @@ mod msr;
 mod nvml;
 mod perf;
 mod powercap;
-pub mod reader;
-pub mod survey;
-pub mod topology;
+pub(crate) mod reader;
+pub(crate) mod survey;
+pub(crate) mod topology;
 
 #[cfg(test)]
 mod tests;
@@ -55,7 +55,7 @@ pub struct RawSample {
 /// One hardware energy counter (one domain of one package or device).
 ///
 /// Implementations only read; unwrapping, merging and flagging are shared
-/// ([`counter::Unwrapper`]) so every backend behaves the same at a wrap.
+/// (`counter::Unwrapper`) so every backend behaves the same at a wrap.
 pub trait EnergySource: Send {
     /// The source as it goes into the recording. `id`, `update_period_ns` and
     /// `read_cost_ns` are filled in by the reader.
@@ -141,7 +141,7 @@ pub enum EnergyError {
 
 impl EnergyError {
     /// Classifies an I/O error on a counter file into the variant a user can act on.
-    pub fn from_io(path: impl Into<PathBuf>, source: std::io::Error, hint: &str) -> Self {
+    pub(crate) fn from_io(path: impl Into<PathBuf>, source: std::io::Error, hint: &str) -> Self {
         let path = path.into();
         match source.kind() {
             std::io::ErrorKind::PermissionDenied => EnergyError::PermissionDenied {
@@ -172,7 +172,7 @@ pub(crate) fn read_u64(path: &std::path::Path, hint: &str) -> Result<u64, Energy
 }
 
 /// Name of a domain as users see it.
-pub fn domain_name(domain: pb::EnergyDomain) -> &'static str {
+pub(crate) fn domain_name(domain: pb::EnergyDomain) -> &'static str {
     match domain {
         pb::EnergyDomain::Package => "package",
         pb::EnergyDomain::Cores => "cores",

@@ -6,7 +6,7 @@
 //! Parameters, per package, first match wins: `--model-idle-w`/`--model-max-w`; a config
 //! file (`--model-config`) of `key = value` lines — `idle_w`, `max_w`, `#` comments, `[..]`
 //! section lines ignored, so a TOML `[model]` table works; else a default from the CPU
-//! count: [`DEFAULT_IDLE_W_PER_CPU`] and [`DEFAULT_MAX_W_PER_CPU`] per logical CPU of the
+//! count: `DEFAULT_IDLE_W_PER_CPU` and `DEFAULT_MAX_W_PER_CPU` per logical CPU of the
 //! package. The default is a rough share of a typical server/laptop package (idle ≈ 25% of
 //! max, constant power π0 ≠ measured idle power: seed 002); calibrate for real numbers.
 //!
@@ -19,9 +19,9 @@ use super::{EnergyArgs, EnergyError, SourceKind, source_desc};
 use crate::{pb::v1 as pb, timeline::Timeline};
 
 /// Default idle power per logical CPU, watts.
-pub const DEFAULT_IDLE_W_PER_CPU: f64 = 1.0;
+pub(crate) const DEFAULT_IDLE_W_PER_CPU: f64 = 1.0;
 /// Default full-load power per logical CPU, watts.
-pub const DEFAULT_MAX_W_PER_CPU: f64 = 4.0;
+pub(crate) const DEFAULT_MAX_W_PER_CPU: f64 = 4.0;
 /// Interval of modelled readings when the caller has no other choice, ns.
 pub const DEFAULT_INTERVAL_NS: u64 = 10_000_000;
 
@@ -32,15 +32,15 @@ pub const MAX_READINGS: u64 = 360_000;
 
 /// The most (interval, CPU) busy-time lookups [`readings`] makes: bounds its time on
 /// machines with many CPUs the same way.
-pub const MAX_CPU_STEPS: u64 = 200_000_000;
+pub(crate) const MAX_CPU_STEPS: u64 = 200_000_000;
 
 /// How users set the parameters (printed by `sources`).
-pub const HOW_TO_SET: &str = "set per-package watts with --model-idle-w W --model-max-w W, or \
+pub(crate) const HOW_TO_SET: &str = "set per-package watts with --model-idle-w W --model-max-w W, or \
      --model-config FILE with lines `idle_w = W` and `max_w = W`";
 
 /// Model parameters from a config file.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ModelConfig {
+pub(crate) struct ModelConfig {
     /// Idle watts per package.
     pub idle_w: Option<f64>,
     /// Full-load watts per package.
@@ -48,7 +48,7 @@ pub struct ModelConfig {
 }
 
 /// Parses a model config file's text (see the module docs for the format).
-pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig, EnergyError> {
+pub(crate) fn parse_config(text: &str, path: &Path) -> Result<ModelConfig, EnergyError> {
     let mut config = ModelConfig::default();
     for (n, line) in text.lines().enumerate() {
         let line = line.split('#').next().unwrap_or("").trim();
@@ -140,7 +140,7 @@ pub fn sources(
 }
 
 /// Whether a source is a model source.
-pub fn is_model(source: &pb::EnergySource) -> bool {
+pub(crate) fn is_model(source: &pb::EnergySource) -> bool {
     source.kind == SourceKind::Model.as_str()
 }
 
@@ -151,7 +151,7 @@ pub fn is_model(source: &pb::EnergySource) -> bool {
 /// ∫ P_idle + (P_max − P_idle)·u dt with u = busy / (n·(b−a)).
 ///
 /// The interval grows when the window would otherwise need more than [`MAX_READINGS`]
-/// readings or [`MAX_CPU_STEPS`] lookups; energy over the window is the same either way.
+/// readings or `MAX_CPU_STEPS` lookups; energy over the window is the same either way.
 pub fn readings(
     timeline: &Timeline,
     cpus: &[pb::Cpu],

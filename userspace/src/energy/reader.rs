@@ -324,7 +324,7 @@ pub struct EnergyReader {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Detects and measures the sources (see [`detect`]) and starts the reader thread. The first
+/// Detects and measures the sources (see `detect`) and starts the reader thread. The first
 /// reading of each counter (energy 0) is taken before this returns. With no hardware
 /// counter the reader only describes the model sources and reads nothing: consumers compute
 /// modelled readings from the timeline ([`readings_for`]).

@@ -1,22 +1,22 @@
 //! Names of Kubernetes pods, namespaces and containers for the cgroups the agent sees.
-//! [`crate::container`] reads the container id and pod UID from a cgroup path; this module
+//! `crate::container` reads the container id and pod UID from a cgroup path; this module
 //! turns them into `namespace`, `pod` and `container` names from the node's pod list
 //! (the API server's `/api/v1/pods?fieldSelector=spec.nodeName=NODE`, or the kubelet's
 //! `/pods`: both answer a `v1.PodList`).
 //!
-//! Threads: [`Resolver::names`] is called from the capture thread while it publishes a
+//! Threads: `Resolver::names` is called from the capture thread while it publishes a
 //! window; it only reads a cached index under a short lock. A thread of the resolver's own
 //! fetches the list at start, again when a lookup misses (at most once per
-//! [`MIN_REFRESH`]) and every [`MAX_AGE`] so deleted pods are forgotten. The index is
+//! `MIN_REFRESH`) and every `MAX_AGE` so deleted pods are forgotten. The index is
 //! replaced whole, so it is bounded by one list ([`podlist::MAX_PODS`]). With no list to be
 //! had, lookups answer `None` and the metrics keep today's ids; the failure is logged once
 //! (then at debug) and its recovery once.
 //!
 //! Security: https only, the server verified against a CA file, the bearer token read from
-//! a file and never logged; the answer is bounded ([`podlist::MAX_BYTES`]) before it is
+//! a file and never logged; the answer is bounded (`podlist::MAX_BYTES`) before it is
 //! parsed.
 
-pub mod fetch;
+pub(crate) mod fetch;
 pub mod podlist;
 
 use std::{
@@ -25,19 +25,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use podlist::{Index, PodNames};
+pub(crate) use podlist::{Index, PodNames};
 
 use crate::container::ContainerRef;
 
 /// Shortest time between two fetches asked for by misses (a node's new pod is named within
 /// this; an unknown container costs at most one request per this).
-pub const MIN_REFRESH: Duration = Duration::from_secs(15);
+pub(crate) const MIN_REFRESH: Duration = Duration::from_secs(15);
 /// A list older than this is fetched again even without a miss.
-pub const MAX_AGE: Duration = Duration::from_secs(300);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(300);
 
 /// Where the pod list comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KubeSettings {
+pub(crate) struct KubeSettings {
     /// `https://…/api/v1/pods?fieldSelector=spec.nodeName%3DNODE` or `https://NODE_IP:10250/pods`.
     pub pods_url: String,
     /// PEM file of the CA that signed the server's certificate.
@@ -48,7 +48,7 @@ pub struct KubeSettings {
 
 /// Why pod names cannot be had.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     /// The URL is not usable.
     #[error("pod list URL `{0}`: {1}")]
     Url(String, &'static str),
@@ -84,7 +84,7 @@ fn status_hint(status: u16) -> &'static str {
 }
 
 /// Looks names up; cheap and non-blocking (see the module doc).
-pub struct Resolver {
+pub(crate) struct Resolver {
     shared: Arc<Shared>,
 }
 
@@ -117,7 +117,8 @@ impl Resolver {
         Ok(Self { shared })
     }
 
-    /// A resolver over a fixed index, with no fetching (tests, replays).
+    /// A resolver over a fixed index, with no fetching (tests).
+    #[cfg(test)]
     pub fn fixed(index: Index) -> Self {
         Self {
             shared: Arc::new(Shared {

@@ -1,6 +1,6 @@
 //! The pod list (`/api/v1/pods`, or the kubelet's `/pods`: both answer a `v1.PodList`)
 //! decoded into the names of this node's containers. Outside input: bounded in size before
-//! it is parsed ([`MAX_BYTES`]), and in the number of pods and containers kept; fields the
+//! it is parsed (`MAX_BYTES`), and in the number of pods and containers kept; fields the
 //! agent does not use are ignored. Pure.
 
 use std::collections::HashMap;
@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 /// Largest pod list accepted: a node runs at most a few hundred pods (110 by default), and
 /// their full specs take well under this.
-pub const MAX_BYTES: usize = 32 << 20;
+pub(crate) const MAX_BYTES: usize = 32 << 20;
 /// Pods kept from one list.
 pub const MAX_PODS: usize = 4096;
 /// Containers kept per pod (init, regular and ephemeral).
@@ -38,7 +38,7 @@ pub struct Index {
 /// Why a pod list was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PodListError {
-    /// Larger than [`MAX_BYTES`].
+    /// Larger than `MAX_BYTES`.
     #[error("pod list larger than {MAX_BYTES} bytes")]
     TooLarge,
     /// Not a `v1.PodList`.

@@ -16,7 +16,7 @@ use crate::profile::Profile;
 const Z95: f64 = 1.959_963_984_540_054;
 
 /// Wilson score interval of a proportion `n / total` (two-sided, `z`).
-pub fn wilson(n: u64, total: u64, z: f64) -> (f64, f64) {
+pub(crate) fn wilson(n: u64, total: u64, z: f64) -> (f64, f64) {
     if total == 0 {
         return (0.0, 0.0);
     }
@@ -37,7 +37,7 @@ pub fn wilson(n: u64, total: u64, z: f64) -> (f64, f64) {
 
 /// Running sums of one function's sample weights in one domain.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct WeightSums {
+pub(crate) struct WeightSums {
     /// Samples.
     pub n: u64,
     /// Σ w.
@@ -100,7 +100,7 @@ struct Acc {
 /// Per thread, its most sampled Python or JIT function (the leaf-most such frame of each
 /// sample), named with its source: what `report --by thread` shows beside a runtime's
 /// thread name. Threads with no such frame are absent.
-pub fn top_managed_by_thread(profile: &Profile) -> HashMap<u32, String> {
+pub(crate) fn top_managed_by_thread(profile: &Profile) -> HashMap<u32, String> {
     let mut counts: HashMap<(u32, u32), u64> = HashMap::new();
     for s in &profile.samples {
         let managed = s.frames.iter().copied().find(|&f| {

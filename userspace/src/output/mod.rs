@@ -5,18 +5,18 @@
 //! profile is built once and pushed into whichever sink the user asked for.
 
 pub mod collapsed;
-pub mod file;
+pub(crate) mod file;
 pub mod functions;
-pub mod otlp;
+pub(crate) mod otlp;
 pub mod pprof;
-pub mod report;
+pub(crate) mod report;
 pub mod speedscope;
 pub mod svg;
 pub mod table;
 
 use std::io::Write;
 
-use crate::profile::{Frame, Profile, ProfileSample};
+use crate::profile::{Frame, Profile};
 
 /// Why an output could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +72,7 @@ pub fn value_index(profile: &Profile, name: &str) -> Result<usize, OutputError> 
 /// How a frame is named in flamegraph-style outputs: inferno's `_[k]` suffix marks kernel
 /// frames, `_[j]` JIT-compiled ones (perf's `--jit` convention) and `_[i]` inlined ones
 /// (it colours them apart); `;` would split the frame.
-pub fn flame_name(frame: &Frame) -> String {
+pub(crate) fn flame_name(frame: &Frame) -> String {
     let mut name = frame.function.replace([';', '\n'], ":");
     if frame.is_kernel() {
         name.push_str("_[k]");
@@ -84,16 +84,11 @@ pub fn flame_name(frame: &Frame) -> String {
     name
 }
 
-/// Frame ids of a sample from the root (the process) to the leaf.
-pub fn root_first(sample: &ProfileSample) -> impl Iterator<Item = u32> + '_ {
-    sample.frames.iter().rev().copied()
-}
-
 /// Samples merged by (process name, stack), with the summed value; zero values skipped.
 ///
 /// Keys borrow the profile's frame slices, so folding 100k samples hashes integers, not
 /// the (often long, demangled) frame names.
-pub fn unique_stacks(profile: &Profile, value: usize) -> Vec<(&str, &[u32], f64)> {
+pub(crate) fn unique_stacks(profile: &Profile, value: usize) -> Vec<(&str, &[u32], f64)> {
     let mut index: foldhash::HashMap<(&str, &[u32]), usize> = Default::default();
     let mut out: Vec<(&str, &[u32], f64)> = Vec::new();
     for s in &profile.samples {
@@ -114,7 +109,7 @@ pub fn unique_stacks(profile: &Profile, value: usize) -> Vec<(&str, &[u32], f64)
 }
 
 /// Human-readable energy in J with a power in W over `duration_ns`.
-pub fn joules_and_watts(microjoules: f64, duration_ns: u64) -> String {
+pub(crate) fn joules_and_watts(microjoules: f64, duration_ns: u64) -> String {
     let joules = microjoules / 1e6;
     if duration_ns == 0 {
         return format!("{joules:.3} J");

@@ -51,7 +51,7 @@ impl Strings {
 }
 
 /// The uncompressed pprof message of `profile`.
-pub fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profile {
+pub(crate) fn to_pprof(profile: &Profile, default_value: Option<&str>) -> pprof::Profile {
     let mut strings = Strings::new();
     let mut out = pprof::Profile {
         sample_type: profile

@@ -50,7 +50,7 @@ pub fn title(profile: &Profile, value: usize) -> (String, String) {
 
 /// The line under the title: the energy source and, when the kernel dropped events, how
 /// many (the picture is then incomplete).
-pub fn subtitle(profile: &Profile) -> Option<String> {
+pub(crate) fn subtitle(profile: &Profile) -> Option<String> {
     let mut parts = Vec::new();
     if !profile.meta.source.is_empty() {
         parts.push(format!("source: {}", profile.meta.source));

@@ -6,16 +6,16 @@
 //! - `top` closes a window at every refresh of a live capture;
 //! - the agent closes one every interval, forever.
 //!
-//! Built from pure parts: the [`window`] cutter, attribution ([`crate::attribute`]) and the
-//! [`rollup`] into the [`mod@rows`] every renderer reads. [`Pipeline`] holds the little state
+//! Built from pure parts: the `window` cutter, attribution ([`crate::attribute`]) and the
+//! [`rollup`] into the `mod@rows` every renderer reads. [`Pipeline`] holds the little state
 //! that crosses windows: thread names, energy since start, loss counters.
 
-pub mod fold;
+pub(crate) mod fold;
 #[cfg(test)]
 mod fold_tests;
 pub mod rollup;
-pub mod rows;
-pub mod window;
+pub(crate) mod rows;
+pub(crate) mod window;
 
 use std::collections::HashMap;
 
@@ -34,9 +34,9 @@ use crate::{
     timeline::{Switches, Timeline},
 };
 
-pub use rollup::{GroupBy, group};
+pub(crate) use rollup::{GroupBy, group};
 pub use rows::{DomainJoules, ProcessRow, ThreadRow};
-pub use window::{WindowEvents, Windower};
+pub(crate) use window::{WindowEvents, Windower};
 
 /// What every window of one capture shares.
 #[derive(Clone, Debug, Default)]
@@ -64,7 +64,7 @@ impl Config {
     }
 }
 
-/// The events of one window, borrowed: a [`WindowEvents`], or a whole recording.
+/// The events of one window, borrowed: a `WindowEvents`, or a whole recording.
 #[derive(Clone, Copy, Debug)]
 pub struct WindowInput<'a> {
     /// Window start, ns.
@@ -131,9 +131,9 @@ pub fn analyze(input: &WindowInput<'_>, cfg: &Config, threads: &[ThreadInfo]) ->
     analyze_timeline(timeline, input, cfg, threads)
 }
 
-/// [`analyze`] on a timeline already built (the folded path's, see [`fold`]); the
+/// [`analyze`] on a timeline already built (the folded path's, see `fold`); the
 /// input's switches are not read.
-pub fn analyze_timeline(
+pub(crate) fn analyze_timeline(
     timeline: Timeline,
     input: &WindowInput<'_>,
     cfg: &Config,
@@ -258,7 +258,7 @@ impl Analysis {
 
 /// The kinds of sources in use, e.g. `powercap`, `model`, `powercap+nvml` (`none` when there
 /// are none). Whether they are estimated is said separately, next to the numbers.
-pub fn source_label(sources: &[EnergySource]) -> String {
+pub(crate) fn source_label(sources: &[EnergySource]) -> String {
     let mut kinds: Vec<&str> = sources.iter().map(|s| s.kind.as_str()).collect();
     kinds.sort_unstable();
     kinds.dedup();
@@ -297,7 +297,7 @@ impl Window {
 }
 
 /// Names cgroups by the paths a recording holds (`ThreadInfo.cgroup_path`), else by id.
-pub fn recorded_cgroup_names(rec: &Recording) -> impl Fn(u64) -> String + use<> {
+pub(crate) fn recorded_cgroup_names(rec: &Recording) -> impl Fn(u64) -> String + use<> {
     let paths: HashMap<u64, String> = rec
         .threads
         .values()
@@ -344,7 +344,7 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// A pipeline whose first window starts at `start_ns`. cgroups are named by the paths
-    /// the capture recorded, else by id until [`Self::with_cgroup_names`] says how.
+    /// the capture recorded, else by id until `Self::with_cgroup_names` says how.
     pub fn new(cfg: Config, start_ns: u64) -> Self {
         let windower = Windower::new(start_ns, cfg.counter_ids());
         Self {
@@ -361,7 +361,7 @@ impl Pipeline {
     }
 
     /// A pipeline that folds switch events into per-interval, per-CPU runs as they are
-    /// pushed ([`fold`]): what live `top`, the agent and `top --replay` run. Without
+    /// pushed (`fold`): what live `top`, the agent and `top --replay` run. Without
     /// counters its windows end on the modelled readings' grid.
     pub fn folded(cfg: Config, start_ns: u64) -> Self {
         let modelled = cfg.sources.iter().any(energy::model::is_model);
@@ -379,7 +379,7 @@ impl Pipeline {
     }
 
     /// Names cgroups with `f` (e.g. their path under `/sys/fs/cgroup`).
-    pub fn with_cgroup_names(mut self, f: impl Fn(u64) -> String + Send + 'static) -> Self {
+    pub(crate) fn with_cgroup_names(mut self, f: impl Fn(u64) -> String + Send + 'static) -> Self {
         self.cgroup_name = Box::new(f);
         self
     }
@@ -390,7 +390,7 @@ impl Pipeline {
     }
 
     /// The attribution options of the next windows (the agent sets learned static power).
-    pub fn options_mut(&mut self) -> &mut Options {
+    pub(crate) fn options_mut(&mut self) -> &mut Options {
         &mut self.cfg.options
     }
 
@@ -405,12 +405,12 @@ impl Pipeline {
     }
 
     /// Events waiting for their window.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.windower.pending() + self.folder.as_ref().map_or(0, fold::Folder::pending)
     }
 
     /// Adds a chunk of events (from a capture session, or a recording's chunk). Readings
-    /// may come in the chunk or through [`Self::push_readings`].
+    /// may come in the chunk or through `Self::push_readings`.
     pub fn push(&mut self, chunk: Chunk) {
         for t in chunk.threads {
             self.learn_cgroup(&t);
@@ -433,7 +433,7 @@ impl Pipeline {
     }
 
     /// Adds energy readings.
-    pub fn push_readings(&mut self, readings: impl IntoIterator<Item = EnergyReading>) {
+    pub(crate) fn push_readings(&mut self, readings: impl IntoIterator<Item = EnergyReading>) {
         match &mut self.folder {
             Some(f) => {
                 let readings: Vec<EnergyReading> = readings.into_iter().collect();
@@ -486,7 +486,7 @@ impl Pipeline {
         }
     }
 
-    /// Closes the next window if one can end by `limit_ns` (see [`Windower::boundary`]).
+    /// Closes the next window if one can end by `limit_ns` (see `Windower::boundary`).
     pub fn close(&mut self, limit_ns: u64) -> Option<Window> {
         if let Some(f) = &self.folder
             && self.cfg.counter_ids().is_empty()
@@ -584,7 +584,7 @@ fn per_cpu_in_order(events: impl Iterator<Item = SwitchEvent>) -> bool {
 
 /// [`windows`] through the folded path `top` and the agent run live
 /// ([`Pipeline::folded`]): what `top --replay` shows.
-pub fn folded_windows(
+pub(crate) fn folded_windows(
     rec: &Recording,
     cfg: Config,
     interval: std::time::Duration,

@@ -285,7 +285,7 @@ fn scale(e: &PerDomain, k: f64) -> PerDomain {
 
 /// What process rows are grouped by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupBy {
+pub(crate) enum GroupBy {
     /// The cgroup (container, service).
     Cgroup,
     /// The command name.
@@ -297,7 +297,10 @@ pub enum GroupBy {
 /// Sums process rows into one row per cgroup or command (the key in `comm`, `pid` 0, the
 /// member processes' threads in `threads`); largest share first. Confidence intervals add
 /// as if the members' errors were independent and of the same sign, which is conservative.
-pub fn group<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>, by: GroupBy) -> Vec<ProcessRow> {
+pub(crate) fn group<'a>(
+    rows: impl IntoIterator<Item = &'a ProcessRow>,
+    by: GroupBy,
+) -> Vec<ProcessRow> {
     let mut groups: BTreeMap<String, ProcessRow> = BTreeMap::new();
     for p in rows {
         let key = group_key(p, by);
@@ -335,7 +338,7 @@ pub fn group<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>, by: GroupBy) ->
 }
 
 /// The group a process row sums into (the grouped row's `comm`).
-pub fn group_key(p: &ProcessRow, by: GroupBy) -> String {
+pub(crate) fn group_key(p: &ProcessRow, by: GroupBy) -> String {
     match by {
         GroupBy::Cgroup => p.cgroup.clone(),
         GroupBy::Command => p.comm.clone(),
@@ -358,11 +361,7 @@ fn container_key(p: &ProcessRow) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pb::v1::SwitchEvent;
-
-    fn sw(ts_ns: u64, tid: u32, next_tid: u32) -> SwitchEvent {
-        crate::testing::sw(ts_ns, 0, tid, next_tid)
-    }
+    use crate::testing::sw;
 
     fn no_cgroups(_: u64) -> String {
         String::new()
@@ -390,10 +389,10 @@ mod tests {
             300,
             &[0],
             &[
-                sw(100, 0, 60),
-                sw(160, 60, 0),
-                sw(200, 0, 60),
-                sw(250, 60, 0),
+                sw(100, 0, 0, 60),
+                sw(160, 0, 60, 0),
+                sw(200, 0, 0, 60),
+                sw(250, 0, 60, 0),
             ],
         );
         let exit = ProcessEvent {
@@ -425,10 +424,10 @@ mod tests {
             500,
             &[0],
             &[
-                sw(100, 0, 50),
-                sw(300, 50, 0),
-                sw(400, 0, 50),
-                sw(450, 50, 0),
+                sw(100, 0, 0, 50),
+                sw(300, 0, 50, 0),
+                sw(400, 0, 0, 50),
+                sw(450, 0, 50, 0),
             ],
         );
         let mut attr = Attribution::default();
@@ -474,8 +473,8 @@ mod tests {
     fn every_threads_energy_is_counted_once_across_instances() {
         // Instance 0 of pid 50 has threads 50 and 51; instance 1 only thread 50. Thread
         // 51's energy must stay whole in instance 0 whatever the instances' CPU shares.
-        let mut ev = vec![sw(100, 0, 51), sw(200, 51, 50), sw(300, 50, 0)];
-        ev.extend([sw(400, 0, 50), sw(450, 50, 0)]);
+        let mut ev = vec![sw(100, 0, 0, 51), sw(200, 0, 51, 50), sw(300, 0, 50, 0)];
+        ev.extend([sw(400, 0, 0, 50), sw(450, 0, 50, 0)]);
         for e in &mut ev {
             if e.tid == 51 {
                 e.tgid = 50;

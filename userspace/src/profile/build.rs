@@ -236,7 +236,7 @@ pub fn build<'a>(
 }
 
 /// [`build`] with only each stack's leaf symbolized (kernel, native, Python or JIT, with its
-/// inlined frames): every caller frame is one [`NOT_SYMBOLIZED`] frame. Self energy per
+/// inlined frames): every caller frame is one `NOT_SYMBOLIZED` frame. Self energy per
 /// function (samples whose leaf it is) comes out exactly as from [`build`], for a fraction
 /// of the symbolizing; totals, stacks and anything else that reads callers do not.
 pub fn build_leaves<'a>(
@@ -264,7 +264,7 @@ pub fn prefetch<'a>(
 
 /// The user addresses (each with its process's mappings) and kernel addresses that
 /// [`build`] (or [`build_leaves`] when `leaves_only`) of `input` and `filter` looks up, as
-/// [`Symbolizer::prefetch`] and [`crate::symbolize::prefetch_together`] take them.
+/// [`Symbolizer::prefetch`] and `crate::symbolize::prefetch_together` take them.
 pub fn needed<'a>(
     input: impl Into<Stacks<'a>>,
     filter: &Filter,

@@ -19,22 +19,22 @@ use std::sync::Arc;
 pub use crate::symbolize::{Frame, FrameKind, JitRuntime};
 
 /// Index of a frame in [`Profile::frames`].
-pub type FrameId = u32;
+pub(crate) type FrameId = u32;
 
 /// Index of a location in [`Profile::locations`].
-pub type LocationId = u32;
+pub(crate) type LocationId = u32;
 
 /// File name of the kernel's [`ProfileMapping`], as perf and pprof name it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
 /// Name of the value every profile carries first: 1 per stack sample.
-pub const SAMPLES: &str = "samples";
+pub(crate) const SAMPLES: &str = "samples";
 /// Name of the CPU-time value.
 pub const CPU: &str = "cpu";
 /// Function name of the synthetic frame carrying thread energy without a stack sample.
-pub const NO_STACK_SAMPLE: &str = "[no stack sample]";
+pub(crate) const NO_STACK_SAMPLE: &str = "[no stack sample]";
 /// The frame of every caller in a profile built by [`build_leaves`].
-pub const NOT_SYMBOLIZED: &str = "[caller, not symbolized]";
+pub(crate) const NOT_SYMBOLIZED: &str = "[caller, not symbolized]";
 
 /// Where sampled addresses lie: one executable mapping of one process (as recorded), or
 /// the kernel ([`KERNEL_MAPPING`], spanning the kernel addresses sampled).
@@ -168,7 +168,7 @@ impl Profile {
     }
 
     /// Recomputes [`ProfileMeta::totals`] from the samples.
-    pub fn recompute_totals(&mut self) {
+    pub(crate) fn recompute_totals(&mut self) {
         let mut totals = vec![0.0; self.value_types.len()];
         for s in &self.samples {
             for (t, v) in totals.iter_mut().zip(&s.values) {

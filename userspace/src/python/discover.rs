@@ -16,12 +16,8 @@ const MAX_ELF: u64 = 512 << 20;
 /// A CPython interpreter found in a process.
 #[derive(Clone, Debug)]
 pub struct Interpreter {
-    /// The file defining `_PyRuntime`.
-    pub path: String,
     /// The offsets of its version.
     pub table: Table,
-    /// Runtime address of `_PyRuntime`.
-    pub runtime: u64,
 }
 
 /// What looking at a process found.
@@ -103,11 +99,7 @@ pub fn find(tgid: u32) -> Result<Found, PythonError> {
                 .ok_or(PythonError::Object("_Py_DebugOffsets does not match 3.13"))?;
         }
         table.walk.runtime = symbol;
-        return Ok(Found::Walked(Interpreter {
-            path: path.clone(),
-            table,
-            runtime: symbol,
-        }));
+        return Ok(Found::Walked(Interpreter { table }));
     }
     Ok(Found::NoRuntime(first.1))
 }

@@ -1,31 +1,28 @@
 //! CPython frames (docs/ARCHITECTURE.md, "Python frames"): finding a process's
-//! interpreter and the offsets its version needs ([`discover`], [`offsets`]), naming the
-//! code objects the sampler saw from the live process ([`code`], [`linetable`]), and
+//! interpreter and the offsets its version needs (`discover`, `offsets`), naming the
+//! code objects the sampler saw from the live process (`code`, `linetable`), and
 //! turning a sample's raw Python frames into the recording's frame ids and table
-//! ([`names`]); which versions the machine runs now ([`census`]).
+//! (`names`); which versions the machine runs now (`census`).
 
-pub mod census;
-pub mod code;
-pub mod discover;
-pub mod linetable;
-pub mod memory;
-pub mod names;
-pub mod offsets;
+pub(crate) mod census;
+pub(crate) mod code;
+pub(crate) mod discover;
+pub(crate) mod linetable;
+pub(crate) mod memory;
+pub(crate) mod names;
+pub(crate) mod offsets;
 
 pub use linetable::{LineFormat, line_at};
-pub use names::{Namer, RawFrames};
-pub use offsets::{Table, Version};
+pub(crate) use names::{Namer, RawFrames};
 
 use crate::symbolize::Frame;
 
-pub use crate::symbolize::PYTHON_MODULE;
-
 /// Native function whose frames run Python code: each is one evaluation-loop call.
-pub const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
+pub(crate) const EVAL_FRAME: &str = "_PyEval_EvalFrameDefault";
 
 /// Why a process's Python could not be read.
 #[derive(Debug, thiserror::Error)]
-pub enum PythonError {
+pub(crate) enum PythonError {
     /// A file or the process's memory could not be opened.
     #[error("cannot read {path}: {source}")]
     Io {

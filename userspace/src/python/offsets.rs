@@ -206,7 +206,7 @@ impl Table {
     }
 
     /// The 3.13 table from the `_Py_DebugOffsets` at the start of `_PyRuntime` (`bytes`,
-    /// at least [`DEBUG_OFFSETS_LEN`] of them); `None` when the cookie or version do not
+    /// at least `DEBUG_OFFSETS_LEN` of them); `None` when the cookie or version do not
     /// match, or the build is free-threaded (not walked).
     pub fn from_debug_offsets(bytes: &[u8]) -> Option<Self> {
         if bytes.get(..8)? != b"xdebugpy" {

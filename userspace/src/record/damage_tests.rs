@@ -5,6 +5,7 @@ use std::path::Path;
 
 use prost::Message as _;
 
+use super::validate::MAX_QUIET_NS;
 use super::*;
 use crate::pb::v1::{
     Chunk, EnergySource, Header, Record, SwitchColumns, SwitchEvent, Trailer, record::Kind,

@@ -18,7 +18,7 @@ const FRAME_HEADER_LEN: usize = 12;
 /// The largest record a reader accepts, bytes. A drain of the busiest machine we know of
 /// writes a few MiB; anything larger is a damaged length. Keeps a single record from
 /// claiming the whole file and bounds what one decode may allocate.
-pub const MAX_RECORD_LEN: usize = 256 << 20;
+pub(crate) const MAX_RECORD_LEN: usize = 256 << 20;
 
 /// The checksum stored in a frame: CRC32C of the length bytes then the payload, so a
 /// damaged length fails the check as surely as a damaged payload.
@@ -27,7 +27,7 @@ pub fn checksum(len: [u8; 4], payload: &[u8]) -> u32 {
 }
 
 /// Appends `payload` as one frame to `out`. `None` when the payload is over
-/// [`MAX_RECORD_LEN`] (no reader would accept it).
+/// `MAX_RECORD_LEN` (no reader would accept it).
 pub fn encode(payload: &[u8], out: &mut Vec<u8>) -> Option<()> {
     if payload.len() > MAX_RECORD_LEN {
         return None;
@@ -93,7 +93,7 @@ pub fn parse(bytes: &[u8]) -> Frame<'_> {
 /// are a whole frame under their own length (the length field was damaged, the checksum
 /// says so), or when the payload does not start as a record of the length claimed does
 /// (a `Record` is one field, a header, chunk or trailer, filling the payload).
-pub fn looks_cut(bytes: &[u8]) -> bool {
+pub(crate) fn looks_cut(bytes: &[u8]) -> bool {
     let Some(header) = bytes.get(..FRAME_HEADER_LEN) else {
         return true;
     };
@@ -140,7 +140,8 @@ fn varint_prefix(bytes: &[u8]) -> Prefix {
 
 /// Where the next whole frame starts after damage at the start of `bytes` (never at 0),
 /// and how many frames the skipped bytes held (sync markers seen, at least one).
-pub fn resync(bytes: &[u8]) -> (Option<usize>, u64) {
+#[cfg(test)]
+pub(crate) fn resync(bytes: &[u8]) -> (Option<usize>, u64) {
     Resync::new(bytes).next_after(0)
 }
 
@@ -156,7 +157,7 @@ const STRIDE: usize = 64;
 /// before), and the checksum of any range follows from two prefixes (CRC32C is linear:
 /// `crc(a ++ b) = crc(a) · x^(8|b|) ⊕ crc(b)`), so each candidate costs at most
 /// 2 × `STRIDE` bytes and a few multiplications.
-pub struct Resync<'a> {
+pub(crate) struct Resync<'a> {
     bytes: &'a [u8],
     /// CRC32C of `bytes[..i * STRIDE]`; built on first use.
     prefix: Vec<u32>,
@@ -178,13 +179,13 @@ impl<'a> Resync<'a> {
     }
 
     /// Bytes of input.
-    pub fn input_len(&self) -> usize {
+    pub(crate) fn input_len(&self) -> usize {
         self.bytes.len()
     }
 
     /// Like [`resync`] for damage at `bytes[at..]`: the offset in `bytes` of the next whole
     /// frame after `at`, and how many frames the skipped bytes held.
-    pub fn next_after(&mut self, at: usize) -> (Option<usize>, u64) {
+    pub(crate) fn next_after(&mut self, at: usize) -> (Option<usize>, u64) {
         let mut frames = 1;
         let mut from = at + 1;
         while let Some(found) = self.bytes.get(from..).and_then(find_sync) {

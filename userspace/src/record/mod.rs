@@ -7,29 +7,30 @@
 //! [`Recording`] is the in-memory form every report starts from.
 //!
 //! Reading is bounded: the file is read once into memory, every record is at most
-//! [`frame::MAX_RECORD_LEN`] bytes, and timestamps that cannot be true are dropped
+//! `frame::MAX_RECORD_LEN` bytes, and timestamps that cannot be true are dropped
 //! (`validate`), so no later stage can size work from a damaged number.
 
 mod budget;
 pub mod columns;
 #[cfg(test)]
 mod damage_tests;
+pub(crate) mod early;
 pub mod frame;
 mod parallel;
 mod reader;
-pub mod rotate;
-pub mod run_counts;
-pub mod series;
+pub(crate) mod rotate;
+pub(crate) mod run_counts;
+pub(crate) mod series;
 mod switch_log;
 mod unwind_counts;
 mod validate;
 mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
-pub use series::{TimeRange, read_path};
-pub use switch_log::{CpuOrders, SwitchLog};
-pub use unwind_counts::{UnwindCounts, python_stop_name, stop_name};
-pub use validate::{MAX_CPUS, MAX_QUIET_NS, MAX_RUNS, MAX_SOURCES, PRE_START_NS};
+pub(crate) use series::{TimeRange, read_path};
+pub(crate) use switch_log::{CpuOrders, SwitchLog};
+pub(crate) use unwind_counts::{UnwindCounts, stop_name};
+pub(crate) use validate::{MAX_CPUS, MAX_RUNS, MAX_SOURCES};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
@@ -43,14 +44,14 @@ use crate::pb::v1::{
 pub const MAGIC: &[u8; 8] = b"EBPFREC\n";
 
 /// Version written in every header; readers refuse versions outside
-/// [`OLDEST_FORMAT_VERSION`]..=[`FORMAT_VERSION`] with a clear error.
+/// `OLDEST_FORMAT_VERSION`..=[`FORMAT_VERSION`] with a clear error.
 /// Version 2 stores switch events as columns (`SwitchColumns`) instead of messages;
 /// version 3 frames every record after the header with a sync marker and a CRC32C
 /// ([`frame`]).
 pub const FORMAT_VERSION: u32 = 3;
 
 /// The oldest version this reader still reads (version 1: switch events as messages).
-pub const OLDEST_FORMAT_VERSION: u32 = 1;
+pub(crate) const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Events the kernel lost (ring buffer full), all kinds: what every output reports.
 pub fn lost_events(l: &LossCounters) -> u64 {
@@ -60,7 +61,7 @@ pub fn lost_events(l: &LossCounters) -> u64 {
 /// Records newer facts about a thread, keeping the process start time and command line
 /// from earlier sightings when the newer info lacks them (only a process's first sighting
 /// reads /proc).
-pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
+pub(crate) fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
     let tid = new.tid;
     if let Some(old) = threads.insert(tid, new)
         && let Some(entry) = threads.get_mut(&tid)
@@ -82,7 +83,7 @@ pub fn merge_thread(threads: &mut HashMap<u32, ThreadInfo>, new: ThreadInfo) {
 }
 
 /// The names of a recording's Python frames, by id.
-pub type PythonFrames = HashMap<u64, crate::pb::v1::PythonFrame>;
+pub(crate) type PythonFrames = HashMap<u64, crate::pb::v1::PythonFrame>;
 
 /// A whole recording, merged from all its chunks.
 #[derive(Clone, Debug, Default)]
@@ -145,8 +146,8 @@ pub struct Damage {
     /// timestamp before the damage to the earliest one after it.
     pub lost_ns: u64,
     /// Events and readings dropped because their timestamp cannot be true: before the
-    /// capture started, after a silence longer than [`MAX_QUIET_NS`], or on a CPU the
-    /// header does not list; energy sources listed twice or past [`MAX_SOURCES`].
+    /// capture started, after a silence longer than `MAX_QUIET_NS`, or on a CPU the
+    /// header does not list; energy sources listed twice or past `MAX_SOURCES`.
     pub events_dropped: u64,
     /// Whether the trailer's end time was impossible and was clamped to the data.
     pub end_clamped: bool,
@@ -233,7 +234,7 @@ impl Recording {
     }
 
     /// CPU ids in the header's topology.
-    pub fn cpu_ids(&self) -> Vec<u32> {
+    pub(crate) fn cpu_ids(&self) -> Vec<u32> {
         self.header.cpus.iter().map(|c| c.id).collect()
     }
 }

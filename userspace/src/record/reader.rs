@@ -69,7 +69,7 @@ pub enum ReadError {
 
 /// Reads a whole recording.
 ///
-/// See [`super::series::read_path`] for a directory of rotating files or a time range.
+/// See `super::series::read_path` for a directory of rotating files or a time range.
 pub fn read_file(path: &Path) -> Result<Recording, ReadError> {
     let file = std::fs::File::open(path).map_err(|source| ReadError::Io {
         path: path.into(),

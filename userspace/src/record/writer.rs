@@ -29,7 +29,7 @@ pub enum WriteError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// A record over [`frame::MAX_RECORD_LEN`]: no reader would accept it.
+    /// A record over `frame::MAX_RECORD_LEN`: no reader would accept it.
     #[error("cannot write {path}: a record of {len} bytes is over the {max} byte limit")]
     TooLarge {
         /// The file.

@@ -2,7 +2,7 @@
 //! without root watch `top`.
 //!
 //! The agent (root, or CAP_BPF+CAP_PERFMON) captures and publishes one frame per window
-//! ([`Server`]); `energy-bpf top --connect PATH`, or `top` run without root, reads them
+//! (`Server`); `energy-bpf top --connect PATH`, or `top` run without root, reads them
 //! ([`connect`]) and shows them in the same view. The socket is one-way and carries only
 //! what `top` shows (`proto/agent.proto`). It is mode 0660 with group `energy-bpf` when
 //! that group exists, else 0600: file permissions are the authentication.
@@ -13,15 +13,15 @@ mod server;
 
 pub use client::{connect, read_frame};
 pub use convert::{MAX_FRAME_BYTES, decode, encode};
-pub use server::{MAX_CLIENTS, Server};
+pub(crate) use server::Server;
 
 use std::path::PathBuf;
 
 /// Where the agent's socket is unless told otherwise (systemd's `RuntimeDirectory`).
-pub const DEFAULT_SOCKET: &str = "/run/energy-bpf/agent.sock";
+pub(crate) const DEFAULT_SOCKET: &str = "/run/energy-bpf/agent.sock";
 
 /// Group whose members may read the socket.
-pub const GROUP: &str = "energy-bpf";
+pub(crate) const GROUP: &str = "energy-bpf";
 
 /// What can go wrong on either end of the socket.
 #[derive(Debug, thiserror::Error)]

@@ -105,16 +105,6 @@ impl Server {
         })
     }
 
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Clients connected now.
-    pub fn clients(&self) -> usize {
-        self.shared.clients.load(Ordering::Relaxed)
-    }
-
     /// Sends `snapshot` to every client (each gets it, or a newer one if it lags).
     pub fn publish(&self, snapshot: &Snapshot) {
         let frame = Arc::new(encode(snapshot));

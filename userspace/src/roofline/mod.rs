@@ -2,41 +2,41 @@
 //! time and energy per flop and per byte, constant power, the balance points they imply
 //! and whether racing to halt saves energy.
 //!
-//! - [`model`]: the thesis's equations (pure).
-//! - [`kernels`]: built-in kernels whose flops and bytes are known by construction.
-//! - [`fit`]: constants from measured kernels, with residuals and intervals (pure).
-//! - [`plot`]: the normalised roofline and arch line as SVG.
-//! - [`cpufreq`]: pinning CPU frequencies for a DVFS sweep, always restored.
-//! - [`dvfs`]: the thesis's V²-scaling fit over frequencies and the energy-optimal one
+//! - `model`: the thesis's equations (pure).
+//! - `kernels`: built-in kernels whose flops and bytes are known by construction.
+//! - `fit`: constants from measured kernels, with residuals and intervals (pure).
+//! - `plot`: the normalised roofline and arch line as SVG.
+//! - `cpufreq`: pinning CPU frequencies for a DVFS sweep, always restored.
+//! - `dvfs`: the thesis's V²-scaling fit over frequencies and the energy-optimal one
 //!   per intensity band (pure).
-//! - [`place`]: a function's intensity proxy (instructions per LLC-miss byte) against the
+//! - `place`: a function's intensity proxy (instructions per LLC-miss byte) against the
 //!   balance points: compute- or memory-bound in time and energy, race or slow (pure).
 //! - [`per_function`]: run counts (`record --activity-events`) per stack sample and per
 //!   function.
-//! - [`report`]: `report --by function --roofline`: the calibration's balance points and
+//! - `report`: `report --by function --roofline`: the calibration's balance points and
 //!   each function placed against them, as a table, JSON or CSV.
 //!
-//! - [`sweep`]: running the kernels while capture goes on, and one source's roofline from
+//! - `sweep`: running the kernels while capture goes on, and one source's roofline from
 //!   the runs and its readings.
 //!
 //! This module owns what is stored under `roofline` in the calibration file; the command
 //! (`commands/roofline.rs`) maps arguments, starts capture and prints.
 
-pub mod cpufreq;
-pub mod dvfs;
-pub mod fit;
-pub mod kernels;
-pub mod model;
+pub(crate) mod cpufreq;
+pub(crate) mod dvfs;
+pub(crate) mod fit;
+pub(crate) mod kernels;
+pub(crate) mod model;
 pub mod per_function;
-pub mod place;
-pub mod plot;
-pub mod points;
-pub mod report;
-pub mod sweep;
+pub(crate) mod place;
+pub(crate) mod plot;
+pub(crate) mod points;
+pub(crate) mod report;
+pub(crate) mod sweep;
 
 use std::io::Read as _;
 
-pub use fit::{FitError, FitReport, KernelPoint};
+pub(crate) use fit::{FitError, FitReport, KernelPoint};
 pub use model::Constants;
 
 /// The constants of one thread count, and what follows from them.
@@ -107,7 +107,7 @@ pub struct Roofline {
 }
 
 /// Fits the kernels of each thread count: the most threads is the machine.
-pub fn summarize(
+pub(crate) fn summarize(
     points: &[KernelPoint],
     const_w: f64,
     const_w_interval: [f64; 2],

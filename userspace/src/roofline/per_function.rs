@@ -89,7 +89,7 @@ pub fn sample_counts(rec: &Recording) -> SampleCounts {
 
 /// The analysis's per-sample weights ([`analysis::sample_values`]) with the first `events`
 /// run counters appended as `count_EVENT` values.
-pub fn with_counts(
+pub(crate) fn with_counts(
     mut weights: SampleValues,
     counts: &SampleCounts,
     events: &[String],

@@ -182,7 +182,7 @@ impl Frame {
                 .is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
     }
 
-    /// A synthetic frame (e.g. [`crate::profile::NO_STACK_SAMPLE`]).
+    /// A synthetic frame (e.g. `crate::profile::NO_STACK_SAMPLE`).
     pub fn synthetic(function: &str) -> Self {
         Self {
             function: function.to_string(),

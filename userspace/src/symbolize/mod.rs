@@ -15,7 +15,7 @@ mod frame;
 pub mod perf_map;
 
 pub use crate::procmaps::{mappings_of, process_mappings, read_build_id};
-pub use batch::{Request, prefetch_together};
+pub(crate) use batch::prefetch_together;
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
 
 use std::collections::HashMap;
@@ -194,7 +194,7 @@ fn kernel_source(path: &Path) -> Source<'static> {
 
 /// Index of the recorded mapping that holds user address `addr`: the latest recorded one
 /// wins (a later exec replaces earlier ones).
-pub fn mapping_of(addr: u64, mappings: &[Mapping]) -> Option<usize> {
+pub(crate) fn mapping_of(addr: u64, mappings: &[Mapping]) -> Option<usize> {
     mappings
         .iter()
         .rposition(|m| m.start <= addr && addr < m.end)

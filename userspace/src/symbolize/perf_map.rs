@@ -4,7 +4,7 @@
 //! Python 3.12+ `-X perf`, .NET `DOTNET_PerfMapEnabled=1`, LuaJIT).
 //!
 //! This module owns the line parser ([`parse_line`], fuzzed), the safe incremental reader
-//! of another user's map file ([`PerfMapFile`]: no symlinks, regular file, owned by the
+//! of another user's map file (`PerfMapFile`: no symlinks, regular file, owned by the
 //! process's user, bounded) and the lookup table a report builds from the entries a
 //! recording kept ([`JitTable`]), which turns addresses into [`Frame::jit`] frames.
 
@@ -22,9 +22,9 @@ pub const MAX_NAME_BYTES: usize = 1024;
 /// Longest line looked at, bytes: a longer one is skipped whole.
 const MAX_LINE_BYTES: usize = 4096;
 /// Most bytes read from one map file over a recording (a large Node app writes tens of MB).
-pub const MAX_FILE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_FILE_BYTES: u64 = 256 << 20;
 /// Most bytes read from a map file at one time.
-pub const MAX_READ_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_READ_BYTES: u64 = 16 << 20;
 
 /// One parsed perf-map line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +71,7 @@ pub fn parse_line(line: &str) -> Option<PerfMapLine<'_>> {
 
 /// Why a map file was not read.
 #[derive(Debug, thiserror::Error)]
-pub enum PerfMapError {
+pub(crate) enum PerfMapError {
     /// No map file (the runtime writes none, or not yet).
     #[error("no perf map at {path}")]
     Missing {
@@ -105,9 +105,9 @@ pub enum PerfMapError {
     },
 }
 
-/// An open map file read as it grows: each [`PerfMapFile::read_new`] returns the whole
+/// An open map file read as it grows: each `PerfMapFile::read_new` returns the whole
 /// lines appended since the previous one.
-pub struct PerfMapFile {
+pub(crate) struct PerfMapFile {
     path: PathBuf,
     file: File,
     /// Bytes consumed (up to the last whole line).
@@ -155,13 +155,16 @@ impl PerfMapFile {
     }
 
     /// When the file was last written.
-    pub fn modified(&self) -> Option<std::time::SystemTime> {
+    pub(crate) fn modified(&self) -> Option<std::time::SystemTime> {
         self.file.metadata().and_then(|m| m.modified()).ok()
     }
 
     /// Calls `each` for every whole line appended since the last call (at most
     /// [`MAX_READ_BYTES`] now, [`MAX_FILE_BYTES`] in all); returns the bytes consumed.
-    pub fn read_new(&mut self, mut each: impl FnMut(PerfMapLine<'_>)) -> Result<u64, PerfMapError> {
+    pub(crate) fn read_new(
+        &mut self,
+        mut each: impl FnMut(PerfMapLine<'_>),
+    ) -> Result<u64, PerfMapError> {
         let io_err = |source| PerfMapError::Io {
             path: self.path.clone(),
             source,
@@ -213,7 +216,7 @@ impl PerfMapFile {
 
 /// Where a live process's perf map is, seen from here: under its root (containers), named
 /// with its pid in its own pid namespace.
-pub fn live_path(tgid: u32, ns_pid: u32) -> PathBuf {
+pub(crate) fn live_path(tgid: u32, ns_pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{tgid}/root/tmp/perf-{ns_pid}.map"))
 }
 

@@ -1,15 +1,16 @@
-//! Builders the unit tests share (compiled for tests only): one place for the event
-//! shapes many modules' tests need, so a field added to an event is filled in once.
+//! Builders the tests share (compiled for unit tests, and behind the `test-support` feature
+//! for the integration tests and benches; test-only): one place for the event shapes many
+//! tests need, so a field added to an event is filled in once.
 
 use crate::pb::v1::SwitchEvent;
 
 /// A switch on `cpu` at `ts_ns` from thread `tid` to `next` (each its own process).
-pub(crate) fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
+pub fn sw(ts_ns: u64, cpu: u32, tid: u32, next: u32) -> SwitchEvent {
     sw_to(ts_ns, cpu, tid, Some(next))
 }
 
 /// [`sw`] where the probe may not have read the next task (`None`: unknown).
-pub(crate) fn sw_to(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> SwitchEvent {
+pub fn sw_to(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> SwitchEvent {
     SwitchEvent {
         ts_ns,
         cpu,
@@ -23,13 +24,7 @@ pub(crate) fn sw_to(ts_ns: u64, cpu: u32, tid: u32, next: Option<u32>) -> Switch
 }
 
 /// [`sw`] carrying the activity count of the run it ends (`None`: not counted).
-pub(crate) fn sw_counted(
-    ts_ns: u64,
-    cpu: u32,
-    tid: u32,
-    next: u32,
-    activity: Option<u64>,
-) -> SwitchEvent {
+pub fn sw_counted(ts_ns: u64, cpu: u32, tid: u32, next: u32, activity: Option<u64>) -> SwitchEvent {
     SwitchEvent {
         activity,
         ..sw(ts_ns, cpu, tid, next)

@@ -7,6 +7,11 @@
 //! start (energy), so the display never does attribution math and never waits on
 //! collection.
 
+use crate::{
+    attribute::domain_name,
+    pipeline::{Window, source_label},
+};
+
 /// Everything the screen shows for one refresh interval.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
@@ -23,6 +28,41 @@ pub struct Snapshot {
     /// One row per process seen in the interval: the pipeline's rows, as `report` reads
     /// them.
     pub rows: Vec<ProcessRow>,
+}
+
+impl Snapshot {
+    /// The display's view of one closed window of the pipeline (a live capture's, a
+    /// replayed recording's, or the agent's), with the capture's sample rate.
+    pub fn from_window(w: &Window, sample_hz: u32) -> Self {
+        let secs = (w.totals.duration_ns as f64 / 1e9).max(1e-9);
+        let attr = &w.analysis.attribution;
+        let domains = attr
+            .sources
+            .iter()
+            .map(|s| DomainPower {
+                name: format!("{}-{}", domain_name(s.domain), s.package),
+                watts: s.measured_uj * 1e-6 / secs,
+            })
+            .collect();
+        let l = &w.losses;
+        Self {
+            start_ns: w.start_ns(),
+            ts_ns: w.end_ns(),
+            interval_s: secs,
+            header: Header {
+                domains,
+                idle_w: w.totals.idle_j / secs,
+                total_w: w.totals.total_j / secs,
+                source: source_label(&w.analysis.sources),
+                estimated: w.totals.estimated,
+                sample_hz,
+                lost_events: crate::record::lost_events(l),
+                cpus: w.analysis.timeline.cpus.len() as u32,
+            },
+            totals: w.totals.clone(),
+            rows: w.processes.clone(),
+        }
+    }
 }
 
 /// Machine-wide figures shown above the table.

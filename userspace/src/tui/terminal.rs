@@ -40,7 +40,8 @@ impl StopSignals {
         Ok(StopSignals { caught, ids })
     }
 
-    /// A set that never fires (for tests and callers that handle signals themselves).
+    /// A set that never fires (for tests).
+    #[cfg(test)]
     pub fn none() -> StopSignals {
         StopSignals {
             caught: Arc::new(AtomicUsize::new(0)),

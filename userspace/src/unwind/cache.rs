@@ -23,7 +23,7 @@ const HEADER: usize = 48;
 /// Longest build-id taken as a file name (GNU build-ids are 20 bytes; 64 is generous).
 const MAX_BUILD_ID: usize = 64;
 /// Largest cache file [`decode`] accepts.
-pub const MAX_FILE_BYTES: usize = HEADER + MAX_ROWS * ROW_BYTES + 4;
+pub(crate) const MAX_FILE_BYTES: usize = HEADER + MAX_ROWS * ROW_BYTES + 4;
 
 /// Why the cache could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,7 @@ pub struct UnwindCache {
 impl UnwindCache {
     /// `$XDG_CACHE_HOME/energy-bpf/unwind`, else `/var/cache/energy-bpf/unwind` for root,
     /// else `~/.cache/energy-bpf/unwind`.
-    pub fn default_dir() -> Option<PathBuf> {
+    pub(crate) fn default_dir() -> Option<PathBuf> {
         let sub = "energy-bpf/unwind";
         if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|x| !x.is_empty()) {
             return Some(PathBuf::from(x).join(sub));
@@ -185,7 +185,7 @@ impl UnwindCache {
     /// [`UnwindCache::table`], or `None` when the table has more than `max_rows` rows. A
     /// cached table that large is recognised by its file size and not read (for the
     /// sampler, whose row array cannot hold it anyway).
-    pub fn table_at_most(
+    pub(crate) fn table_at_most(
         &self,
         path: &Path,
         max_rows: usize,
@@ -305,7 +305,7 @@ fn le<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
     a
 }
 
-/// Parses a cache file, bounded by [`MAX_FILE_BYTES`]; the rows must be sorted (the
+/// Parses a cache file, bounded by `MAX_FILE_BYTES`; the rows must be sorted (the
 /// walker's binary search depends on it) and of known kinds.
 pub fn decode(bytes: &[u8]) -> Result<UnwindTable, DecodeError> {
     let header = DecodeError::Header { len: bytes.len() };

@@ -7,42 +7,43 @@
 //! saved. Rules the walker cannot follow are kept as marked rows (PLT stubs, signal
 //! trampolines, expressions) so it knows to fall back instead of guessing.
 //!
-//! Tables are built once per file and cached on disk by build-id ([`cache`]). [`process`]
+//! Tables are built once per file and cached on disk by build-id ([`cache`]). `process`
 //! lays them out as the sampler will read them (a shared, bounded row arena and per-process
-//! mapping entries with load biases); [`walk`] is the walk itself in plain Rust, the
+//! mapping entries with load biases); `walk` is the walk itself in plain Rust, the
 //! reference the eBPF walker is to follow step for step (not wired into the sampler yet).
 //!
 //! Every input is bounded (these are outside bytes, and the tables end up in BPF maps):
-//! - a CFI section larger than [`MAX_SECTION_BYTES`] is refused;
+//! - a CFI section larger than `MAX_SECTION_BYTES` is refused;
 //! - a table is at most [`MAX_ROWS`] rows ([`MAX_ROWS`] × 16 bytes of memory);
 //! - a malformed FDE is skipped and counted, never fatal; a malformed entry list ends that
 //!   section, also counted.
 
 pub mod cache;
 mod compile;
-pub mod process;
+pub(crate) mod process;
 #[cfg(test)]
 mod tests;
-pub mod walk;
+#[cfg(test)]
+pub(crate) mod walk;
 #[cfg(test)]
 mod walk_tests;
 
-pub use cache::{CacheError, TableSource, UnwindCache};
+pub use cache::UnwindCache;
 pub use compile::{Segment, compile_eh_frame, compile_elf, compile_file, load_segments};
-pub use energy_bpf_abi::{UnwindRow, unwind_kind, unwind_reg};
+pub(crate) use energy_bpf_abi::{UnwindRow, unwind_kind, unwind_reg};
 
 use std::path::PathBuf;
 
 /// Largest `.eh_frame` or `.debug_frame` accepted: 128 MiB. The largest we know of
 /// (browsers, LLVM) carry 20–40 MiB of `.eh_frame`; anything beyond is damage or abuse.
-pub const MAX_SECTION_BYTES: u64 = 128 << 20;
+pub(crate) const MAX_SECTION_BYTES: u64 = 128 << 20;
 
 /// Most rows in one table: 8 Mi rows = 128 MiB. Measured: librustc_driver (93 MiB of text)
 /// compiles to 1.15 Mi rows, libLLVM 22 (63 MiB) to 1.29 Mi, so this leaves 4x headroom.
 pub const MAX_ROWS: usize = 8 << 20;
 
 /// Bytes one row takes, in memory, on disk and in a BPF map.
-pub const ROW_BYTES: usize = std::mem::size_of::<UnwindRow>();
+pub(crate) const ROW_BYTES: usize = std::mem::size_of::<UnwindRow>();
 
 /// Why a table could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use super::compile::{Segment, load_segments};
-use super::{UnwindCache, UnwindRow, unwind_kind};
+use super::{UnwindCache, UnwindRow};
 
 /// Most executable mappings kept per process: the walker scans them linearly, and the
 /// verifier bounds that loop. Programs beyond it (hundreds of shared objects) keep their
@@ -75,6 +75,7 @@ impl RowArena {
     }
 
     /// The rows added since the last [`RowArena::take_new`] (all of them if never taken).
+    #[cfg(test)]
     pub fn rows(&self) -> &[UnwindRow] {
         &self.rows
     }
@@ -82,11 +83,6 @@ impl RowArena {
     /// Rows in the arena, taken or not.
     pub fn len(&self) -> usize {
         self.base + self.rows.len()
-    }
-
-    /// Whether no rows were stored.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Rows the arena can hold.
@@ -115,6 +111,7 @@ impl RowArena {
     }
 
     /// The rows of `entry`, empty when they are out of range or already taken.
+    #[cfg(test)]
     pub fn slice(&self, entry: &MappingEntry) -> &[UnwindRow] {
         let Some(start) = (entry.row_start as usize).checked_sub(self.base) else {
             return &[];
@@ -322,7 +319,9 @@ fn own_vdso() -> Option<&'static (super::UnwindTable, u64)> {
 }
 
 /// The row for `pc` (a file virtual address) in one file's sorted rows; `None` for gaps.
+#[cfg(test)]
 pub fn find_row(rows: &[UnwindRow], pc: u64) -> Option<&UnwindRow> {
     let i = rows.partition_point(|r| r.pc <= pc).checked_sub(1)?;
-    rows.get(i).filter(|r| r.kind != unwind_kind::NO_INFO)
+    rows.get(i)
+        .filter(|r| r.kind != super::unwind_kind::NO_INFO)
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::cache::{DecodeError, decode, encode};
+use super::cache::{CacheError, DecodeError, TableSource, decode, encode};
 use super::*;
 
 /// Functions with different frame shapes: a leaf with no frame, one that saves rbp as an

@@ -8,9 +8,9 @@
 //! The kept rows are `keeper`'s; persistence is [`store`]'s.
 
 mod keeper;
-pub mod store;
+pub(crate) mod store;
 
-pub use keeper::{CAPACITY, Keeper, Kept, MAX_LEVELS, ROW_NS};
+pub use keeper::{CAPACITY, Keeper, Kept, ROW_NS};
 
 use std::{
     collections::BTreeMap,

@@ -2,6 +2,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
+use super::keeper::MAX_LEVELS;
 use super::store;
 use super::*;
 use crate::attribute::Unidentified;

@@ -11,8 +11,8 @@
 //! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
 //! waits on them, and a backlog is dropped and counted like a full export queue.
 
-pub mod python;
-pub mod transport;
+pub(crate) mod python;
+pub(crate) mod transport;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -175,11 +175,6 @@ impl OtlpSink {
                 (cgroup, attrs)
             })
             .collect()
-    }
-
-    /// The exporter's counters (the self-metrics read them).
-    pub fn stats(&self) -> &std::sync::Arc<transport::ExportStats> {
-        &self.stats
     }
 
     fn export(&mut self) {

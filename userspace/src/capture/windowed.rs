@@ -1,28 +1,20 @@
-//! Where `top`'s snapshots come from: a live capture ([`live`]) or a recording played back
-//! ([`replay`]). Both push events into the [`Pipeline`] and turn each closed window into a
-//! [`Snapshot`]; neither computes a number of its own, so live and offline agree.
-//!
-//! Snapshots go to the display over a channel, so rendering never waits on collection.
+//! A live capture into the pipeline's windows: the probes, the session and the energy
+//! reader ([`Live`]) feeding a folded [`Pipeline`], started the same way for `top` and the
+//! agent. The caller drives it and decides what a closed [`Window`] becomes (a snapshot on
+//! the screen, metrics, a recording).
 
-use std::{
-    collections::HashMap,
-    sync::mpsc::{self, Receiver, Sender},
-    thread,
-    time::{Duration, Instant},
-};
+use std::{collections::HashMap, time::Duration};
 
+use super::{ActivityEvent, Live, LiveError, LiveOptions, host, session::Targets};
 use crate::{
-    attribute::{Learned, Options, domain_name},
-    capture::{ActivityEvent, LiveOptions, host, session::Targets},
+    attribute::{Learned, Options},
     clock,
     energy::EnergyArgs,
     pb::v1 as pb,
-    pipeline::{self, Config, Pipeline, Window, source_label},
-    record::Recording,
-    tui::{DomainPower, Header, Snapshot},
+    pipeline::{Config, Pipeline, Window},
 };
 
-/// What the live feed needs.
+/// What a live capture into windows needs (`top` and the agent).
 #[derive(Clone, Debug)]
 pub struct LiveConfig {
     /// Stack sampling frequency, Hz.
@@ -36,53 +28,9 @@ pub struct LiveConfig {
     /// The activity counter to weigh runs by.
     pub activity: ActivityEvent,
     /// How user stacks are walked.
-    pub unwind: crate::capture::UnwindMode,
+    pub unwind: super::UnwindMode,
     /// Size of the stack-sample ring buffer (`None`: the probes' default).
     pub sample_ring_bytes: Option<u32>,
-}
-
-/// Why a live feed or a replay could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum FeedError {
-    /// Capture could not start (probes, privileges, energy sources).
-    #[error(transparent)]
-    Capture(#[from] crate::capture::LiveError),
-    /// The feed's thread could not be started.
-    #[error("starting the {what} thread")]
-    Thread {
-        /// Which thread.
-        what: &'static str,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The capture thread ended before it said whether capture started.
-    #[error("capture thread ended during start-up")]
-    Ended(#[source] mpsc::RecvError),
-}
-
-/// Starts capture on its own thread and returns the snapshot channel. Start-up errors
-/// (permissions, no BTF, unreadable counters) are returned here, before any screen opens.
-pub fn live(cfg: LiveConfig) -> Result<Receiver<Snapshot>, FeedError> {
-    let (tx, rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), FeedError>>();
-    thread::Builder::new()
-        .name("energy-bpf-live".into())
-        .spawn(move || match Live::start(&cfg) {
-            Ok(mut live) => {
-                let _ = ready_tx.send(Ok(()));
-                live.run(&cfg, &tx);
-            }
-            Err(err) => {
-                let _ = ready_tx.send(Err(err));
-            }
-        })
-        .map_err(|source| FeedError::Thread {
-            what: "capture",
-            source,
-        })?;
-    ready_rx.recv().map_err(FeedError::Ended)??;
-    Ok(rx)
 }
 
 /// A running live capture: probes, session, energy reader and pipeline, started the same
@@ -90,7 +38,7 @@ pub fn live(cfg: LiveConfig) -> Result<Receiver<Snapshot>, FeedError> {
 /// raw events, as `record` would write them), [`Capture::push`] feeds it to the pipeline,
 /// [`Capture::close_due`] closes a window once time allows.
 pub struct Capture {
-    live: crate::capture::Live,
+    live: Live,
     pipeline: Pipeline,
     sample_hz: u32,
     header: pb::Header,
@@ -99,8 +47,8 @@ pub struct Capture {
 
 impl Capture {
     /// Loads the probes, starts the energy reader and opens the first window now.
-    pub fn start(cfg: &LiveConfig) -> Result<Self, FeedError> {
-        let mut live = crate::capture::Live::start(LiveOptions {
+    pub fn start(cfg: &LiveConfig) -> Result<Self, LiveError> {
+        let mut live = Live::start(LiveOptions {
             sample_hz: cfg.sample_hz,
             activity: cfg.activity,
             unwind: cfg.unwind,
@@ -136,7 +84,7 @@ impl Capture {
     }
 
     /// What the unwind tables hold, when user stacks are walked with them.
-    pub fn unwind_stats(&self) -> Option<crate::capture::unwinder::UnwindStats> {
+    pub fn unwind_stats(&self) -> Option<super::unwinder::UnwindStats> {
         self.live.unwind_stats()
     }
 
@@ -214,126 +162,6 @@ impl Capture {
         self.hot
             .annotate(&window.events.samples, &mut window.processes);
         Some(window)
-    }
-}
-
-struct Live {
-    capture: Capture,
-}
-
-impl Live {
-    fn start(cfg: &LiveConfig) -> Result<Self, FeedError> {
-        Ok(Self {
-            capture: Capture::start(cfg)?,
-        })
-    }
-
-    fn run(&mut self, cfg: &LiveConfig, tx: &Sender<Snapshot>) {
-        let mut next = Instant::now() + cfg.interval;
-        loop {
-            thread::sleep(next.saturating_duration_since(Instant::now()));
-            next += cfg.interval;
-            let Some(snapshot) = self.step() else {
-                continue;
-            };
-            if tx.send(snapshot).is_err() {
-                // The display is gone; dropping self detaches the probes.
-                return;
-            }
-        }
-    }
-
-    fn step(&mut self) -> Option<Snapshot> {
-        let chunk = self.capture.poll();
-        self.capture.push(chunk);
-        let window = self.capture.close_due(0)?;
-        Some(snapshot(&window, self.capture.sample_hz()))
-    }
-}
-
-/// How a recording is played back.
-#[derive(Clone, Copy, Debug)]
-pub struct ReplayConfig {
-    /// Recording time per frame.
-    pub interval: Duration,
-    /// Wait `interval` between frames (the interactive view); batch output goes as fast as
-    /// it can.
-    pub paced: bool,
-}
-
-/// Plays `rec` through the pipeline on its own thread, one snapshot per `interval` of
-/// recording time. A paced replay keeps the channel open after the last frame, so the
-/// view stays on it until the user quits; an unpaced one closes it.
-pub fn replay(
-    rec: Recording,
-    options: Options,
-    cfg: ReplayConfig,
-) -> Result<Receiver<Snapshot>, FeedError> {
-    let (tx, rx) = mpsc::channel();
-    thread::Builder::new()
-        .name("energy-bpf-replay".into())
-        .spawn(move || {
-            let sample_hz = rec.header.sample_hz;
-            let config = Config {
-                cpus: rec.header.cpus.clone(),
-                sources: rec.sources.clone(),
-                options,
-                activity_event: crate::analysis::activity_event(&rec),
-            };
-            let mut hot = crate::hot::HotFunctions::of_recording(&rec);
-            for mut window in pipeline::folded_windows(&rec, config, cfg.interval) {
-                hot.annotate(&window.events.samples, &mut window.processes);
-                if tx.send(snapshot(&window, sample_hz)).is_err() {
-                    return;
-                }
-                if cfg.paced {
-                    thread::sleep(cfg.interval);
-                }
-            }
-            // A paced replay holds the last frame (keeps the channel open) until the view
-            // quits, which ends the process.
-            if cfg.paced {
-                loop {
-                    thread::park();
-                }
-            }
-        })
-        .map_err(|source| FeedError::Thread {
-            what: "replay",
-            source,
-        })?;
-    Ok(rx)
-}
-
-/// The display's view of one window.
-pub fn snapshot(w: &Window, sample_hz: u32) -> Snapshot {
-    let secs = (w.totals.duration_ns as f64 / 1e9).max(1e-9);
-    let attr = &w.analysis.attribution;
-    let domains = attr
-        .sources
-        .iter()
-        .map(|s| DomainPower {
-            name: format!("{}-{}", domain_name(s.domain), s.package),
-            watts: s.measured_uj * 1e-6 / secs,
-        })
-        .collect();
-    let l = &w.losses;
-    Snapshot {
-        start_ns: w.start_ns(),
-        ts_ns: w.end_ns(),
-        interval_s: secs,
-        header: Header {
-            domains,
-            idle_w: w.totals.idle_j / secs,
-            total_w: w.totals.total_j / secs,
-            source: source_label(&w.analysis.sources),
-            estimated: w.totals.estimated,
-            sample_hz,
-            lost_events: crate::record::lost_events(l),
-            cpus: w.analysis.timeline.cpus.len() as u32,
-        },
-        totals: w.totals.clone(),
-        rows: w.processes.clone(),
     }
 }
 
