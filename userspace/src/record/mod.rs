@@ -21,6 +21,7 @@ pub mod rotate;
 pub mod run_counts;
 pub mod series;
 mod switch_log;
+pub mod symbols;
 mod unwind_counts;
 mod validate;
 mod writer;
@@ -121,6 +122,9 @@ pub struct Recording {
     pub readings: Vec<EnergyReading>,
     /// Loss counters (the last, cumulative, values recorded).
     pub losses: LossCounters,
+    /// The names the recorder stored for the samples' addresses when it finished
+    /// (checked: [`symbols::check`]); empty for recordings made before it did, or cut short.
+    pub symbols: Vec<crate::pb::v1::SymbolTable>,
     /// End of capture (from the trailer, or the latest timestamp seen when truncated).
     pub end_ns: u64,
     /// Why recording stopped, from the trailer.

@@ -8,15 +8,19 @@
 //! cached per (file, offset) and per kernel address; a profile fills the caches up front,
 //! a file at a time over threads (`batch`). Several symbolizers (one per recording of a
 //! diff) can fill theirs together, each distinct file offset resolved once for all. A
-//! frame never comes out as a bare address or an error.
+//! recording that stores its names (`stored`) fills the caches from them first, so only
+//! addresses it does not cover are resolved. A frame never comes out as a bare address or
+//! an error.
 
 mod batch;
 mod frame;
 pub mod perf_map;
+mod stored;
 
 pub use crate::procmaps::{mappings_of, process_mappings, read_build_id};
 pub use batch::{Request, prefetch_together};
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
+pub use stored::{Collector, Stored, store};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +40,8 @@ pub struct SymbolizeStats {
     pub unresolved: u64,
     /// Files whose build-id no longer matches the recording (rebuilt or replaced).
     pub build_id_mismatches: u64,
+    /// Addresses named from the names the recording stored ([`Symbolizer::use_stored`]).
+    pub stored: u64,
 }
 
 /// Symbolizes user and kernel addresses, with caches; one per report.
