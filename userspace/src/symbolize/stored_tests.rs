@@ -5,6 +5,7 @@ use std::path::Path;
 
 use super::super::tests::{build_burn, symbol_file_offset};
 use super::*;
+use crate::symbolize::read_build_id;
 use crate::pb::v1::{Header, Sample, Trailer};
 use crate::profile::{self, Filter};
 use crate::record::{FORMAT_VERSION, Writer, read_file, symbols::check};
@@ -116,10 +117,10 @@ fn names_stored_at_the_end_read_back_and_name_what_live_lookups_name() {
     std::fs::remove_file(&bin).expect("delete burn");
     let mut after = Symbolizer::with_kallsyms(None);
     after.use_stored(&rec.symbols);
-    assert_eq!(leaf(&mut after, light), "hot_light");
+    assert_eq!(leaf(&mut after, light + 1), "hot_light");
     assert_eq!(leaf(&mut after, main + 8), "main");
     let mut without = Symbolizer::with_kallsyms(None);
-    assert_ne!(leaf(&mut without, light), "hot_light");
+    assert_ne!(leaf(&mut without, light + 1), "hot_light");
 }
 
 fn frame(i: usize) -> Frame {
