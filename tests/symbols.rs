@@ -51,7 +51,7 @@ fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
     let mut rec = read_file(&file).expect("recording reads back");
     // Live symbolization is what is compared here: the names the recording stored are set
     // aside (`stored_names_equal_live_ones_and_outlive_the_binary` checks those).
-    rec.symbols.clear();
+    rec.symbols = Default::default();
 
     let cfg = analysis::config(&rec, Options::default(), &ModelOverride::default());
     let weights = analysis::sample_values(&rec, &analysis::analyze(&rec, &cfg));

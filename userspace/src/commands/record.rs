@@ -224,9 +224,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let naming = Instant::now();
     match crate::symbolize::store(&names, &mut writer) {
         Ok(stored) => eprintln!(
-            "energy-bpf: stored the names of {} addresses in {:.2} s",
+            "energy-bpf: stored the names of {} addresses in {:.2} s{}",
             stored.addresses,
-            naming.elapsed().as_secs_f64()
+            naming.elapsed().as_secs_f64(),
+            if stored.skipped > 0 {
+                " (addresses past the first 2 Mi are left to reports to resolve)"
+            } else {
+                ""
+            }
         ),
         Err(err) => return Err(stopped_early(writer, err, &header, &args.output)),
     }

@@ -124,7 +124,8 @@ pub struct Recording {
     pub losses: LossCounters,
     /// The names the recorder stored for the samples' addresses when it finished
     /// (checked: [`symbols::check`]); empty for recordings made before it did, or cut short.
-    pub symbols: Vec<crate::pb::v1::SymbolTable>,
+    /// Shared: every symbolizer of the recording indexes the same tables.
+    pub symbols: std::sync::Arc<Vec<crate::pb::v1::SymbolTable>>,
     /// End of capture (from the trailer, or the latest timestamp seen when truncated).
     pub end_ns: u64,
     /// Why recording stopped, from the trailer.

@@ -419,7 +419,7 @@ impl Reading<'_> {
     /// [`super::symbols::MAX_TABLES`] is counted as damage.
     fn symbols(&mut self, table: SymbolTable) {
         if self.rec.symbols.len() < super::symbols::MAX_TABLES {
-            self.rec.symbols.push(table);
+            std::sync::Arc::make_mut(&mut self.rec.symbols).push(table);
         } else {
             self.rec.damage.records_damaged += 1;
         }

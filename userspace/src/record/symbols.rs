@@ -205,7 +205,7 @@ mod tests {
         let full = recording(dir.path(), 4, &table());
         let path = std::path::Path::new("s.ebpr");
         let whole = super::super::read_from(full.as_slice(), path).expect("read");
-        assert_eq!(whole.symbols, vec![table()]);
+        assert_eq!(*whole.symbols, vec![table()]);
         assert!(!whole.truncated);
         let mut last = (0, 0);
         for cut in 40..full.len() {

@@ -54,6 +54,8 @@ pub struct Symbolizer {
     /// Frames per file path and file offset, leaf first.
     user_cache: HashMap<String, HashMap<u64, Vec<Frame>>>,
     kernel_cache: HashMap<u64, Vec<Frame>>,
+    /// Names the recording stored, consulted before resolving anything.
+    stored: stored::Index,
     stats: SymbolizeStats,
 }
 
@@ -77,6 +79,7 @@ impl Symbolizer {
             build_id_ok: HashMap::new(),
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
+            stored: stored::Index::default(),
             stats: SymbolizeStats::default(),
         }
     }
@@ -97,7 +100,13 @@ impl Symbolizer {
         if let Some(frames) = self.user_cache.get(&m.path).and_then(|c| c.get(&offset)) {
             return frames.clone();
         }
-        let frames = self.resolve_user(m, offset);
+        let frames = match self.stored.user(&m.path, offset) {
+            Some(frames) => {
+                self.stats.stored += 1;
+                frames
+            }
+            None => self.resolve_user(m, offset),
+        };
         self.user_cache
             .entry(m.path.clone())
             .or_default()
@@ -110,7 +119,13 @@ impl Symbolizer {
         if let Some(frames) = self.kernel_cache.get(&addr) {
             return frames.clone();
         }
-        let frames = self.resolve_kernel(addr);
+        let frames = match self.stored.kernel(addr) {
+            Some(frames) => {
+                self.stats.stored += 1;
+                frames
+            }
+            None => self.resolve_kernel(addr),
+        };
         self.kernel_cache.insert(addr, frames.clone());
         frames
     }

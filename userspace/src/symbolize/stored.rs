@@ -8,6 +8,7 @@
 //! any other address is resolved live as before.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use super::{Frame, FrameKind, Symbolizer};
 use crate::pb::v1::{Chunk, Mapping, SymbolAddress, SymbolFile, SymbolFrame, SymbolTable};
@@ -22,6 +23,12 @@ const KERNEL_MODULE: &str = "[kernel]";
 /// record size limit.
 const MAX_TABLE_STRING_BYTES: usize = 64 << 20;
 
+/// Most distinct addresses a [`Collector`] keeps (user and kernel together, some 64 MiB
+/// of sets at most): names are resolved once per address at the end, so this bounds the
+/// recorder's memory and its time at the end. Addresses first seen past it are left to
+/// reports, which resolve them live.
+pub const MAX_COLLECTED: usize = 1 << 21;
+
 /// The addresses a recording's samples hit, gathered chunk by chunk as they are written,
 /// with the mappings that place them.
 #[derive(Default)]
@@ -29,6 +36,8 @@ pub struct Collector {
     mappings: HashMap<u32, Vec<Mapping>>,
     user: foldhash::HashSet<(u32, u64)>,
     kernel: foldhash::HashSet<u64>,
+    /// New addresses not kept, past [`MAX_COLLECTED`].
+    skipped: u64,
 }
 
 impl Collector {
@@ -40,12 +49,31 @@ impl Collector {
         }
         for s in &chunk.samples {
             for (depth, &addr) in s.kernel_stack.iter().enumerate() {
-                self.kernel.insert(caller_adjusted(addr, depth));
+                let addr = caller_adjusted(addr, depth);
+                if self.has_room() {
+                    self.kernel.insert(addr);
+                } else if !self.kernel.contains(&addr) {
+                    self.skipped += 1;
+                }
             }
             for (depth, &addr) in s.user_stack.iter().enumerate() {
-                self.user.insert((s.tgid, caller_adjusted(addr, depth)));
+                let key = (s.tgid, caller_adjusted(addr, depth));
+                if self.has_room() {
+                    self.user.insert(key);
+                } else if !self.user.contains(&key) {
+                    self.skipped += 1;
+                }
             }
         }
+    }
+
+    fn has_room(&self) -> bool {
+        self.user.len() + self.kernel.len() < MAX_COLLECTED
+    }
+
+    /// Addresses seen but not kept, past [`MAX_COLLECTED`] (counted once per sighting).
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// Distinct addresses gathered: user (per process) and kernel.
@@ -222,46 +250,94 @@ impl Tables {
 
 impl Symbolizer {
     /// Starts from the names a recording stored (`tables`, checked when read): each
-    /// address they cover is looked up there, never resolved again, and counted in
-    /// [`super::SymbolizeStats::stored`]. The first entry for an address wins.
-    pub fn use_stored(&mut self, tables: &[SymbolTable]) {
-        for table in tables {
-            let string = |i: u32| table.strings.get(i as usize).map_or("", String::as_str);
-            let frames_of = |a: &SymbolAddress, module: &str, kind: FrameKind| -> Vec<Frame> {
-                if a.frames.is_empty() {
-                    return vec![Frame::unresolved(module, a.address, kind)];
-                }
-                a.frames
-                    .iter()
-                    .map(|f| Frame {
-                        function: string(f.function).to_string(),
-                        file: f.file.map(|i| string(i).to_string()),
-                        line: f.line,
-                        module: module.to_string(),
-                        inlined: f.inlined,
-                        kind,
-                    })
-                    .collect()
-            };
-            for file in &table.files {
-                let cache = self.user_cache.entry(file.path.clone()).or_default();
-                for a in &file.addresses {
-                    if let std::collections::hash_map::Entry::Vacant(e) = cache.entry(a.address) {
-                        e.insert(frames_of(a, &file.path, FrameKind::Native));
-                        self.stats.stored += 1;
-                    }
+    /// address they cover is named from them when first looked up, never resolved again,
+    /// and counted in [`super::SymbolizeStats::stored`]. Only an index is built here; the
+    /// frames are made for the addresses looked up. The first entry for an address wins.
+    pub fn use_stored(&mut self, tables: &Arc<Vec<SymbolTable>>) {
+        self.stored = Index::new(tables);
+    }
+}
+
+/// Where, in a recording's tables, each stored address's names are.
+#[derive(Default)]
+pub(super) struct Index {
+    tables: Arc<Vec<SymbolTable>>,
+    /// Per file path: file offset → (table, file, address) indices.
+    user: HashMap<String, foldhash::HashMap<u64, (u32, u32, u32)>>,
+    /// Kernel address → (table, address) indices.
+    kernel: foldhash::HashMap<u64, (u32, u32)>,
+}
+
+impl Index {
+    fn new(tables: &Arc<Vec<SymbolTable>>) -> Self {
+        let mut index = Self {
+            tables: Arc::clone(tables),
+            ..Self::default()
+        };
+        // Indices fit in u32: tables, files and addresses are bounded far below it.
+        for (t, table) in tables.iter().enumerate() {
+            for (f, file) in table.files.iter().enumerate() {
+                let offsets = index.user.entry(file.path.clone()).or_default();
+                for (a, address) in file.addresses.iter().enumerate() {
+                    offsets
+                        .entry(address.address)
+                        .or_insert((t as u32, f as u32, a as u32));
                 }
             }
-            for a in &table.kernel {
-                if let std::collections::hash_map::Entry::Vacant(e) =
-                    self.kernel_cache.entry(a.address)
-                {
-                    e.insert(frames_of(a, KERNEL_MODULE, FrameKind::Kernel));
-                    self.stats.stored += 1;
-                }
+            for (a, address) in table.kernel.iter().enumerate() {
+                index
+                    .kernel
+                    .entry(address.address)
+                    .or_insert((t as u32, a as u32));
             }
         }
+        index
     }
+
+    /// Whether file offset `offset` of `path` has stored names.
+    pub(super) fn has_user(&self, path: &str, offset: u64) -> bool {
+        self.user.get(path).is_some_and(|o| o.contains_key(&offset))
+    }
+
+    /// Whether kernel address `addr` has stored names.
+    pub(super) fn has_kernel(&self, addr: u64) -> bool {
+        self.kernel.contains_key(&addr)
+    }
+
+    /// The stored frames of file offset `offset` of `path`.
+    pub(super) fn user(&self, path: &str, offset: u64) -> Option<Vec<Frame>> {
+        let &(t, f, a) = self.user.get(path)?.get(&offset)?;
+        let table = self.tables.get(t as usize)?;
+        let address = table.files.get(f as usize)?.addresses.get(a as usize)?;
+        Some(frames_of(table, address, path, FrameKind::Native))
+    }
+
+    /// The stored frames of kernel address `addr`.
+    pub(super) fn kernel(&self, addr: u64) -> Option<Vec<Frame>> {
+        let &(t, a) = self.kernel.get(&addr)?;
+        let table = self.tables.get(t as usize)?;
+        let address = table.kernel.get(a as usize)?;
+        Some(frames_of(table, address, KERNEL_MODULE, FrameKind::Kernel))
+    }
+}
+
+/// The frames of one stored address (an unresolved frame when it has none).
+fn frames_of(table: &SymbolTable, a: &SymbolAddress, module: &str, kind: FrameKind) -> Vec<Frame> {
+    if a.frames.is_empty() {
+        return vec![Frame::unresolved(module, a.address, kind)];
+    }
+    let string = |i: u32| table.strings.get(i as usize).map_or("", String::as_str);
+    a.frames
+        .iter()
+        .map(|f| Frame {
+            function: string(f.function).to_string(),
+            file: f.file.map(|i| string(i).to_string()),
+            line: f.line,
+            module: module.to_string(),
+            inlined: f.inlined,
+            kind,
+        })
+        .collect()
 }
 
 /// What [`store`] wrote.
@@ -271,6 +347,9 @@ pub struct Stored {
     pub addresses: u64,
     /// Records written.
     pub tables: usize,
+    /// Sightings of addresses not gathered, past [`MAX_COLLECTED`]: reports resolve them
+    /// live.
+    pub skipped: u64,
 }
 
 /// Resolves what `collector` gathered on this machine now and appends the names to
@@ -279,7 +358,10 @@ pub fn store(
     collector: &Collector,
     writer: &mut crate::record::Writer,
 ) -> Result<Stored, crate::record::WriteError> {
-    let mut stored = Stored::default();
+    let mut stored = Stored {
+        skipped: collector.skipped(),
+        ..Stored::default()
+    };
     if collector.is_empty() {
         return Ok(stored);
     }

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use super::super::tests::{build_burn, symbol_file_offset};
 use super::*;
-use crate::symbolize::read_build_id;
 use crate::pb::v1::{Header, Sample, Trailer};
 use crate::profile::{self, Filter};
 use crate::record::{FORMAT_VERSION, Writer, read_file, symbols::check};
+use crate::symbolize::{prefetch_together, read_build_id};
 
 const KALLSYMS: &str =
     "ffffffff81000000 T _stext\nffffffff81000100 T do_syscall_64\nffffffff81000200 t schedule\n";
@@ -77,7 +77,7 @@ fn names_stored_at_the_end_read_back_and_name_what_live_lookups_name() {
     }
     w.finish(Trailer::default()).expect("finish");
     let rec = read_file(&path).expect("read");
-    assert_eq!(rec.symbols, tables, "the tables read back as written");
+    assert_eq!(*rec.symbols, tables, "the tables read back as written");
 
     // What a report looks up: exactly what the recorder gathered, less the unmapped one.
     let (user, kernel) = profile::needed(&rec, &Filter::default(), false);
@@ -85,11 +85,9 @@ fn names_stored_at_the_end_read_back_and_name_what_live_lookups_name() {
     let mut live = Symbolizer::with_kallsyms(Some(kallsyms.clone()));
     let mut stored = Symbolizer::with_kallsyms(None);
     stored.use_stored(&rec.symbols);
-    assert_eq!(
-        stored.stats().stored,
-        6,
-        "4 offsets in 2 files and 2 kernel addresses"
-    );
+    // Prefetching sends nothing to blazesym: every mapped address is stored.
+    let request = vec![(&mut stored, user.clone(), kernel.clone())];
+    assert_eq!(prefetch_together(request), 0);
     for &(addr, maps) in &user {
         assert_eq!(stored.user(addr, maps), live.user(addr, maps), "{addr:#x}");
     }
@@ -97,6 +95,7 @@ fn names_stored_at_the_end_read_back_and_name_what_live_lookups_name() {
         assert_eq!(stored.kernel(addr), live.kernel(addr), "{addr:#x}");
     }
     let s = stored.stats();
+    assert_eq!(s.stored, 6, "4 offsets in 2 files and 2 kernel addresses");
     assert_eq!(
         (s.resolved, s.unresolved),
         (0, 1),
@@ -167,7 +166,7 @@ fn large_tables_split_within_the_bounds_a_reader_checks() {
 
     // Read back, each address gives its frame.
     let mut s = Symbolizer::with_kallsyms(None);
-    s.use_stored(&out);
+    s.use_stored(&std::sync::Arc::new(out.clone()));
     let maps = [Mapping {
         start: 0,
         end: u64::MAX,
@@ -178,4 +177,26 @@ fn large_tables_split_within_the_bounds_a_reader_checks() {
         assert_eq!(s.user(i as u64, &maps), vec![frame(i)]);
     }
     assert_eq!(s.kernel(0xffff_1234), vec![unresolved]);
+}
+
+#[test]
+fn the_collector_keeps_at_most_its_bound_of_addresses() {
+    let mut c = Collector::default();
+    let sample = |first: u64, n: u64| Sample {
+        tgid: 1,
+        user_stack: (first..first + n).map(|a| a * 2).collect(),
+        ..Sample::default()
+    };
+    let chunk = |first, n| Chunk {
+        samples: vec![sample(first, n)],
+        ..Chunk::default()
+    };
+    c.add(&chunk(0, MAX_COLLECTED as u64 - 1));
+    assert_eq!(c.len(), (MAX_COLLECTED - 1, 0));
+    assert_eq!(c.skipped(), 0);
+    // One more fits; the next two new ones do not, a known one is no loss.
+    c.add(&chunk(MAX_COLLECTED as u64 - 1, 3));
+    c.add(&chunk(0, 1));
+    assert_eq!(c.len(), (MAX_COLLECTED, 0));
+    assert_eq!(c.skipped(), 2);
 }
