@@ -158,10 +158,14 @@ fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
     );
 }
 
-/// `file` less its stored names (`SymbolTable` records): the same recording as a recorder
-/// from before they existed wrote it, so reports of it resolve every name live.
-fn without_stored_names(file: &Path, out: &Path) -> usize {
+/// `file` less the stored names of its user code (`SymbolTable.files`): a report of the
+/// copy resolves user addresses live, as for a recording made before names were stored.
+/// The kernel's stored names stay: kallsyms names the recorder's own BPF programs only
+/// while they are loaded, so a later live lookup of those addresses differs by design.
+fn without_stored_user_names(file: &Path, out: &Path) -> usize {
+    use energy_bpf::pb::v1::{Record, record::Kind};
     use energy_bpf::record::frame::{self, Frame};
+    use prost::Message as _;
     let bytes = std::fs::read(file).expect("read recording");
     // The magic, the header (a varint length and the record) and its CRC32C.
     let mut after_magic = &bytes[8..];
@@ -171,11 +175,18 @@ fn without_stored_names(file: &Path, out: &Path) -> usize {
     let mut rest = &bytes[header_end..];
     let mut stripped = 0;
     while let Frame::Whole { payload, len } = frame::parse(rest) {
-        // `Record.symbols` is field 4, length-delimited: tag 0x22.
-        if payload.first() == Some(&0x22) {
-            stripped += 1;
-        } else {
-            kept.extend_from_slice(&rest[..len]);
+        match Record::decode(payload).expect("record decodes") {
+            Record {
+                kind: Some(Kind::Symbols(mut table)),
+            } => {
+                stripped += table.files.len();
+                table.files.clear();
+                let record = Record {
+                    kind: Some(Kind::Symbols(table)),
+                };
+                frame::encode(&record.encode_to_vec(), &mut kept).expect("frame");
+            }
+            _ => kept.extend_from_slice(&rest[..len]),
         }
         rest = &rest[len..];
     }
@@ -242,8 +253,8 @@ fn stored_names_equal_live_ones_and_outlive_the_binary() {
         .map(|t| t.files.iter().map(|f| f.addresses.len()).sum::<usize>() + t.kernel.len())
         .sum();
     assert!(names >= 3, "too few stored names: {names}");
-    let stripped = without_stored_names(&file, &live.join("rec.ebpr"));
-    assert_eq!(stripped, rec.symbols.len(), "every table stripped");
+    let stripped = without_stored_user_names(&file, &live.join("rec.ebpr"));
+    assert!(stripped >= 1, "the names of burn's file at least");
 
     // With the binary in place: the stored names give byte for byte what live ones give.
     let views: [&[&str]; 4] = [

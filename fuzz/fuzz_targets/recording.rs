@@ -37,12 +37,12 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(counts.per_sample.len(), rec.samples.len());
     // Stored names (`SymbolTable`): every table kept is within the reader's bounds, and
     // naming each stored address from them never resolves anything live.
-    for table in &rec.symbols {
+    for table in rec.symbols.iter() {
         assert!(energy_bpf::record::symbols::check(table).is_ok());
     }
     let mut names = energy_bpf::symbolize::Symbolizer::with_kallsyms(None);
     names.use_stored(&rec.symbols);
-    for table in &rec.symbols {
+    for table in rec.symbols.iter() {
         for a in &table.kernel {
             assert!(!names.kernel(a.address).is_empty());
         }
