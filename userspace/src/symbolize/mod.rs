@@ -20,7 +20,7 @@ mod stored;
 pub use crate::procmaps::{mappings_of, process_mappings, read_build_id};
 pub use batch::{Request, prefetch_together};
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
-pub use stored::{Collector, Stored, store};
+pub use stored::{Collector, MAX_COLLECTED, Stored, store};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -71,7 +71,7 @@ impl Collector {
         self.user.len() + self.kernel.len() < MAX_COLLECTED
     }
 
-    /// Addresses seen but not kept, past [`MAX_COLLECTED`] (counted once per sighting).
+    /// Addresses seen but not kept, past [`super::MAX_COLLECTED`] (counted once per sighting).
     pub fn skipped(&self) -> u64 {
         self.skipped
     }
@@ -347,7 +347,7 @@ pub struct Stored {
     pub addresses: u64,
     /// Records written.
     pub tables: usize,
-    /// Sightings of addresses not gathered, past [`MAX_COLLECTED`]: reports resolve them
+    /// Sightings of addresses not gathered, past [`super::MAX_COLLECTED`]: reports resolve them
     /// live.
     pub skipped: u64,
 }

@@ -128,7 +128,7 @@ fn frame(i: usize) -> Frame {
         file: Some(format!("/src/{i}.c")),
         line: Some(i as u32),
         module: "/bin/x".into(),
-        inlined: i % 2 == 0,
+        inlined: i.is_multiple_of(2),
         kind: FrameKind::Native,
     }
 }
@@ -149,7 +149,12 @@ fn large_tables_split_within_the_bounds_a_reader_checks() {
     tables.add(Some(("/bin/x", &[7])), 1 << 41, &deep, &none);
     // Unresolved: stored with no frames.
     let unresolved = Frame::unresolved("[kernel]", 0xffff_1234, FrameKind::Kernel);
-    tables.add(None, 0xffff_1234, &[unresolved.clone()], &unresolved);
+    tables.add(
+        None,
+        0xffff_1234,
+        std::slice::from_ref(&unresolved),
+        &unresolved,
+    );
     let out = tables.finish();
     assert!(out.len() >= 2, "{} tables", out.len());
     let mut addresses = 0;
