@@ -4,6 +4,8 @@
 //! test's workloads (sh, python3, ls and their libraries), whose files are small enough for
 //! a debug build to symbolize in seconds.
 
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use energy_bpf::{
@@ -14,7 +16,7 @@ use energy_bpf::{
     record::read_file,
 };
 
-use crate::util::{Workload, require_root, run, text};
+use crate::util::{Workload, bin, require_root, run, text};
 
 #[test]
 fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
@@ -46,7 +48,10 @@ fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
     ]);
     drop(load);
     assert!(out.status.success(), "record: {}", text(&out));
-    let rec = read_file(&file).expect("recording reads back");
+    let mut rec = read_file(&file).expect("recording reads back");
+    // Live symbolization is what is compared here: the names the recording stored are set
+    // aside (`stored_names_equal_live_ones_and_outlive_the_binary` checks those).
+    rec.symbols = Default::default();
 
     let cfg = analysis::config(&rec, Options::default(), &ModelOverride::default());
     let weights = analysis::sample_values(&rec, &analysis::analyze(&rec, &cfg));
@@ -150,5 +155,129 @@ fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
     assert_eq!(
         full, leaf,
         "self energy per function, whole stacks vs leaves only"
+    );
+}
+
+/// `file` less the stored names of its user code (`SymbolTable.files`): a report of the
+/// copy resolves user addresses live, as for a recording made before names were stored.
+/// The kernel's stored names stay: kallsyms names the recorder's own BPF programs only
+/// while they are loaded, so a later live lookup of those addresses differs by design.
+fn without_stored_user_names(file: &Path, out: &Path) -> usize {
+    use energy_bpf::pb::v1::{Record, record::Kind};
+    use energy_bpf::record::frame::{self, Frame};
+    use prost::Message as _;
+    let bytes = std::fs::read(file).expect("read recording");
+    // The magic, the header (a varint length and the record) and its CRC32C.
+    let mut after_magic = &bytes[8..];
+    let len = prost::decode_length_delimiter(&mut after_magic).expect("header length");
+    let header_end = bytes.len() - after_magic.len() + len + 4;
+    let mut kept = bytes[..header_end].to_vec();
+    let mut rest = &bytes[header_end..];
+    let mut stripped = 0;
+    while let Frame::Whole { payload, len } = frame::parse(rest) {
+        match Record::decode(payload).expect("record decodes") {
+            Record {
+                kind: Some(Kind::Symbols(mut table)),
+            } => {
+                stripped += table.files.len();
+                table.files.clear();
+                let record = Record {
+                    kind: Some(Kind::Symbols(table)),
+                };
+                frame::encode(&record.encode_to_vec(), &mut kept).expect("frame");
+            }
+            _ => kept.extend_from_slice(&rest[..len]),
+        }
+        rest = &rest[len..];
+    }
+    assert!(rest.is_empty(), "{} bytes left unparsed", rest.len());
+    std::fs::write(out, kept).expect("write copy");
+    stripped
+}
+
+/// `energy-bpf ARGS` in `dir` (so the file names in its output are the same everywhere).
+fn output_in(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run energy-bpf");
+    assert!(out.status.success(), "{args:?}: {}", text(&out));
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+#[test]
+fn stored_names_equal_live_ones_and_outlive_the_binary() {
+    if !require_root("stored_names_equal_live_ones_and_outlive_the_binary") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/burn.c");
+    let burn = crate::util::gcc(
+        &src,
+        &dir.path().join("burn-copy"),
+        &["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline"],
+    );
+    let (stored, live) = (dir.path().join("stored"), dir.path().join("live"));
+    for d in [&stored, &live] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    let file = stored.join("rec.ebpr");
+    let workload = Command::new(&burn).arg("30").spawn().expect("start burn");
+    let pid = workload.id().to_string();
+    let out = run(&[
+        "record",
+        "-F",
+        "999",
+        "-d",
+        "2",
+        "-p",
+        &pid,
+        "-o",
+        file.to_str().expect("path"),
+    ]);
+    let mut workload = workload;
+    let _ = workload.kill();
+    let _ = workload.wait();
+    assert!(out.status.success(), "record: {}", text(&out));
+    assert!(
+        text(&out).contains("stored the names of"),
+        "record says what it stored: {}",
+        text(&out)
+    );
+    let rec = read_file(&file).expect("recording reads back");
+    let names: usize = rec
+        .symbols
+        .iter()
+        .map(|t| t.files.iter().map(|f| f.addresses.len()).sum::<usize>() + t.kernel.len())
+        .sum();
+    assert!(names >= 3, "too few stored names: {names}");
+    let stripped = without_stored_user_names(&file, &live.join("rec.ebpr"));
+    assert!(stripped >= 1, "the names of burn's file at least");
+
+    // With the binary in place: the stored names give byte for byte what live ones give.
+    let views: [&[&str]; 4] = [
+        &["report", "--by", "function", "rec.ebpr"],
+        &["report", "--by", "function", "--format", "json", "rec.ebpr"],
+        &["diff", "rec.ebpr", "rec.ebpr", "--format", "json"],
+        &["flamegraph", "--format", "collapsed", "rec.ebpr"],
+    ];
+    for args in views {
+        let (s, l) = (output_in(&stored, args), output_in(&live, args));
+        assert_eq!(s, l, "{args:?}: stored names differ from live ones");
+    }
+    let table = output_in(&stored, views[0]);
+    assert!(table.contains("hot_heavy"), "{table}");
+
+    // The binary gone: the stored names still name its functions; live ones cannot.
+    std::fs::remove_file(&burn).expect("delete the binary");
+    let kept = output_in(&stored, views[0]);
+    assert!(kept.contains("hot_heavy"), "stored names kept: {kept}");
+    assert!(kept.contains("hot_light"), "stored names kept: {kept}");
+    let lost = output_in(&live, views[0]);
+    assert!(
+        !lost.contains("hot_heavy") && lost.contains("burn-copy+0x"),
+        "without stored names the binary's code is unnamed: {lost}"
     );
 }

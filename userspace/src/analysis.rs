@@ -136,14 +136,18 @@ pub fn sample_values<'a>(
     out
 }
 
-/// A symbolizer whose kernel symbols are those of the recorded kernel: /proc/kallsyms only
-/// when the recording was made on the running kernel, else kernel frames stay
-/// `[kernel]+0xADDR` rather than get another kernel's names.
+/// A symbolizer for a recording: the names it stored first, then for any other address
+/// kernel symbols of the recorded kernel (/proc/kallsyms only when the recording was made
+/// on the running kernel, else kernel frames stay `[kernel]+0xADDR` rather than get
+/// another kernel's names) and the mapped files.
 pub fn symbolizer_for(rec: &Recording) -> Symbolizer {
     let running = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let same_kernel =
         rec.header.kernel_release.is_empty() || running.trim() == rec.header.kernel_release;
-    Symbolizer::with_kallsyms(same_kernel.then(|| PathBuf::from("/proc/kallsyms")))
+    let mut symbolizer =
+        Symbolizer::with_kallsyms(same_kernel.then(|| PathBuf::from("/proc/kallsyms")));
+    symbolizer.use_stored(&rec.symbols);
+    symbolizer
 }
 
 /// The symbolized profile of a recording weighted by its analysis ([`sample_values`]).

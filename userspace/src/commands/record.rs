@@ -125,6 +125,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     header.run_counters = run_counters;
     let mut writer = Writer::create(&args.output, &header)
         .with_context(|| "choose a writable path with -o FILE".to_string())?;
+    // Every address the samples hit, named once at the end.
+    let mut names = crate::symbolize::Collector::default();
     let mut runs = Runs::new(&args.command, args.repeat);
     if let Some(r) = runs.as_mut() {
         r.start(&mut live)?;
@@ -172,6 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         for fault in live.new_faults() {
             eprintln!("energy-bpf: warning: {fault}; recording goes on with the other sources");
         }
+        names.add(&chunk);
         if let Err(err) = writer.chunk(chunk) {
             kill(&mut runs);
             return Err(stopped_early(writer, err, &header, &args.output));
@@ -210,10 +213,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         last.runs = r.take_done();
     }
     let losses = last.losses;
+    names.add(&last);
     if let Err(err) = writer.chunk(last) {
         return Err(stopped_early(writer, err, &header, &args.output));
     }
     let end_ns = crate::clock::monotonic_ns();
+    let naming = Instant::now();
+    match crate::symbolize::store(&names, &mut writer) {
+        Ok(stored) => eprintln!(
+            "energy-bpf: stored the names of {} addresses in {:.2} s{}",
+            stored.addresses,
+            naming.elapsed().as_secs_f64(),
+            if stored.skipped > 0 {
+                " (addresses past the first 2 Mi are left to reports to resolve)"
+            } else {
+                ""
+            }
+        ),
+        Err(err) => return Err(stopped_early(writer, err, &header, &args.output)),
+    }
     let bytes = writer
         .finish(Trailer {
             end_ns,

@@ -13,7 +13,7 @@ use std::mem::size_of;
 use crate::pb::v1::{
     CalibratedStatic, Cpu, EnergyReading, EnergySource, GpuProcessUsage, JitSymbol, Mapping,
     ProcessEvent, PythonFrame, PythonProcess, RunCounter, RunMarker, Sample, SwitchEvent,
-    ThreadInfo,
+    SymbolAddress, SymbolFile, SymbolFrame, ThreadInfo,
 };
 
 /// Decoded bytes any recording may use, whatever its size: room for the header and the
@@ -211,12 +211,37 @@ static TRAILER: Msg = Msg {
     size: 0,
     fields: &[(2, Field::Bytes), (3, Field::One(&LOSSES))],
 };
+static SYMBOL_FRAME: Msg = Msg {
+    size: size::<SymbolFrame>(),
+    fields: &[],
+};
+static SYMBOL_ADDRESS: Msg = Msg {
+    size: size::<SymbolAddress>(),
+    fields: &[(2, Field::Many(&SYMBOL_FRAME))],
+};
+static SYMBOL_FILE: Msg = Msg {
+    size: size::<SymbolFile>(),
+    fields: &[
+        (1, Field::Bytes),
+        (2, Field::Bytes),
+        (3, Field::Many(&SYMBOL_ADDRESS)),
+    ],
+};
+static SYMBOL_TABLE: Msg = Msg {
+    size: 0,
+    fields: &[
+        (1, Field::Strings),
+        (2, Field::Many(&SYMBOL_FILE)),
+        (3, Field::Many(&SYMBOL_ADDRESS)),
+    ],
+};
 static RECORD: Msg = Msg {
     size: 0,
     fields: &[
         (1, Field::One(&HEADER)),
         (2, Field::One(&CHUNK)),
         (3, Field::One(&TRAILER)),
+        (4, Field::One(&SYMBOL_TABLE)),
     ],
 };
 

@@ -22,6 +22,7 @@ pub(crate) mod rotate;
 pub(crate) mod run_counts;
 pub(crate) mod series;
 mod switch_log;
+pub mod symbols;
 mod unwind_counts;
 mod validate;
 mod writer;
@@ -122,6 +123,10 @@ pub struct Recording {
     pub readings: Vec<EnergyReading>,
     /// Loss counters (the last, cumulative, values recorded).
     pub losses: LossCounters,
+    /// The names the recorder stored for the samples' addresses when it finished
+    /// (checked: [`symbols::check`]); empty for recordings made before it did, or cut short.
+    /// Shared: every symbolizer of the recording indexes the same tables.
+    pub symbols: std::sync::Arc<Vec<crate::pb::v1::SymbolTable>>,
     /// End of capture (from the trailer, or the latest timestamp seen when truncated).
     pub end_ns: u64,
     /// Why recording stopped, from the trailer.

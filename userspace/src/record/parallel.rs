@@ -50,6 +50,12 @@ pub(super) fn decode_charged(bytes: &[u8]) -> Option<Record> {
             chunk.switches.extend(events);
         }
     }
+    // Stored names are used as they are: checked here against their bounds.
+    if let Some(Kind::Symbols(table)) = &record.kind
+        && super::symbols::check(table).is_err()
+    {
+        return None;
+    }
     // Run counts stay columns until merged; unpacked here only to be checked.
     if let Some(Kind::Chunk(chunk)) = &record.kind
         && let Some(counts) = &chunk.run_counts

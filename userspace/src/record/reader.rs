@@ -15,7 +15,7 @@ use super::{
     frame,
     validate::Window,
 };
-use crate::pb::v1::{Chunk, Header, Record, Trailer, record::Kind};
+use crate::pb::v1::{Chunk, Header, Record, SymbolTable, Trailer, record::Kind};
 
 /// Why a recording could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +142,9 @@ fn read_within(
                 reading.trailer(t);
                 return Ok(reading.rec);
             }
+            Next::Record(Record {
+                kind: Some(Kind::Symbols(table)),
+            }) => reading.symbols(table),
             // Kinds from a newer writer, or a second header: nothing to use.
             Next::Record(_) => {}
             Next::OverBudget => reading.oversized(),
@@ -295,6 +298,9 @@ impl Reading<'_> {
                                 self.trailer(t);
                                 return self.rec;
                             }
+                            Some(Record {
+                                kind: Some(Kind::Symbols(table)),
+                            }) => self.symbols(table),
                             // Kinds from a newer writer, or a second header: nothing to use.
                             Some(_) => {}
                             // The checksum holds but the contents do not: written damaged
@@ -407,6 +413,16 @@ impl Reading<'_> {
         }
         merge_chunk(&mut self.rec, chunk, packed);
         self.rec.end_ns = self.rec.end_ns.max(self.window.frontier());
+    }
+
+    /// Keeps a stored symbol table (checked when decoded); one past
+    /// [`super::symbols::MAX_TABLES`] is counted as damage.
+    fn symbols(&mut self, table: SymbolTable) {
+        if self.rec.symbols.len() < super::symbols::MAX_TABLES {
+            std::sync::Arc::make_mut(&mut self.rec.symbols).push(table);
+        } else {
+            self.rec.damage.records_damaged += 1;
+        }
     }
 
     fn trailer(&mut self, t: Trailer) {

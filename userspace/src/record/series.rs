@@ -169,6 +169,9 @@ fn append(into: &mut Recording, next: Recording) {
         }
     }
     into.readings.extend(next.readings);
+    let symbols = std::sync::Arc::make_mut(&mut into.symbols);
+    symbols.extend(next.symbols.iter().cloned());
+    symbols.truncate(super::symbols::MAX_TABLES);
     // Loss counters are cumulative within one agent run; a restart starts them again.
     let l = &mut into.losses;
     let n = next.losses;

@@ -13,7 +13,7 @@ use prost::Message as _;
 
 use super::{MAGIC, frame};
 use crate::output::file::{CreateError, create_private};
-use crate::pb::v1::{Chunk, Header, Record, Trailer, record::Kind};
+use crate::pb::v1::{Chunk, Header, Record, SymbolTable, Trailer, record::Kind};
 
 /// Why a record could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +98,12 @@ impl Writer {
             chunk.switches = Vec::new();
         }
         self.write(Kind::Chunk(chunk))
+    }
+
+    /// Appends the names of the recording's addresses (written once, at the end, before
+    /// the trailer; a large table goes as several records).
+    pub fn symbols(&mut self, table: SymbolTable) -> Result<(), WriteError> {
+        self.write(Kind::Symbols(table))
     }
 
     /// Appends the trailer that marks a clean finish, and syncs the file.

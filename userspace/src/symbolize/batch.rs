@@ -68,7 +68,8 @@ impl Symbolizer {
             let cached = self
                 .user_cache
                 .get(&m.path)
-                .is_some_and(|c| c.contains_key(&offset));
+                .is_some_and(|c| c.contains_key(&offset))
+                || self.stored.has_user(&m.path, offset);
             if cached || !seen.entry(m.path.as_str()).or_default().insert(offset) {
                 continue;
             }
@@ -98,7 +99,7 @@ impl Symbolizer {
         }
         let mut addrs: Vec<u64> = kernel
             .into_iter()
-            .filter(|a| !self.kernel_cache.contains_key(a))
+            .filter(|a| !self.kernel_cache.contains_key(a) && !self.stored.has_kernel(*a))
             .collect();
         addrs.sort_unstable();
         addrs.dedup();

@@ -8,15 +8,19 @@
 //! cached per (file, offset) and per kernel address; a profile fills the caches up front,
 //! a file at a time over threads (`batch`). Several symbolizers (one per recording of a
 //! diff) can fill theirs together, each distinct file offset resolved once for all. A
-//! frame never comes out as a bare address or an error.
+//! recording that stores its names (`stored`) fills the caches from them first, so only
+//! addresses it does not cover are resolved. A frame never comes out as a bare address or
+//! an error.
 
 mod batch;
 mod frame;
 pub mod perf_map;
+mod stored;
 
 pub use crate::procmaps::{mappings_of, process_mappings, read_build_id};
 pub(crate) use batch::prefetch_together;
 pub use frame::{Frame, FrameKind, JIT_MODULE, JitRuntime, PYTHON_MODULE};
+pub use stored::{Collector, MAX_COLLECTED, Stored, store};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -36,6 +40,8 @@ pub struct SymbolizeStats {
     pub unresolved: u64,
     /// Files whose build-id no longer matches the recording (rebuilt or replaced).
     pub build_id_mismatches: u64,
+    /// Addresses named from the names the recording stored ([`Symbolizer::use_stored`]).
+    pub stored: u64,
 }
 
 /// Symbolizes user and kernel addresses, with caches; one per report.
@@ -48,6 +54,8 @@ pub struct Symbolizer {
     /// Frames per file path and file offset, leaf first.
     user_cache: HashMap<String, HashMap<u64, Vec<Frame>>>,
     kernel_cache: HashMap<u64, Vec<Frame>>,
+    /// Names the recording stored, consulted before resolving anything.
+    stored: stored::Index,
     stats: SymbolizeStats,
 }
 
@@ -71,6 +79,7 @@ impl Symbolizer {
             build_id_ok: HashMap::new(),
             user_cache: HashMap::new(),
             kernel_cache: HashMap::new(),
+            stored: stored::Index::default(),
             stats: SymbolizeStats::default(),
         }
     }
@@ -91,7 +100,13 @@ impl Symbolizer {
         if let Some(frames) = self.user_cache.get(&m.path).and_then(|c| c.get(&offset)) {
             return frames.clone();
         }
-        let frames = self.resolve_user(m, offset);
+        let frames = match self.stored.user(&m.path, offset) {
+            Some(frames) => {
+                self.stats.stored += 1;
+                frames
+            }
+            None => self.resolve_user(m, offset),
+        };
         self.user_cache
             .entry(m.path.clone())
             .or_default()
@@ -104,7 +119,13 @@ impl Symbolizer {
         if let Some(frames) = self.kernel_cache.get(&addr) {
             return frames.clone();
         }
-        let frames = self.resolve_kernel(addr);
+        let frames = match self.stored.kernel(addr) {
+            Some(frames) => {
+                self.stats.stored += 1;
+                frames
+            }
+            None => self.resolve_kernel(addr),
+        };
         self.kernel_cache.insert(addr, frames.clone());
         frames
     }

@@ -11,7 +11,7 @@ fn burn_source() -> PathBuf {
 }
 
 /// Builds burn with frame pointers and debug info into `dir`.
-fn build_burn(dir: &Path) -> PathBuf {
+pub(super) fn build_burn(dir: &Path) -> PathBuf {
     let out = dir.join("burn");
     let status = Command::new("gcc")
         .args(["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
@@ -25,7 +25,7 @@ fn build_burn(dir: &Path) -> PathBuf {
 
 /// File offset of symbol `name` in `bin` (`nm` value translated through the executable
 /// LOAD segment from `readelf -lW`).
-fn symbol_file_offset(bin: &Path, name: &str) -> u64 {
+pub(super) fn symbol_file_offset(bin: &Path, name: &str) -> u64 {
     let nm = Command::new("nm").arg(bin).output().expect("run nm");
     let text = String::from_utf8_lossy(&nm.stdout);
     let vaddr = text
