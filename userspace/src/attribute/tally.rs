@@ -72,6 +72,11 @@ impl<'a> ThreadIndex<'a> {
         self.timeline
     }
 
+    /// The threads' keys, sorted: a thread's index is its position here.
+    pub fn keys(&self) -> &[ThreadKey] {
+        &self.keys
+    }
+
     /// Position of `cpu` among the timeline's CPUs.
     fn position(&self, cpu: u32) -> Option<usize> {
         let cpus = &self.timeline.cpus;
@@ -93,6 +98,8 @@ pub struct Tally<'i, 'a> {
     /// Whether each thread has a part in the current interval.
     seen: Vec<bool>,
     touched: Vec<u32>,
+    /// The indices of the last filled interval's threads, in its order.
+    filled: Vec<u32>,
     /// Per CPU of the timeline, where the last query's runs began or ended: intervals are
     /// queried in time order, so the next query's first run is found a few runs on (see
     /// [`seek`]), not by a binary search over the window.
@@ -107,6 +114,7 @@ impl<'i, 'a> Tally<'i, 'a> {
             acc: vec![ThreadTime::default(); index.keys.len()],
             seen: vec![false; index.keys.len()],
             touched: Vec::new(),
+            filled: Vec::new(),
             hints: vec![Cell::new(0); index.timeline.cpus.len()],
         }
     }
@@ -171,8 +179,14 @@ impl<'i, 'a> Tally<'i, 'a> {
             self.seen[i] = false;
             (index.keys[i], std::mem::take(&mut self.acc[i]))
         }));
+        std::mem::swap(&mut self.touched, &mut self.filled);
         self.touched.clear();
         occ.threads = ThreadTimes::from_sorted(pairs);
+    }
+
+    /// The index of each thread of the last [`Self::fill`]'s occupancy, in its order.
+    pub fn filled(&self) -> &[u32] {
+        &self.filled
     }
 
     /// [`Occupancy::totals`] over this tally's timeline.
