@@ -307,7 +307,8 @@ mod tests {
         plain.flush();
         indexed.flush();
         let sorted = |s: &SampleSplitter| {
-            let mut v: Vec<(usize, u64)> = s.sample_uj.iter().map(|&(i, w)| (i, w.to_bits())).collect();
+            let mut v: Vec<(usize, u64)> =
+                s.sample_uj.iter().map(|&(i, w)| (i, w.to_bits())).collect();
             v.sort_unstable();
             v
         };

@@ -470,7 +470,11 @@ fn lay_out(cell: &[Run], keys: &mut Vec<u128>, out: &mut Vec<Run>, a: u64) {
         }
         pos += len;
     }
-    debug_assert!(out[first..].windows(2).all(|w| w[0].end_ns == w[1].start_ns));
+    debug_assert!(
+        out[first..]
+            .windows(2)
+            .all(|w| w[0].end_ns == w[1].start_ns)
+    );
 }
 
 /// Appends `run`, merged with the last one when it is the same thread and adjoins it.
