@@ -5,7 +5,9 @@
 //! a second) and a window is closed every 5 s of input (the agent's default), as the
 //! agent does. Measured: the pipeline's CPU time (this thread's CPU clock around push and
 //! close only; generating the stream is not counted) per second of input and per switch,
-//! and RSS after every window (flat = nothing grows with run time).
+//! and RSS after every window (flat = nothing grows with run time), and the high-water mark
+//! of the run (the pipeline while it closes a window, with the generator's second of input:
+//! RSS between windows is what the allocator kept of that peak).
 //!
 //! Not covered: decoding the ring buffers and the session's per-event bookkeeping (they
 //! need the probes); `cargo xtask bench server` measures the whole agent for real.
@@ -174,15 +176,20 @@ fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn rss_kib() -> u64 {
+/// A `/proc/self/status` figure in KiB (`VmRSS:`, `VmHWM:`).
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.split_whitespace().next()?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+fn rss_kib() -> u64 {
+    status_kib("VmRSS:")
 }
 
 /// (CPU ns per second of input, RSS after each window in KiB).
@@ -208,6 +215,8 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
         Pipeline::folded(cfg, START_NS)
     };
     let mut stream = Stream::new(s);
+    // Each setting's own high-water mark: "5" resets VmHWM to the current RSS.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
     let mut cpu_ns = 0;
     let mut rss = Vec::new();
     let window_ns = WINDOW.as_nanos() as u64;
@@ -236,8 +245,11 @@ fn report(s: Setting) {
     let first = rss.first().copied().unwrap_or(0);
     let last = rss.last().copied().unwrap_or(0);
     let peak = rss.iter().copied().max().unwrap_or(0);
+    // The process's high-water mark: the pipeline while a window closes (its timeline and
+    // attribution alive), the generator's input second included.
+    let hwm = status_kib("VmHWM:");
     println!(
-        "| {:>4} | {:>7} | {:>9} | {:>6} | {:>4} | {:>8.2}% | {:>7.0} | {:>7.1} | {:>7.1} | {:>7.1} |",
+        "| {:>4} | {:>7} | {:>9} | {:>6} | {:>4} | {:>8.2}% | {:>7.0} | {:>7.1} | {:>7.1} | {:>7.1} | {:>7.1} |",
         s.cpus,
         s.threads,
         s.switches_per_s,
@@ -248,6 +260,7 @@ fn report(s: Setting) {
         first as f64 / 1024.0,
         last as f64 / 1024.0,
         peak as f64 / 1024.0,
+        hwm as f64 / 1024.0,
     );
 }
 
@@ -257,9 +270,9 @@ fn main() {
         .filter_map(|a| a.parse().ok())
         .collect();
     println!(
-        "| CPUs | threads | switches/s | churn/s | secs | CPU (% of one) | ns/switch | RSS 1st window MiB | RSS last MiB | RSS peak MiB |"
+        "| CPUs | threads | switches/s | churn/s | secs | CPU (% of one) | ns/switch | RSS 1st window MiB | RSS last MiB | RSS peak MiB | high-water MiB |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     if let [cpus, threads, rate, churn, secs] = args[..] {
         report(Setting {
             cpus: cpus as u32,

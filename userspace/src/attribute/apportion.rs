@@ -87,7 +87,7 @@ pub(super) fn run_source(
         interval_stats,
         intervals: Vec::with_capacity(intervals.len()),
     };
-    let mut splitter = SampleSplitter::new(opts.stack_window_ns);
+    let mut splitter = SampleSplitter::new(opts.stack_window_ns).with_threads(index.keys());
     if is_gpu {
         for iv in &intervals {
             let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
@@ -148,7 +148,8 @@ pub(super) fn run_source(
             .iter()
             .map(|&(_, idx, key)| (idx, key))
             .collect();
-        splitter.add_interval(iv.start_ns, iv.end_ns, &s, occ, &in_iv);
+        let ids = occupancy.tally.filled();
+        splitter.add_indexed(iv.start_ns, iv.end_ns, &s, occ, &in_iv, ids);
         book(&mut report, iv, &s);
     }
     splitter.flush();

@@ -23,12 +23,20 @@ struct Acc {
     /// (sample index, thread power in its interval; NaN when the timeline had the thread
     /// off-CPU there — clock skew between sample and switch — filled with the mean).
     samples: Vec<(usize, f64)>,
+    /// Whether it has anything in the current stack window (indexed threads).
+    touched: bool,
 }
 
 /// Per-source splitter of thread energy over stack samples.
 pub struct SampleSplitter {
     window_ns: u64,
     window_start_ns: Option<u64>,
+    /// The window's threads in key order ([`Self::with_threads`]): their sums are kept by
+    /// index, in `slots`, with the indices touched in the current stack window listed.
+    keys: Vec<ThreadKey>,
+    slots: Vec<Acc>,
+    touched: Vec<u32>,
+    /// Sums of threads without an index.
     acc: HashMap<ThreadKey, Acc>,
     /// Energy per sample, µJ.
     pub sample_uj: Vec<(usize, f64)>,
@@ -42,14 +50,48 @@ impl SampleSplitter {
         Self {
             window_ns,
             window_start_ns: None,
+            keys: Vec::new(),
+            slots: Vec::new(),
+            touched: Vec::new(),
             acc: HashMap::default(),
             sample_uj: Vec::new(),
             residual: BTreeMap::new(),
         }
     }
 
+    /// Keeps the sums of `keys` (sorted, each once: a window's threads) by their index in
+    /// it, which [`Self::add_indexed`] is given, rather than in a map.
+    pub fn with_threads(mut self, keys: &[ThreadKey]) -> Self {
+        debug_assert!(keys.windows(2).all(|w| w[0] < w[1]));
+        self.keys = keys.to_vec();
+        self.slots = std::iter::repeat_with(Acc::default)
+            .take(keys.len())
+            .collect();
+        self
+    }
+
+    /// The sums of `key` (`id`: its index among the threads, when the caller knows it).
+    /// A thread with an index always has its sums there, whichever way it is found.
+    fn acc_of(&mut self, key: ThreadKey, id: Option<u32>) -> &mut Acc {
+        let id = id.or_else(|| self.keys.binary_search(&key).ok().map(|i| i as u32));
+        match id {
+            Some(id) => {
+                debug_assert_eq!(self.keys[id as usize], key);
+                let acc = &mut self.slots[id as usize];
+                if !acc.touched {
+                    acc.touched = true;
+                    self.touched.push(id);
+                }
+                acc
+            }
+            None => self.acc.entry(key).or_default(),
+        }
+    }
+
     /// Adds one interval `[start_ns, end_ns)`: its split, its occupancy, and the samples that
-    /// fell in it on the domain's CPUs, as `(sample index, thread)`.
+    /// fell in it on the domain's CPUs, as `(sample index, thread)`. The threads are found
+    /// by key; the tests check the indexed path against it.
+    #[cfg(test)]
     pub fn add_interval(
         &mut self,
         start_ns: u64,
@@ -57,6 +99,20 @@ impl SampleSplitter {
         split: &Split,
         occ: &Occupancy,
         samples: &[(usize, ThreadKey)],
+    ) {
+        self.add_indexed(start_ns, end_ns, split, occ, samples, &[]);
+    }
+
+    /// [`Self::add_interval`], with `ids`: the index of each of `occ`'s threads among those
+    /// given to [`Self::with_threads`], in `occ`'s order (empty when not known).
+    pub fn add_indexed(
+        &mut self,
+        start_ns: u64,
+        end_ns: u64,
+        split: &Split,
+        occ: &Occupancy,
+        samples: &[(usize, ThreadKey)],
+        ids: &[u32],
     ) {
         if let Some(ws) = self.window_start_ns
             && end_ns.saturating_sub(ws) > self.window_ns
@@ -69,13 +125,15 @@ impl SampleSplitter {
         let mut power: HashMap<ThreadKey, f64> = HashMap::default();
         // `split.threads` is built from `occ.threads` in its order: walk both together,
         // looking a thread up only where they differ.
+        let aligned = ids.len() == split.threads.len();
         let mut in_occ = occ.threads.iter();
-        for &(key, e) in &split.threads {
+        for (j, &(key, e)) in split.threads.iter().enumerate() {
             let ns = match in_occ.next() {
                 Some((k, t)) if *k == key => t.ns,
                 _ => occ.threads.get(&key).map_or(0.0, |t| t.ns),
             };
-            let acc = self.acc.entry(key).or_default();
+            let id = aligned.then(|| ids[j]);
+            let acc = self.acc_of(key, id);
             acc.energy_uj += e;
             acc.ns += ns;
             if ns > 0.0 && !samples.is_empty() {
@@ -84,45 +142,63 @@ impl SampleSplitter {
         }
         for &(idx, key) in samples {
             let p = power.get(&key).copied().unwrap_or(f64::NAN);
-            self.acc.entry(key).or_default().samples.push((idx, p));
+            self.acc_of(key, None).samples.push((idx, p));
         }
     }
 
     /// Closes the current stack window.
     pub fn flush(&mut self) {
         self.window_start_ns = None;
-        for (key, acc) in self.acc.drain() {
-            if acc.energy_uj == 0.0 {
-                // Samples of a thread that got no energy here weigh nothing.
-                self.sample_uj
-                    .extend(acc.samples.iter().map(|&(i, _)| (i, 0.0)));
-                continue;
-            }
-            if acc.samples.is_empty() {
-                *self.residual.entry(key).or_insert(0.0) += acc.energy_uj;
-                continue;
-            }
-            let mean = if acc.ns > 0.0 {
-                acc.energy_uj / acc.ns
-            } else {
-                1.0
-            };
-            let p: Vec<f64> = acc
-                .samples
-                .iter()
-                .map(|&(_, p)| if p.is_nan() { mean } else { p })
-                .collect();
-            let total: f64 = p.iter().sum();
-            let n = p.len() as f64;
-            for (&(idx, _), &pi) in acc.samples.iter().zip(&p) {
-                let w = if total > 0.0 {
-                    acc.energy_uj * pi / total
-                } else {
-                    acc.energy_uj / n
-                };
-                self.sample_uj.push((idx, w));
-            }
+        for id in std::mem::take(&mut self.touched) {
+            let acc = std::mem::take(&mut self.slots[id as usize]);
+            settle(
+                self.keys[id as usize],
+                acc,
+                &mut self.sample_uj,
+                &mut self.residual,
+            );
         }
+        for (key, acc) in self.acc.drain() {
+            settle(key, acc, &mut self.sample_uj, &mut self.residual);
+        }
+    }
+}
+
+/// One thread's stack window: its energy onto its samples, or to `residual` without any.
+fn settle(
+    key: ThreadKey,
+    acc: Acc,
+    sample_uj: &mut Vec<(usize, f64)>,
+    residual: &mut BTreeMap<ThreadKey, f64>,
+) {
+    if acc.energy_uj == 0.0 {
+        // Samples of a thread that got no energy here weigh nothing.
+        sample_uj.extend(acc.samples.iter().map(|&(i, _)| (i, 0.0)));
+        return;
+    }
+    if acc.samples.is_empty() {
+        *residual.entry(key).or_insert(0.0) += acc.energy_uj;
+        return;
+    }
+    let mean = if acc.ns > 0.0 {
+        acc.energy_uj / acc.ns
+    } else {
+        1.0
+    };
+    let p: Vec<f64> = acc
+        .samples
+        .iter()
+        .map(|&(_, p)| if p.is_nan() { mean } else { p })
+        .collect();
+    let total: f64 = p.iter().sum();
+    let n = p.len() as f64;
+    for (&(idx, _), &pi) in acc.samples.iter().zip(&p) {
+        let w = if total > 0.0 {
+            acc.energy_uj * pi / total
+        } else {
+            acc.energy_uj / n
+        };
+        sample_uj.push((idx, w));
     }
 }
 
@@ -203,6 +279,51 @@ mod tests {
         s.flush();
         assert_eq!(s.residual.get(&a), Some(&20.0));
         assert!((weight(&s, 0) - 10.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn threads_kept_by_index_give_what_the_map_gives_bit_for_bit() {
+        // Three threads that run, indexed; (9, 9) is indexed but only ever shows in samples
+        // (clock skew) and (8, 8) in samples without an index; windows of two intervals.
+        let (a, b, c) = ((1, 1), (2, 2), (7, 7));
+        let keys = [a, b, c, (9, 9)];
+        let mut plain = SampleSplitter::new(20);
+        let mut indexed = SampleSplitter::new(20).with_threads(&keys);
+        for i in 0..6u64 {
+            let x = 1.0 + i as f64 * 0.37;
+            let threads = [(a, 3.0 * x), (b, x / 7.0), (c, 0.1 + x)];
+            let times = [(a, 10.0 - x), (b, 2.0 * x), (c, 1.0)];
+            let n = 10 * i as usize;
+            let samples: Vec<(usize, ThreadKey)> = match i % 3 {
+                0 => vec![(n, a), (n + 1, (9, 9)), (n + 2, (8, 8))],
+                1 => vec![(n, c), (n + 1, c)],
+                _ => Vec::new(),
+            };
+            let (t0, t1) = (10 * i, 10 * i + 10);
+            let (split, occ) = (split(&threads), occ(&times));
+            plain.add_interval(t0, t1, &split, &occ, &samples);
+            // Without indices once: found by key, into the same sums.
+            let ids: &[u32] = if i == 4 { &[] } else { &[0, 1, 2] };
+            indexed.add_indexed(t0, t1, &split, &occ, &samples, ids);
+        }
+        plain.flush();
+        indexed.flush();
+        let sorted = |s: &SampleSplitter| {
+            let mut v: Vec<(usize, u64)> =
+                s.sample_uj.iter().map(|&(i, w)| (i, w.to_bits())).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(sorted(&plain), sorted(&indexed));
+        assert_eq!(plain.sample_uj.len(), 10);
+        let bits = |s: &SampleSplitter| {
+            s.residual
+                .iter()
+                .map(|(&k, v)| (k, v.to_bits()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&plain), bits(&indexed));
+        assert!(plain.residual.contains_key(&b));
     }
 
     #[test]

@@ -142,7 +142,8 @@ impl Occupancy {
         // Threads' parts in the order met, then stably sorted and summed per thread: the
         // same sums in the same order as adding to a map part by part.
         let mut parts: Vec<(ThreadKey, ThreadTime)> = Vec::new();
-        walk(timeline, cpus, a, b, weight, &mut occ, |occ, run, part| {
+        let runs_of = |cpu| runs_from(timeline, cpu, a);
+        walk(&runs_of, cpus, a, b, weight, &mut occ, |occ, run, part| {
             if run.tid == UNKNOWN_TID {
                 occ.unknown.ns += part.ns;
                 occ.unknown.weighted += part.weighted;
@@ -175,8 +176,20 @@ impl Occupancy {
         b: u64,
         weight: &W,
     ) -> Self {
+        Self::totals_of(&|cpu| runs_from(timeline, cpu, a), cpus, a, b, weight)
+    }
+
+    /// [`Self::totals`] with each CPU's runs from the first that ends after `a` given by
+    /// `runs_of` (a caller walking intervals in order finds them without a search).
+    pub(super) fn totals_of<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
+        runs_of: &dyn Fn(u32) -> Option<&'t [Run]>,
+        cpus: &[u32],
+        a: u64,
+        b: u64,
+        weight: &W,
+    ) -> Self {
         let mut occ = Occupancy::default();
-        walk(timeline, cpus, a, b, weight, &mut occ, |occ, _, part| {
+        walk(runs_of, cpus, a, b, weight, &mut occ, |occ, _, part| {
             occ.unknown.ns += part.ns;
             occ.unknown.weighted += part.weighted;
         });
@@ -189,10 +202,20 @@ impl Occupancy {
     }
 }
 
-/// Walks the runs of `[a, b)` on `cpus`: idle time and the gaps the timeline does not cover
-/// go into `occ`, and each other run's part (ns and weighted ns) to `busy`.
-fn walk<W: Fn(u32, &Run) -> f64 + ?Sized>(
-    timeline: &Timeline,
+/// The runs of `cpu` from the first that ends after `a` on (found by binary search), or
+/// `None` when the timeline has no such CPU.
+fn runs_from(timeline: &Timeline, cpu: u32, a: u64) -> Option<&[Run]> {
+    timeline.cpu(cpu).map(|ct| {
+        let first = ct.runs.partition_point(|r| r.end_ns <= a);
+        &ct.runs[first..]
+    })
+}
+
+/// Walks the runs of `[a, b)` on `cpus` (`runs_of(cpu)`: its runs from the first that ends
+/// after `a`): idle time and the gaps the timeline does not cover go into `occ`, and each
+/// other run's part (ns and weighted ns) to `busy`.
+fn walk<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
+    runs_of: &dyn Fn(u32) -> Option<&'t [Run]>,
     cpus: &[u32],
     a: u64,
     b: u64,
@@ -202,8 +225,8 @@ fn walk<W: Fn(u32, &Run) -> f64 + ?Sized>(
 ) {
     for &cpu in cpus {
         let mut covered = 0u64;
-        if let Some(ct) = timeline.cpu(cpu) {
-            for run in ct.runs_in(a, b) {
+        if let Some(runs) = runs_of(cpu) {
+            for run in runs.iter().take_while(|r| r.start_ns < b) {
                 let ns = run.overlap_ns(a, b);
                 covered += ns;
                 let ns = ns as f64;

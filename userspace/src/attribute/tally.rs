@@ -4,6 +4,8 @@
 //! built per interval and none is held across intervals; the sums, and their order of
 //! addition, are those of [`Occupancy::tally`].
 
+use std::cell::Cell;
+
 use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
 
 use super::split::{Occupancy, ThreadKey, ThreadTime, ThreadTimes, add_gap};
@@ -65,6 +67,11 @@ impl<'a> ThreadIndex<'a> {
         }
     }
 
+    /// The threads' keys, sorted: a thread's index is its position here.
+    pub fn keys(&self) -> &[ThreadKey] {
+        &self.keys
+    }
+
     /// Position of `cpu` among the timeline's CPUs.
     fn position(&self, cpu: u32) -> Option<usize> {
         let cpus = &self.timeline.cpus;
@@ -86,6 +93,12 @@ pub struct Tally<'i, 'a> {
     /// Whether each thread has a part in the current interval.
     seen: Vec<bool>,
     touched: Vec<u32>,
+    /// The indices of the last filled interval's threads, in its order.
+    filled: Vec<u32>,
+    /// Per CPU of the timeline, where the last query's runs began or ended: intervals are
+    /// queried in time order, so the next query's first run is found a few runs on (see
+    /// [`seek`]), not by a binary search over the window.
+    hints: Vec<Cell<usize>>,
 }
 
 impl<'i, 'a> Tally<'i, 'a> {
@@ -96,6 +109,8 @@ impl<'i, 'a> Tally<'i, 'a> {
             acc: vec![ThreadTime::default(); index.keys.len()],
             seen: vec![false; index.keys.len()],
             touched: Vec::new(),
+            filled: Vec::new(),
+            hints: vec![Cell::new(0); index.timeline.cpus.len()],
         }
     }
 
@@ -122,11 +137,13 @@ impl<'i, 'a> Tally<'i, 'a> {
             if let Some(pos) = index.position(cpu) {
                 let runs = &index.timeline.cpus[pos].runs;
                 let ids = &index.runs[pos];
-                let first = runs.partition_point(|r| r.end_ns <= a);
+                let first = seek(runs, &self.hints[pos], a);
+                let mut last = first;
                 for (run, &id) in runs[first..].iter().zip(&ids[first..]) {
                     if run.start_ns >= b {
                         break;
                     }
+                    last += 1;
                     let ns = run.overlap_ns(a, b);
                     covered += ns;
                     let ns = ns as f64;
@@ -146,6 +163,8 @@ impl<'i, 'a> Tally<'i, 'a> {
                         occ.unknown.weighted += ns * weight(cpu, run);
                     }
                 }
+                // The last run met (it may reach into the next interval).
+                self.hints[pos].set(last.saturating_sub(1).max(first));
             }
             add_gap(occ, cpu, a, b, covered, weight);
         }
@@ -155,8 +174,14 @@ impl<'i, 'a> Tally<'i, 'a> {
             self.seen[i] = false;
             (index.keys[i], std::mem::take(&mut self.acc[i]))
         }));
+        std::mem::swap(&mut self.touched, &mut self.filled);
         self.touched.clear();
         occ.threads = ThreadTimes::from_sorted(pairs);
+    }
+
+    /// The index of each thread of the last [`Self::fill`]'s occupancy, in its order.
+    pub fn filled(&self) -> &[u32] {
+        &self.filled
     }
 
     /// [`Occupancy::totals`] over this tally's timeline.
@@ -167,7 +192,7 @@ impl<'i, 'a> Tally<'i, 'a> {
         b: u64,
         weight: &impl Fn(u32, &Run) -> f64,
     ) -> Occupancy {
-        Occupancy::totals(self.index.timeline, cpus, a, b, weight)
+        Occupancy::totals_of(&|cpu| self.runs_from(cpu, a), cpus, a, b, weight)
     }
 
     /// Busy CPU-ns (threads + unknown) of `[a, b)` on `cpus`, as [`Occupancy::busy_ns`]
@@ -175,9 +200,10 @@ impl<'i, 'a> Tally<'i, 'a> {
     pub fn busy_ns(&self, cpus: &[u32], a: u64, b: u64) -> f64 {
         let mut idle = 0u64;
         for &cpu in cpus {
-            if let Some(ct) = self.index.timeline.cpu(cpu) {
-                idle += ct
-                    .runs_in(a, b)
+            if let Some(runs) = self.runs_from(cpu, a) {
+                idle += runs
+                    .iter()
+                    .take_while(|r| r.start_ns < b)
                     .filter(|r| r.tid == IDLE_TID)
                     .map(|r| r.overlap_ns(a, b))
                     .sum::<u64>();
@@ -185,12 +211,78 @@ impl<'i, 'a> Tally<'i, 'a> {
         }
         (cpus.len() as u64 * b.saturating_sub(a)).saturating_sub(idle) as f64
     }
+
+    /// The runs of `cpu` from the first that ends after `a` on, found from its hint.
+    fn runs_from(&self, cpu: u32, a: u64) -> Option<&'a [Run]> {
+        let pos = self.index.position(cpu)?;
+        let runs = &self.index.timeline.cpus[pos].runs;
+        Some(&runs[seek(runs, &self.hints[pos], a)..])
+    }
+}
+
+/// The first of `runs` (in time order) that ends after `a`, as
+/// `runs.partition_point(|r| r.end_ns <= a)` finds it, searched from `hint` (which it
+/// updates): back by binary search when the hint is past it, else forward by doubling steps
+/// from the hint, then a binary search within the last step. A query a few runs after the
+/// last costs a few probes of runs just read.
+fn seek(runs: &[Run], hint: &Cell<usize>, a: u64) -> usize {
+    let ends_by = move |r: &Run| r.end_ns <= a;
+    let h = hint.get().min(runs.len());
+    let first = if h > 0 && !ends_by(&runs[h - 1]) {
+        runs[..h].partition_point(ends_by)
+    } else {
+        // Every run before `lo` ends by `a`.
+        let mut lo = h;
+        let mut step = 1;
+        loop {
+            let probe = lo + step;
+            if probe > runs.len() {
+                break lo + runs[lo..].partition_point(ends_by);
+            }
+            if ends_by(&runs[probe - 1]) {
+                lo = probe;
+                step *= 2;
+            } else {
+                break lo + runs[lo..probe - 1].partition_point(ends_by);
+            }
+        }
+    };
+    hint.set(first);
+    first
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::sw_to;
+
+    #[test]
+    fn seek_finds_what_a_binary_search_finds_from_any_hint() {
+        // Runs end to end with a gap (idle time is a run too, but a gap is allowed).
+        let mut runs = Vec::new();
+        let mut t = 0;
+        for i in 0..200u64 {
+            let len = 1 + (i * 7919) % 13;
+            runs.push(Run {
+                start_ns: t,
+                end_ns: t + len,
+                tid: 1,
+                tgid: 1,
+                cgroup_id: 0,
+                activity: None,
+            });
+            t += len + u64::from(i == 50) * 40;
+        }
+        for hint in [0, 1, 2, 3, 17, 64, 199, 200, 500] {
+            for a in (0..t + 5).step_by(3) {
+                let want = runs.partition_point(|r| r.end_ns <= a);
+                let cell = Cell::new(hint);
+                assert_eq!(seek(&runs, &cell, a), want, "hint {hint}, a {a}");
+                assert_eq!(cell.get(), want);
+            }
+        }
+        assert_eq!(seek(&[], &Cell::new(3), 10), 0);
+    }
 
     #[test]
     fn the_flat_tally_sums_as_the_sorting_one_does() {

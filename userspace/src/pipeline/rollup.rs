@@ -81,8 +81,6 @@ struct ThreadFacts {
     cpu_ns: u64,
     samples: u64,
     cgroup_id: u64,
-    /// On-CPU ns per CPU, as (index of the CPU in the timeline, ns), each CPU once.
-    by_cpu: Vec<(usize, u64)>,
 }
 
 /// The process rows of one window, largest share first.
@@ -101,6 +99,9 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     // CPU), then added to the thread's facts once: the same integer sums, and the same
     // last non-zero cgroup id, as adding run by run.
     let mut on_cpu: FastMap<(u32, u32, u32), (u64, u64)> = FastMap::default();
+    // On-CPU ns per process instance and CPU (by the CPU's index in the timeline): summed
+    // per process as they come, not held per thread and CPU.
+    let mut by_cpu: FastMap<(u32, u32), Vec<u64>> = FastMap::default();
     for (ci, cpu) in tl.cpus.iter().enumerate() {
         for run in cpu.runs.iter().filter(|r| r.is_busy()) {
             let inst = lifetimes.instance(run.tgid, run.start_ns);
@@ -113,7 +114,9 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
         for (key, (ns, cgroup_id)) in on_cpu.drain() {
             let f = facts.entry(key).or_default();
             f.cpu_ns += ns;
-            f.by_cpu.push((ci, ns));
+            by_cpu
+                .entry((key.0, key.1))
+                .or_insert_with(|| vec![0; tl.cpus.len()])[ci] += ns;
             if cgroup_id != 0 {
                 f.cgroup_id = cgroup_id;
             }
@@ -171,7 +174,9 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
         .map(|((pid, instance), threads)| {
             let mut e_proc = PerDomain::default();
             let mut sd_proc = PerDomain::default();
-            let mut by_cpu: Vec<u64> = vec![0; cpu_ids.len()];
+            let by_cpu = by_cpu
+                .remove(&(pid, instance))
+                .unwrap_or_else(|| vec![0; cpu_ids.len()]);
             let mut cgroup_id = 0;
             let mut thread_rows: Vec<ThreadRow> = threads
                 .into_iter()
@@ -182,9 +187,6 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
                     e_proc.add_all(&e);
                     // Threads of one process share its class: their errors add up.
                     sd_proc.add_all(&te.map(|t| scale(&t.model_sd, part)).unwrap_or_default());
-                    for &(ci, ns) in &f.by_cpu {
-                        by_cpu[ci] += ns;
-                    }
                     if cgroup_id == 0 || tid == pid {
                         cgroup_id = if f.cgroup_id != 0 {
                             f.cgroup_id
