@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{report_json, require_root, run, text};
+use crate::util::{report_json, report_json_with, require_root, run, text};
 
 /// Collapsed stacks of process `pid` (`comm;frame;...` → weight) in `domain`.
 fn collapsed(file: &Path, pid: u32, domain: &str) -> HashMap<String, u64> {
@@ -165,16 +165,7 @@ fn check(file: &Path, pid: u32, truth: f64, names: [&str; 2], native_caller: &st
 
 /// Samples whose leaf is a JIT function named `name` (`report --by function`).
 fn samples(file: &Path, name: &str) -> u64 {
-    let out = run(&[
-        "report",
-        "--by",
-        "function",
-        "--format",
-        "json",
-        file.to_str().expect("path"),
-    ]);
-    assert!(out.status.success(), "report --by function: {}", text(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    let report = report_json_with(file, &["--by", "function"]);
     report["rows"]
         .as_array()
         .expect("rows")

@@ -89,13 +89,20 @@ impl Drop for Workload {
 
 /// Parses `report --format json`.
 pub fn report_json(file: &Path) -> serde_json::Value {
-    let out = run(&[
-        "report",
-        "--format",
-        "json",
-        file.to_str().expect("utf-8 path"),
-    ]);
-    assert!(out.status.success(), "report failed: {}", text(&out));
+    report_json_with(file, &[])
+}
+
+/// `report --format json ARGS FILE`, parsed.
+pub fn report_json_with(file: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["report", "--format", "json"];
+    all.extend_from_slice(args);
+    all.push(file.to_str().expect("utf-8 path"));
+    let out = run(&all);
+    assert!(
+        out.status.success(),
+        "report {args:?} failed: {}",
+        text(&out)
+    );
     serde_json::from_slice(&out.stdout).expect("report JSON parses")
 }
 
