@@ -190,18 +190,13 @@ pub fn merge_spans(intervals: &[Interval], occs: &[Occupancy], row_ns: u64) -> V
 /// updates give rows of one 10 ms read interval; a counter updating every 3 ms, 15 ms rows.
 pub const FIT_UPDATES: u64 = 5;
 
-/// Rows for the zero-load fit, as short as the counter resolves: intervals merged to at
-/// least `row_ns`, each row's busy CPUs counted over the time its energy covers. A reading
-/// at `r` holds the last update before it, on average half an update old, so the energy of
-/// `[r_a, r_b)` was drawn over `[r_a − lag, r_b − lag)` with `lag` = half the update period:
-/// busy time is taken there (`busy_ns(a, b)`: busy CPU-ns of the domain over `[a, b)`).
-pub fn fit_rows(
-    intervals: &[Interval],
-    row_ns: u64,
-    lag_ns: u64,
-    busy_ns: &dyn Fn(u64, u64) -> f64,
-) -> Vec<PowerRow> {
-    merge_spans(intervals, &[], row_ns)
+/// Rows for the zero-load fit, as short as the counter resolves: `spans` (intervals merged to at
+/// least a row length), each row's busy CPUs counted over the time its energy covers. A reading
+/// at `r` holds the last update before it, so the energy of `[r_a, r_b)` was drawn over
+/// `[r_a − lag, r_b − lag)` (the lag: see [`aligned_rows`]): busy time is taken there
+/// (`busy_ns(a, b)`: busy CPU-ns of the domain over `[a, b)`).
+fn rows_at(spans: &[Span], lag_ns: u64, busy_ns: &dyn Fn(u64, u64) -> f64) -> Vec<PowerRow> {
+    spans
         .iter()
         .map(|span| {
             let (a, b) = (
@@ -225,7 +220,7 @@ const LAG_GAIN: f64 = 0.8;
 /// Rows below which half a period is kept: too few to tell lags apart.
 const LAG_MIN_ROWS: usize = 200;
 
-/// [`fit_rows`] at the counter lag that fits best, with that lag. A counter updated out of
+/// [`rows_at`] at the counter lag that fits best, with that lag. A counter updated out of
 /// step with the reads (RAPL's hardware clock against a reader's timer) is on average half
 /// an update old when read, and half a period is the lag to use. A counter updated in step
 /// with the reads is not: one a hypervisor or a driver updates as the reader wakes, or a
@@ -241,8 +236,9 @@ pub fn aligned_rows(
     period_ns: u64,
     busy_ns: &dyn Fn(u64, u64) -> f64,
 ) -> (Vec<PowerRow>, u64) {
+    let spans = merge_spans(intervals, &[], row_ns);
     let half = period_ns / 2;
-    let rows = fit_rows(intervals, row_ns, half, busy_ns);
+    let rows = rows_at(&spans, half, busy_ns);
     let Some(half_sigma) = line_sigma(&rows).filter(|_| rows.len() >= LAG_MIN_ROWS) else {
         return (rows, half);
     };
@@ -251,7 +247,7 @@ pub fn aligned_rows(
         if lag == half {
             continue;
         }
-        let rows = fit_rows(intervals, row_ns, lag, busy_ns);
+        let rows = rows_at(&spans, lag, busy_ns);
         if let Some(sigma) = line_sigma(&rows)
             && sigma < best_sigma
             && sigma < LAG_GAIN * half_sigma
