@@ -10,7 +10,7 @@ use super::{
 };
 use crate::pb::v1::Mapping;
 use crate::symbolize::perf_map::{JitTable, jit_frame};
-use crate::symbolize::{JitRuntime, Symbolizer, mapping_of};
+use crate::symbolize::{JitRuntime, Symbolizer, caller_adjusted, mapping_of};
 
 /// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
 type FastMap<K, V> = foldhash::HashMap<K, V>;
@@ -571,14 +571,6 @@ fn runtime_of(rec: &Stacks<'_>, tgid: u32) -> JitRuntime {
 
 /// Page size the kernel mapping is rounded to.
 const PAGE: u64 = 0x1000;
-
-fn caller_adjusted(addr: u64, depth: usize) -> u64 {
-    if depth == 0 {
-        addr
-    } else {
-        addr.saturating_sub(1)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -213,6 +213,16 @@ fn kernel_source(path: &Path) -> Source<'static> {
     })
 }
 
+/// The address to look up for frame `depth` of a stack: a caller's return address points
+/// past its call, so callers (depth > 0) look up the byte before it.
+pub(crate) fn caller_adjusted(addr: u64, depth: usize) -> u64 {
+    if depth == 0 {
+        addr
+    } else {
+        addr.saturating_sub(1)
+    }
+}
+
 /// Index of the recorded mapping that holds user address `addr`: the latest recorded one
 /// wins (a later exec replaces earlier ones).
 pub(crate) fn mapping_of(addr: u64, mappings: &[Mapping]) -> Option<usize> {

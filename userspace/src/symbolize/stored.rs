@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::{Frame, FrameKind, Symbolizer};
+use super::{Frame, FrameKind, Symbolizer, caller_adjusted};
 use crate::pb::v1::{Chunk, Mapping, SymbolAddress, SymbolFile, SymbolFrame, SymbolTable};
 use crate::record::symbols::{
     MAX_ADDRESSES, MAX_FILES, MAX_FRAMES, MAX_STRING_LEN, MAX_STRINGS, MAX_TABLE_FRAMES,
@@ -122,15 +122,6 @@ impl Collector {
             out.add(None, addr, frames, &unresolved);
         }
         out.finish()
-    }
-}
-
-/// A return address of a caller points past its call: look up the call itself.
-fn caller_adjusted(addr: u64, depth: usize) -> u64 {
-    if depth == 0 {
-        addr
-    } else {
-        addr.saturating_sub(1)
     }
 }
 
