@@ -23,11 +23,13 @@ fn build_ab(dir: &Path) -> PathBuf {
     )
 }
 
-/// Records `runs` runs of `prog` into `file`; returns the CPU seconds the runs measured in
-/// `hot` and `steady` (their `cpu_s HOT STEADY` lines, summed).
+/// Records `runs` runs of `prog` into `file` on the model (energy follows CPU time there, on
+/// any machine, RAPL or not); returns the CPU seconds the runs measured in `hot` and
+/// `steady` (their `cpu_s HOT STEADY` lines, summed).
 fn record_runs(prog: &Path, hot_pct: u32, runs: u32, file: &Path) -> [f64; 2] {
     let out = Command::new(bin())
-        .args(["record", "-F", "999", "--repeat", &runs.to_string(), "-o"])
+        .args(["record", "--energy-source", "model", "-F", "999"])
+        .args(["--repeat", &runs.to_string(), "-o"])
         .arg(file)
         .arg("--")
         .arg(prog)
