@@ -46,6 +46,8 @@ const PERF_RECORD_MISC_SWITCH_OUT: u16 = 1 << 13;
 /// Ring buffer data pages per CPU (1 MiB): seconds of switches at a build's switch rate,
 /// drained every millisecond.
 const DATA_PAGES: usize = 256;
+/// The longest record this event writes (a switch or lost record, with its sample id).
+const MAX_RECORD: u64 = 40;
 /// `data_head` and `data_tail` in `struct perf_event_mmap_page`.
 const DATA_HEAD: usize = 1024;
 const DATA_TAIL: usize = 1032;
@@ -217,6 +219,13 @@ impl SwitchClock {
             std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
             // SAFETY: `data_tail` is ours to read and write in the same page.
             let mut tail = unsafe { std::ptr::read_volatile(base.add(DATA_TAIL).cast::<u64>()) };
+            // A ring that has no room left for another record has dropped switches, but
+            // the kernel says so (PERF_RECORD_LOST) only once there is room again, after
+            // this drain: a full ring counts as lost now, or the CPU's last task would be
+            // charged until the next drain.
+            if head.saturating_sub(tail) + MAX_RECORD > size as u64 {
+                self.lost += 1;
+            }
             while tail < head {
                 // SAFETY: `base + page` starts the data area of `size` bytes.
                 let data = unsafe { base.add(page) };
@@ -326,7 +335,11 @@ fn switch_clock_agrees_with_the_kernels_cpu_accounts() {
     let mut clock = SwitchClock::open(&cpus, &[pid]).expect("perf_event_open (root)");
     let (t0, b0) = clock.busy();
     let (run0, (idle0, _)) = (thread_ns(), crate::util::machine_idle_ns());
-    std::thread::sleep(std::time::Duration::from_secs(1));
+    // Drained every 10 ms, as the emulator drains every millisecond: a busy machine
+    // (thousands of wakeups a second) fills a CPU's ring within a second.
+    while clock.busy().0 - t0 < 1_000_000_000 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let (t1, b1) = clock.busy();
     let (run1, (idle1, n)) = (thread_ns(), crate::util::machine_idle_ns());
     drop(spinner);
