@@ -1,11 +1,13 @@
 //! Never-idle machines end to end, with the real probes: an emulated powercap package whose
 //! counter follows the exact busy time of its two CPUs, as RAPL charges every busy core
-//! whoever runs there. A thread reads every context switch on CPUs 0 and 1
-//! ([`crate::switch_clock`]) every millisecond and writes
-//! `static·t + Σ watts_i · busy_i + other_w · busy_others` into `energy_uj`, where `busy_i`
-//! is workload i's run time on those CPUs and `busy_others` that of every other task there
-//! (the recorder, this emulator, kernel threads, other work on the machine): the counter
-//! updates at about 1 kHz, like RAPL.
+//! whoever runs there. Like RAPL, the counter ticks on its own clock (every 2^-10 s) and
+//! holds `static·t + Σ watts_i · busy_i + other_w · busy_others` up to its latest tick, where
+//! `busy_i` is workload i's run time on those CPUs and `busy_others` that of every other
+//! task there (the recorder, this emulator, kernel threads, other work on the machine),
+//! known to the nanosecond from every context switch on CPUs 0 and 1
+//! ([`crate::switch_clock`]). A thread writes it into `energy_uj` at random moments 50–150 µs
+//! apart: a writer woken on each tick would be a scheduling point just after every update,
+//! which real counters are not (see [`Emulator::start`]).
 //!
 //! Two scenarios, each a 10 s recording on CPUs 0 and 1:
 //! - a 10 ms on / 10 ms off load on CPU 1 beside a spinner pinned to CPU 0, 6 W static,
@@ -44,8 +46,16 @@ const RECORD_S: u64 = 10;
 /// The package's CPUs (the fake topology's).
 const CPUS: [u32; 2] = [0, 1];
 
-/// One counter write: CLOCK_MONOTONIC after it, the J put in for each workload so far, and
-/// the busy CPU-ns of each workload and of the whole package so far.
+/// The counter's update period: RAPL's hardware clock, 2^-10 s.
+const TICK_NS: u64 = 976_562;
+
+/// The writer's wake-ups: every 50-150 µs, at random (see [`Emulator::start`]).
+const WAKE_MIN_NS: u64 = 50_000;
+/// See [`WAKE_MIN_NS`].
+const WAKE_SPREAD_NS: u64 = 100_000;
+
+/// One counter write: CLOCK_MONOTONIC after it, the J put in for each workload up to the
+/// tick it holds, and the busy CPU-ns of each workload and of the whole package up to it.
 struct Update {
     ts_ns: u64,
     joules: Vec<f64>,
@@ -74,8 +84,9 @@ impl Emulator {
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
                 use std::os::unix::fs::FileExt as _;
-                // Real RAPL updates on time whatever runs: keep this writer's ~1 ms period on
-                // a machine busy with other work (best effort; the test still runs without).
+                // Real RAPL updates on time whatever runs: keep this writer's wake-ups on
+                // time on a machine busy with other work (best effort; the test still runs
+                // without).
                 let param = libc::sched_param { sched_priority: 10 };
                 // SAFETY: 0 is this thread; `param` is valid for the call.
                 let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
@@ -84,9 +95,29 @@ impl Emulator {
                 });
                 let t0 = clock.busy().0;
                 let _ = ready_tx.send(());
-                let (mut log, mut written) = (Vec::new(), 0);
+                let (mut log, mut written, mut last_tick) = (Vec::new(), 0, t0);
+                // Wake-ups at random moments (xorshift), not on the counter's ticks. A writer
+                // woken every ~1 ms was a scheduling point just after each update: a reader
+                // kept waiting by busy CPUs ran right there, so its reads came 0–200 µs after
+                // an update when the load was high and anywhere in the period when it was
+                // low (measured: half of all reads within 200 µs). That lag, tied to the
+                // load, tilted the zero-load fit (static 7–16% high); a hardware counter is
+                // no scheduling point.
+                let mut seed: u64 = 0x9e37_79b9_7f4a_7c15 ^ t0;
                 while !stop.load(Ordering::Relaxed) {
-                    let (now, busy) = clock.busy();
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    std::thread::sleep(Duration::from_nanos(WAKE_MIN_NS + seed % WAKE_SPREAD_NS));
+                    clock.drain();
+                    let now = monotonic_ns();
+                    // The counter holds the energy up to its latest tick.
+                    let tick = now - (now - t0) % TICK_NS;
+                    if tick == last_tick {
+                        continue;
+                    }
+                    last_tick = tick;
+                    let busy = clock.busy_at(tick);
                     // W × ns = nJ per workload.
                     let nj: Vec<f64> = busy
                         .watched_ns
@@ -95,11 +126,10 @@ impl Emulator {
                         .map(|(&ns, &w)| w * ns as f64)
                         .collect();
                     let others = busy.total_ns - busy.watched_ns.iter().sum::<u64>();
-                    let total = STATIC_W * now.saturating_sub(t0) as f64
+                    let total = STATIC_W * (tick - t0) as f64
                         + nj.iter().sum::<f64>()
                         + other_w * others as f64;
-                    // /1000 = µJ, in whole µJ like the real counter, never backwards (a
-                    // switch stamped just before `now` can show up a moment later);
+                    // /1000 = µJ, in whole µJ like the real counter, never backwards;
                     // rewritten in place with a fixed width, so every read sees a whole
                     // number.
                     written = (total / 1000.0).max(written as f64) as u64;
@@ -111,7 +141,6 @@ impl Emulator {
                         workload_ns: busy.watched_ns,
                         busy_ns: busy.total_ns,
                     });
-                    std::thread::sleep(Duration::from_millis(1));
                 }
                 assert_eq!(clock.lost, 0, "context-switch records were lost");
                 log

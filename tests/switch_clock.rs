@@ -67,6 +67,9 @@ struct Cpu {
     busy_ns: u64,
     /// Busy ns of each watched process so far.
     watched_ns: Vec<u64>,
+    /// Switches read from the ring but not yet counted, in time order: (time, the task
+    /// that left, the task that runs from then on).
+    pending: std::collections::VecDeque<(u64, Task, Task)>,
 }
 
 // SAFETY: the mapping is owned by this value alone and read and written only through it.
@@ -158,6 +161,7 @@ impl SwitchClock {
                 since_ns: 0,
                 busy_ns: 0,
                 watched_ns: vec![0; watch.len()],
+                pending: std::collections::VecDeque::new(),
             });
         }
         let mut clock = Self {
@@ -176,6 +180,7 @@ impl SwitchClock {
         }
         set_affinity(&allowed);
         clock.drain();
+        clock.count_until(u64::MAX);
         clock.start_ns = energy_bpf::clock::monotonic_ns();
         for (c, &cpu) in clock.cpus.iter().zip(cpus) {
             assert!(c.current.is_some(), "no context switch seen on CPU {cpu}");
@@ -188,6 +193,15 @@ impl SwitchClock {
     pub fn busy(&mut self) -> (u64, Busy) {
         self.drain();
         let now = energy_bpf::clock::monotonic_ns();
+        (now, self.busy_at(now))
+    }
+
+    /// Busy time from the start up to `t_ns`, an instant at or before the last drain (the
+    /// switches up to it are read) and not before an instant asked for earlier: what a
+    /// counter that updates on its own clock holds at its last update.
+    pub fn busy_at(&mut self, t_ns: u64) -> Busy {
+        self.count_until(t_ns);
+        let now = t_ns;
         let mut busy = Busy {
             total_ns: 0,
             watched_ns: vec![0; self.watch.len()],
@@ -205,11 +219,23 @@ impl SwitchClock {
                 }
             }
         }
-        (now, busy)
+        busy
+    }
+
+    /// Counts every switch read so far that happened at or before `t_ns`.
+    fn count_until(&mut self, t_ns: u64) {
+        for i in 0..self.cpus.len() {
+            while let Some(&(t, left, now_runs)) =
+                self.cpus[i].pending.front().filter(|e| e.0 <= t_ns)
+            {
+                self.cpus[i].pending.pop_front();
+                self.count(i, t, left, now_runs);
+            }
+        }
     }
 
     /// Reads every record the rings hold.
-    fn drain(&mut self) {
+    pub fn drain(&mut self) {
         for i in 0..self.cpus.len() {
             let (base, page) = (self.cpus[i].base, self.cpus[i].page);
             let size = DATA_PAGES * page;
@@ -239,7 +265,7 @@ impl SwitchClock {
                 }
                 self.record.extend((0..len).map(|k| byte(tail + k)));
                 tail += len;
-                self.apply(i);
+                self.queue(i);
             }
             std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
             // SAFETY: as above; telling the kernel the records up to `tail` are read.
@@ -247,8 +273,8 @@ impl SwitchClock {
         }
     }
 
-    /// Applies the record in `self.record` to CPU `i`.
-    fn apply(&mut self, i: usize) {
+    /// Reads the record in `self.record`, read from CPU `i`'s ring, into its pending switches.
+    fn queue(&mut self, i: usize) {
         let r = &self.record;
         let u32_at = |o: usize| u32::from_ne_bytes([r[o], r[o + 1], r[o + 2], r[o + 3]]);
         let kind = u32_at(0);
@@ -271,6 +297,11 @@ impl SwitchClock {
         } else {
             (other, this)
         };
+        self.cpus[i].pending.push_back((t, left, now_runs));
+    }
+
+    /// Counts on CPU `i` the switch at `t` from `left` to `now_runs`.
+    fn count(&mut self, i: usize, t: u64, left: Task, now_runs: Task) {
         let start_ns = self.start_ns;
         let c = &mut self.cpus[i];
         if c.current.is_some() && left.1 != 0 && start_ns > 0 {
