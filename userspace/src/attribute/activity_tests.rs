@@ -4,20 +4,13 @@
 
 use super::scenarios::dvfs_classes;
 use super::sim::{SimOutput, simulate};
-use super::tests::{assert_conserved, class_errors, input};
+use super::tests::{assert_conserved, class_errors, sim_input};
 use super::*;
 
 fn worst_error(out: &SimOutput, activity: Option<&ActivityWeights>, model: PowerModel) -> f64 {
     let inp = Input {
-        threads: &out.threads,
         activity,
-        ..input(
-            &out.timeline,
-            &out.samples,
-            &out.sources,
-            &out.readings,
-            &out.cpus,
-        )
+        ..sim_input(out)
     };
     let opts = Options {
         static_w: Some(6.0),

@@ -4,34 +4,11 @@
 //! 2 CPUs with a calibrated static power. Absolute joules per process, over 10 seeds each.
 
 use super::scenarios::{duty_cycle_beside_spinner, three_always_runnable};
-use super::sim::{DutyCycle, SimOutput, simulate};
-use super::tests::{assert_conserved, class_errors, input};
+use super::sim::{DutyCycle, simulate};
+use super::tests::{attribute_sim, worst};
 use super::*;
 
 const MS: u64 = 1_000_000;
-
-fn attribute_sim(out: &SimOutput, opts: &Options) -> Attribution {
-    let inp = Input {
-        threads: &out.threads,
-        ..input(
-            &out.timeline,
-            &out.samples,
-            &out.sources,
-            &out.readings,
-            &out.cpus,
-        )
-    };
-    let attr = attribute(&inp, opts);
-    assert_conserved(&attr);
-    attr
-}
-
-fn worst(out: &SimOutput, attr: &Attribution) -> f64 {
-    class_errors(out, attr)
-        .iter()
-        .map(|(_, e)| e.abs())
-        .fold(0.0, f64::max)
-}
 
 /// RAPL's ~1 ms counter: every seed identifies static power within 15% and every
 /// process's absolute joules within 10%, with no calibration.

@@ -5,32 +5,9 @@ use super::scenarios::{
     all_cpus_always_busy, duty_cycle_beside_spinner, duty_cycle_reads_in_step, one_cpu_always_busy,
     smt_siblings,
 };
-use super::sim::{SimOutput, simulate};
-use super::tests::{assert_conserved, class_errors, input};
+use super::sim::simulate;
+use super::tests::{attribute_sim, worst};
 use super::*;
-
-fn attribute_sim(out: &SimOutput, opts: &Options) -> Attribution {
-    let inp = Input {
-        threads: &out.threads,
-        ..input(
-            &out.timeline,
-            &out.samples,
-            &out.sources,
-            &out.readings,
-            &out.cpus,
-        )
-    };
-    let attr = attribute(&inp, opts);
-    assert_conserved(&attr);
-    attr
-}
-
-fn worst(out: &SimOutput, attr: &Attribution) -> f64 {
-    class_errors(out, attr)
-        .iter()
-        .map(|(_, e)| e.abs())
-        .fold(0.0, f64::max)
-}
 
 #[test]
 fn one_cpu_always_busy_is_right_without_calibration() {

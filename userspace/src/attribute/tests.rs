@@ -47,6 +47,35 @@ pub(super) fn input<'a>(
     }
 }
 
+/// The simulator's whole output as attribution input (its threads' names included).
+pub(super) fn sim_input(out: &sim::SimOutput) -> Input<'_> {
+    Input {
+        threads: &out.threads,
+        ..input(
+            &out.timeline,
+            &out.samples,
+            &out.sources,
+            &out.readings,
+            &out.cpus,
+        )
+    }
+}
+
+/// Attributes the simulator's output with `opts`, checking conservation.
+pub(super) fn attribute_sim(out: &sim::SimOutput, opts: &Options) -> Attribution {
+    let attr = attribute(&sim_input(out), opts);
+    assert_conserved(&attr);
+    attr
+}
+
+/// The largest absolute relative error of any class's joules.
+pub(super) fn worst(out: &sim::SimOutput, attr: &Attribution) -> f64 {
+    class_errors(out, attr)
+        .iter()
+        .map(|(_, e)| e.abs())
+        .fold(0.0, f64::max)
+}
+
 fn rel_eq(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
@@ -391,16 +420,7 @@ pub(super) fn class_errors(out: &sim::SimOutput, attr: &Attribution) -> Vec<(u32
 fn regression_recovers_power_spread_from_the_simulator() {
     let cfg = spread_config(7);
     let out = simulate(&cfg);
-    let inp = Input {
-        threads: &out.threads,
-        ..input(
-            &out.timeline,
-            &out.samples,
-            &out.sources,
-            &out.readings,
-            &out.cpus,
-        )
-    };
+    let inp = sim_input(&out);
     let given = [(0, cfg.static_w)].into();
     let auto = attribute(
         &inp,
