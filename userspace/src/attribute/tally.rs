@@ -21,6 +21,9 @@ pub struct ThreadIndex<'a> {
     runs: Vec<Vec<u32>>,
 }
 
+/// Slots of the tid-indexed cache of [`ThreadIndex::new`] (a power of two; 64 KiB).
+const RECENT: usize = 1 << 14;
+
 /// The index of idle and unknown runs in a [`ThreadIndex`].
 pub const NO_THREAD: u32 = u32::MAX;
 
@@ -29,6 +32,9 @@ impl<'a> ThreadIndex<'a> {
     pub fn new(timeline: &'a Timeline) -> Self {
         let mut ids: foldhash::HashMap<ThreadKey, u32> = Default::default();
         let mut keys: Vec<ThreadKey> = Vec::new();
+        // The index last met per tid slot, plus one (0: none): most runs are of a thread
+        // met before, found here without hashing.
+        let mut recent = vec![0u32; RECENT];
         let mut runs: Vec<Vec<u32>> = timeline
             .cpus
             .iter()
@@ -39,10 +45,19 @@ impl<'a> ThreadIndex<'a> {
                         if r.tid == IDLE_TID || r.tid == UNKNOWN_TID {
                             return NO_THREAD;
                         }
-                        *ids.entry((r.tgid, r.tid)).or_insert_with(|| {
-                            keys.push((r.tgid, r.tid));
+                        let key = (r.tgid, r.tid);
+                        let slot = &mut recent[r.tid as usize & (RECENT - 1)];
+                        if let Some(id) = slot.checked_sub(1)
+                            && keys.get(id as usize) == Some(&key)
+                        {
+                            return id;
+                        }
+                        let id = *ids.entry(key).or_insert_with(|| {
+                            keys.push(key);
                             (keys.len() - 1) as u32
-                        })
+                        });
+                        *slot = id + 1;
+                        id
                     })
                     .collect()
             })

@@ -33,6 +33,8 @@
 //! `record` and `report` never fold: the recording keeps every event and `report` builds
 //! the exact timeline.
 
+mod runs;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::{
@@ -40,6 +42,8 @@ use crate::{
     pb::v1::{Cpu, EnergyReading, SwitchEvent},
     timeline::{CpuTimeline, Run, Timeline, UNKNOWN_TID},
 };
+
+use runs::{Runs, Threads};
 
 /// A run not yet folded: its part of `[start_ns, end_ns)` and the switch that ended it.
 #[derive(Clone, Copy, Debug)]
@@ -85,8 +89,9 @@ struct CpuFold {
     raw: Vec<Raw>,
     /// The first raw run not yet wholly folded (the ones before are dropped in one go).
     raw_head: usize,
-    /// Folded cells of the open window (and beyond, when this CPU is ahead), laid out.
-    done: Vec<Run>,
+    /// Folded cells of the open window (and beyond, when this CPU is ahead), laid out,
+    /// compact (see `runs`).
+    done: Runs,
     /// Keep raw runs (an SMT sibling: the overlap needs real times).
     exact: bool,
     /// Runs the last window took: the next one's room is reserved at its first fold (once
@@ -115,9 +120,11 @@ pub struct Folder {
     /// CPUs of the configuration (each gets a timeline, with or without events).
     known: Vec<u32>,
     smt: HashSet<u32>,
+    /// The threads of the folded runs of the open window (and beyond).
+    threads: Threads,
     scratch: Vec<Run>,
     /// Sort keys of one cell's parts (see [`lay_out`]).
-    keys: Vec<u128>,
+    keys: Keys,
 }
 
 impl Folder {
@@ -146,8 +153,9 @@ impl Folder {
             cpus: BTreeMap::new(),
             known: cpus.iter().map(|c| c.id).collect(),
             smt,
+            threads: Threads::default(),
             scratch: Vec::new(),
-            keys: Vec::new(),
+            keys: Keys::default(),
         }
     }
 
@@ -346,9 +354,11 @@ impl Folder {
         }
         // Not merged across cells: a window ending on a cut takes whole runs.
         if cpu.exact {
-            cpu.done.append(cell);
+            for r in cell.iter() {
+                cpu.done.push(&mut self.threads, r);
+            }
         } else {
-            lay_out(cell, &mut self.keys, &mut cpu.done, a);
+            lay_out(cell, &mut self.keys, &mut self.threads, &mut cpu.done, a);
         }
     }
 
@@ -369,6 +379,8 @@ impl Folder {
         }
         let ids: Vec<u32> = self.cpus.keys().copied().collect();
         let mut cpus = Vec::with_capacity(ids.len());
+        // The runs past the end are indexed anew: the threads of this window go with it.
+        let mut next = Threads::default();
         for id in ids {
             let Some(mut cpu) = self.cpus.remove(&id) else {
                 continue;
@@ -394,29 +406,12 @@ impl Folder {
             cpu.raw.drain(..cpu.raw_head);
             cpu.raw_head = 0;
             // This window's runs; a CPU ahead of the end keeps the rest for the next one.
-            // The window's runs keep their allocation (no copy), less its spare room; the
-            // few runs past the end move to a new one.
-            let keep = cpu.done.partition_point(|r| r.end_ns <= end);
-            let rest = cpu.done.split_off(keep);
-            let mut runs = std::mem::replace(&mut cpu.done, rest);
-            runs.shrink_to_fit();
+            let runs = cpu.done.close(&self.threads, &mut next, start, end);
             cpu.room = runs.len();
-            if let Some(first) = cpu.done.first_mut()
-                && first.start_ns < end
-            {
-                // Off the cuts (see the module doc): split by the layout.
-                let mut before = *first;
-                before.end_ns = end;
-                let whole = first.activity;
-                before.activity =
-                    whole.map(|c| clip(c, first.start_ns, first.end_ns, first.start_ns, end));
-                first.activity = whole.zip(before.activity).map(|(c, b)| c - b);
-                first.start_ns = end;
-                push_merged(&mut runs, before);
-            }
             cpus.push(CpuTimeline { cpu: id, runs });
             self.cpus.insert(id, cpu);
         }
+        self.threads = next;
         self.start_ns = end;
         self.cuts = self.cuts.split_off(&end);
         Timeline {
@@ -434,26 +429,87 @@ impl Folder {
 
 /// Merges one cell's parts per thread (same thread, both counted or both not) and lays
 /// them end to end from `a`, in thread order, onto `out`: the cell's per-thread sums are
-/// kept. The parts are ordered through `keys` (thread, counted, position: one 16-byte key
-/// per part, not the 48-byte runs); the parts come in time order, so a thread's parts stay
-/// in time order and its last non-zero cgroup wins.
-fn lay_out(cell: &[Run], keys: &mut Vec<u128>, out: &mut Vec<Run>, a: u64) {
-    keys.clear();
-    keys.extend(cell.iter().enumerate().map(|(i, r)| {
+/// kept. The parts are ordered through `keys` (thread, counted, position: one 8- or 16-byte
+/// key per part, not the 48-byte runs); the parts come in time order, so a thread's parts
+/// stay in time order and its last non-zero cgroup wins.
+fn lay_out(cell: &[Run], keys: &mut Keys, threads: &mut Threads, out: &mut Runs, a: u64) {
+    let narrow = &mut keys.narrow;
+    narrow.clear();
+    let fits = cell.len() <= POS_MASK as usize
+        && cell
+            .iter()
+            .enumerate()
+            .all(|(i, r)| narrow_key(r, i).map(|k| narrow.push(k)).is_some());
+    if fits {
+        narrow.sort_unstable();
+        let order = narrow
+            .iter()
+            .map(|&k| (u128::from(k >> POS_BITS), (k & POS_MASK) as usize));
+        return place(cell, order, threads, out, a);
+    }
+    let wide = &mut keys.wide;
+    wide.clear();
+    wide.extend(cell.iter().enumerate().map(|(i, r)| {
         (u128::from(r.tgid) << 96)
             | (u128::from(r.tid) << 64)
             | (u128::from(r.activity.is_some()) << 32)
             | i as u128
     }));
-    keys.sort_unstable();
-    let first = out.len();
+    wide.sort_unstable();
+    place(
+        cell,
+        wide.iter().map(|&k| (k >> 32, (k as u32) as usize)),
+        threads,
+        out,
+        a,
+    );
+}
+
+/// The sort keys of [`lay_out`]: 8 bytes a part where the ids fit, else 16.
+#[derive(Clone, Debug, Default)]
+struct Keys {
+    narrow: Vec<u64>,
+    wide: Vec<u128>,
+}
+
+/// Bits of a tid or tgid in a narrow key (`pid_max` is at most 2^22), and of the position.
+const ID_BITS: u32 = 23;
+const POS_BITS: u32 = 64 - 2 * ID_BITS - 1;
+const POS_MASK: u64 = (1 << POS_BITS) - 1;
+
+/// (tgid, tid, counted, position) in 64 bits, in the order of the 128-bit key (unknown,
+/// `u32::MAX`, stays last), when the ids fit.
+fn narrow_key(r: &Run, i: usize) -> Option<u64> {
+    let id = |v: u32| match v {
+        u32::MAX => Some((1 << ID_BITS) - 1),
+        v if u64::from(v) < (1 << ID_BITS) - 1 => Some(u64::from(v)),
+        _ => None,
+    };
+    Some(
+        (id(r.tgid)? << (ID_BITS + 1 + POS_BITS))
+            | (id(r.tid)? << (1 + POS_BITS))
+            | (u64::from(r.activity.is_some()) << POS_BITS)
+            | i as u64,
+    )
+}
+
+/// Lays `cell`'s parts out in `order` (group: thread and counted; position in `cell`).
+fn place(
+    cell: &[Run],
+    order: impl Iterator<Item = (u128, usize)>,
+    threads: &mut Threads,
+    out: &mut Runs,
+    a: u64,
+) {
     let mut group = u128::MAX;
     let mut pos = a;
-    for &k in keys.iter() {
-        let r = &cell[(k as u32) as usize];
+    // The thread's run being merged, pushed once the next thread's begins.
+    let mut open: Option<Run> = None;
+    for (g, i) in order {
+        let r = &cell[i];
         let len = r.len_ns();
-        if k >> 32 == group
-            && let Some(last) = out.last_mut()
+        if g == group
+            && let Some(last) = open.as_mut()
         {
             last.end_ns += len;
             last.activity = last.activity.zip(r.activity).map(|(x, y)| x + y);
@@ -461,20 +517,20 @@ fn lay_out(cell: &[Run], keys: &mut Vec<u128>, out: &mut Vec<Run>, a: u64) {
                 last.cgroup_id = r.cgroup_id;
             }
         } else {
-            group = k >> 32;
-            out.push(Run {
+            group = g;
+            if let Some(last) = open.replace(Run {
                 start_ns: pos,
                 end_ns: pos + len,
                 ..*r
-            });
+            }) {
+                out.push(threads, &last);
+            }
         }
         pos += len;
     }
-    debug_assert!(
-        out[first..]
-            .windows(2)
-            .all(|w| w[0].end_ns == w[1].start_ns)
-    );
+    if let Some(last) = open {
+        out.push(threads, &last);
+    }
 }
 
 /// Appends `run`, merged with the last one when it is the same thread and adjoins it.
