@@ -225,11 +225,14 @@ fn run(
         // Rows are self energy: only each stack's leaf needs a name, unless stacks are drawn.
         let weights = analysis::sample_values(rec, a);
         let mut symbolizer = symbolizer.unwrap_or_else(|| analysis::symbolizer_for(rec));
-        let profile = if want_stacks {
-            profile::build(rec, &weights, &mut symbolizer, &Filter::default())
-        } else {
-            profile::build_leaves(rec, &weights, &mut symbolizer, &Filter::default())
-        };
+        // `sides` filled the symbolizer with what this build needs.
+        let profile = profile::build_prefetched(
+            rec,
+            &weights,
+            &mut symbolizer,
+            &Filter::default(),
+            !want_stacks,
+        );
         let Some((idx, domain)) = profile
             .value_types
             .iter()

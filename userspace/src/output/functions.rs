@@ -146,7 +146,8 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
     // One slot per function name; frames map to slots once, so the per-sample loop only
     // touches integers.
     // Python and JIT functions are named with their source file and line.
-    let mut slot_of_name: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
+    let mut slot_of_name: foldhash::HashMap<std::borrow::Cow<'_, str>, usize> =
+        foldhash::HashMap::default();
     let mut accs: Vec<(std::borrow::Cow<'_, str>, Acc)> = Vec::new();
     let frame_slot: Vec<usize> = profile
         .frames

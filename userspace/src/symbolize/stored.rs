@@ -106,7 +106,7 @@ impl Collector {
             build_ids.entry(m.path.as_str()).or_insert(&m.build_id);
         }
         let mut out = Tables::default();
-        let files: BTreeMap<&String, &HashMap<u64, Vec<Frame>>> =
+        let files: BTreeMap<&String, &foldhash::HashMap<u64, Vec<Frame>>> =
             symbolizer.user_cache.iter().collect();
         for (path, offsets) in files {
             let build_id = build_ids.get(path.as_str()).copied().unwrap_or_default();
