@@ -20,7 +20,7 @@ pub(crate) mod stats;
 
 use serde::Serialize;
 
-pub use side::{By, Input, Side, side, sides};
+pub use side::{By, Input, Side, StacksOf, side, sides};
 
 /// What every value is divided by before the sides are compared.
 #[derive(Clone, Copy, Debug, PartialEq)]

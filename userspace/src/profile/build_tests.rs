@@ -217,7 +217,12 @@ fn leaves_only_keeps_each_leaf_and_folds_its_callers_into_one_frame() {
     use crate::profile::NOT_SYMBOLIZED;
     let rec = rec();
     let w = SampleValues::cpu_time(&rec);
-    let full = build(&rec, &w, &mut Symbolizer::with_kallsyms(None), &Filter::default());
+    let full = build(
+        &rec,
+        &w,
+        &mut Symbolizer::with_kallsyms(None),
+        &Filter::default(),
+    );
     let mut sym = Symbolizer::with_kallsyms(None);
     let (user, kernel) = needed(&rec, &Filter::default(), true);
     sym.prefetch(user, kernel);
