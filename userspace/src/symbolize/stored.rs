@@ -254,7 +254,7 @@ impl Symbolizer {
 pub(super) struct Index {
     tables: Arc<Vec<SymbolTable>>,
     /// Per file path: file offset → (table, file, address) indices.
-    user: HashMap<String, foldhash::HashMap<u64, (u32, u32, u32)>>,
+    user: foldhash::HashMap<String, foldhash::HashMap<u64, (u32, u32, u32)>>,
     /// Kernel address → (table, address) indices.
     kernel: foldhash::HashMap<u64, (u32, u32)>,
 }
