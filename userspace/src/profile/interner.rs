@@ -2,6 +2,7 @@
 //! and address, each with its frames), mappings, and the location of every address looked
 //! up. Frames are copied out of the symbolizer's caches only when first seen.
 
+use std::borrow::Cow;
 use std::hash::BuildHasher as _;
 
 use super::{Frame, FrameId, KERNEL_MAPPING, Location, LocationId, NOT_SYMBOLIZED, ProfileMapping};
@@ -39,22 +40,22 @@ pub(super) struct FrameTable {
 }
 
 impl FrameTable {
-    fn intern(&mut self, frame: &Frame) -> FrameId {
-        let hash = self.hasher.hash_one(frame);
+    fn intern(&mut self, frame: Cow<'_, Frame>) -> FrameId {
+        let hash = self.hasher.hash_one(&*frame);
         let next = FrameId::try_from(self.frames.len()).unwrap_or(FrameId::MAX);
         match self.by_hash.get(&hash) {
-            Some(&id) if self.frames.get(id as usize) == Some(frame) => return id,
+            Some(&id) if self.frames.get(id as usize) == Some(&*frame) => return id,
             Some(_) => {
-                if let Some(&id) = self.collided.get(frame) {
+                if let Some(&id) = self.collided.get(&*frame) {
                     return id;
                 }
-                self.collided.insert(frame.clone(), next);
+                self.collided.insert(frame.clone().into_owned(), next);
             }
             None => {
                 self.by_hash.insert(hash, next);
             }
         }
-        self.frames.push(frame.clone());
+        self.frames.push(frame.into_owned());
         next
     }
 }
@@ -118,7 +119,7 @@ impl<'a> Interner<'a> {
             &mut self.locations,
             mapping,
             address,
-            frames,
+            frames.into(),
         )
     }
 
@@ -197,7 +198,7 @@ impl<'a> Interner<'a> {
                     });
                     next
                 });
-                let frames = self.symbolizer.user_frames(addr, mappings);
+                let frames = self.symbolizer.user_frames_once(addr, mappings);
                 push_location(
                     &mut self.table,
                     &mut self.locations,
@@ -212,7 +213,7 @@ impl<'a> Interner<'a> {
             None => match self.unmapped.get(&addr) {
                 Some(&id) => id,
                 None => {
-                    let frames = self.symbolizer.user_frames(addr, mappings);
+                    let frames = self.symbolizer.user_frames(addr, mappings).into();
                     let id =
                         push_location(&mut self.table, &mut self.locations, None, addr, frames);
                     self.unmapped.insert(addr, id);
@@ -257,7 +258,7 @@ impl<'a> Interner<'a> {
                 k
             }
         };
-        let frames = self.symbolizer.kernel_frames(addr);
+        let frames = self.symbolizer.kernel_frames_once(addr);
         let id = push_location(
             &mut self.table,
             &mut self.locations,
@@ -270,15 +271,25 @@ impl<'a> Interner<'a> {
     }
 }
 
-/// Appends a location of `frames` (interned into `table`) to `locations`.
+/// Appends a location of `frames` (interned into `table`, moved there when owned) to
+/// `locations`.
 fn push_location(
     table: &mut FrameTable,
     locations: &mut Vec<Location>,
     mapping: Option<u32>,
     address: u64,
-    frames: &[Frame],
+    frames: Cow<'_, [Frame]>,
 ) -> LocationId {
-    let frames = frames.iter().map(|f| table.intern(f)).collect();
+    let frames = match frames {
+        Cow::Borrowed(frames) => frames
+            .iter()
+            .map(|f| table.intern(Cow::Borrowed(f)))
+            .collect(),
+        Cow::Owned(frames) => frames
+            .into_iter()
+            .map(|f| table.intern(Cow::Owned(f)))
+            .collect(),
+    };
     let id = LocationId::try_from(locations.len()).unwrap_or(LocationId::MAX);
     locations.push(Location {
         mapping,

@@ -133,6 +133,40 @@ impl Symbolizer {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// [`Symbolizer::user_frames`] for a caller that keeps what it is given and asks once
+    /// per address (a profile's interner): names the recording stored are handed over
+    /// rather than cached as well (each such hand-over counts in
+    /// [`SymbolizeStats::stored`]); anything else comes from the cache as there.
+    pub(crate) fn user_frames_once(
+        &mut self,
+        addr: u64,
+        mappings: &[Mapping],
+    ) -> std::borrow::Cow<'_, [Frame]> {
+        if let Some(m) = mapping_of(addr, mappings).map(|i| &mappings[i]) {
+            let offset = addr - m.start + m.file_offset;
+            let cached = self
+                .user_cache
+                .get(&m.path)
+                .is_some_and(|c| c.contains_key(&offset));
+            if !cached && let Some(frames) = self.stored.user(&m.path, offset) {
+                self.stats.stored += 1;
+                return frames.into();
+            }
+        }
+        self.user_frames(addr, mappings).into()
+    }
+
+    /// [`Symbolizer::user_frames_once`] for kernel address `addr`.
+    pub(crate) fn kernel_frames_once(&mut self, addr: u64) -> std::borrow::Cow<'_, [Frame]> {
+        if !self.kernel_cache.contains_key(&addr)
+            && let Some(frames) = self.stored.kernel(addr)
+        {
+            self.stats.stored += 1;
+            return frames.into();
+        }
+        self.kernel_frames(addr).into()
+    }
+
     /// Frames of kernel address `addr`.
     pub fn kernel(&mut self, addr: u64) -> Vec<Frame> {
         self.kernel_frames(addr).to_vec()
