@@ -1,7 +1,7 @@
 //! One side of a diff: its recordings cut into runs (a recording's `RunMarker`s from
 //! `record --repeat`, else the whole recording is one run), each run analysed by the same
 //! pipeline as `report` ([`crate::analysis::analyze`]) and rolled up by its rollup
-//! (`pipeline::rows`/`group` for processes, `output::functions::by_function` for
+//! (`pipeline::rows`/`group` for processes, `output::functions::self_by_function` for
 //! functions). This module only reads those rows into per-run values.
 
 use std::borrow::Cow;
