@@ -187,6 +187,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ByArg::Container => By::Container,
     };
     let flame = matches!(args.format, Format::Svg | Format::Collapsed);
+    // The flamegraph draws the new side's stacks; the collapsed stacks are both sides'.
+    let stacks = match args.format {
+        Format::Svg => diff::StacksOf::New,
+        Format::Collapsed => diff::StacksOf::Both,
+        _ => diff::StacksOf::Neither,
+    };
     if flame && by != By::Function {
         bail!("--format svg and collapsed draw stacks: use them with --by function");
     }
@@ -207,7 +213,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .unwrap_or_else(|_| Err(anyhow::anyhow!("reading the base side failed")));
         (base, new)
     });
-    let (base, new) = diff::sides(base?, new?, by, flame);
+    let (base, new) = diff::sides(base?, new?, by, stacks);
     let d = diff::compare(&base, &new, by, args.per);
     let hard =
         base.facts.hostnames != new.facts.hostnames || base.facts.estimated != new.facts.estimated;

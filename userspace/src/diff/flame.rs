@@ -124,11 +124,14 @@ pub fn svg(
     let rows: HashMap<&str, &Row> = d.rows.iter().map(|r| (r.name.as_str(), r)).collect();
     let mut palette = PaletteMap::default();
     let mut attrs = String::new();
-    let frames: std::collections::BTreeSet<&str> = lines
+    // Hashed, then only the distinct names sorted.
+    let frames: foldhash::HashSet<&str> = lines
         .iter()
         .filter_map(|l| l.rsplit_once(' ').map(|(s, _)| s))
         .flat_map(|s| s.split(';'))
         .collect();
+    let mut frames: Vec<&str> = frames.into_iter().collect();
+    frames.sort_unstable();
     for frame in frames {
         let Some(row) = rows.get(function_of(frame)) else {
             palette.insert(

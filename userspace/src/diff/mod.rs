@@ -20,7 +20,7 @@ pub(crate) mod stats;
 
 use serde::Serialize;
 
-pub use side::{By, Input, Side, side, sides};
+pub use side::{By, Input, Side, StacksOf, side, sides};
 
 /// What every value is divided by before the sides are compared.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -174,27 +174,31 @@ pub struct Diff {
 
 /// Compares `base` with `new`, per `per`, rows named by `by`.
 pub fn compare(base: &Side, new: &Side, by: By, per: Per) -> Diff {
-    let norm = |s: &Side, is_new: bool| -> Vec<side::Run> {
+    // What each run's values are divided by; the totals normalised here, the rows where
+    // they are read (`row`).
+    let divisors = |s: &Side, is_new: bool| -> Vec<f64> {
         s.runs
             .iter()
             .map(|r| {
                 let d = per.divisor(r, is_new);
-                let d = if d > 0.0 && d.is_finite() { d } else { 1.0 };
-                side::Run {
-                    duration_s: r.duration_s,
-                    total_j: r.total_j / d,
-                    idle_j: r.idle_j / d,
-                    rows: r
-                        .rows
-                        .iter()
-                        .map(|(k, &(j, v))| (k.clone(), (j / d, v / (d * d))))
-                        .collect(),
-                    stacks: r.stacks.iter().map(|(k, &j)| (k.clone(), j / d)).collect(),
-                }
+                if d > 0.0 && d.is_finite() { d } else { 1.0 }
             })
             .collect()
     };
-    let (b, n) = (norm(base, false), norm(new, true));
+    let (bd, nd) = (divisors(base, false), divisors(new, true));
+    let norm = |s: &Side, divisors: &[f64]| -> Vec<side::Run> {
+        s.runs
+            .iter()
+            .zip(divisors)
+            .map(|(r, &d)| side::Run {
+                duration_s: r.duration_s,
+                total_j: r.total_j / d,
+                idle_j: r.idle_j / d,
+                ..side::Run::default()
+            })
+            .collect()
+    };
+    let (b, n) = (norm(base, &bd), norm(new, &nd));
     let total_of = |runs: &[side::Run]| {
         stats::mean(
             &runs.iter().map(|r| r.total_j).collect::<Vec<_>>(),
@@ -202,12 +206,18 @@ pub fn compare(base: &Side, new: &Side, by: By, per: Per) -> Diff {
         )
     };
     let (bt, nt) = (total_of(&b), total_of(&n));
-    let mut names: Vec<&String> = b.iter().chain(&n).flat_map(|r| r.rows.keys()).collect();
+    let mut names: Vec<&String> = base
+        .runs
+        .iter()
+        .chain(&new.runs)
+        .flat_map(|r| r.rows.keys())
+        .collect();
     names.sort_unstable();
     names.dedup();
+    let (b_rows, n_rows) = ((&base.runs[..], &bd[..]), (&new.runs[..], &nd[..]));
     let mut rows: Vec<Row> = names
         .into_iter()
-        .map(|name| row(name, &b, &n, bt.mean, nt.mean))
+        .map(|name| row(name, b_rows, n_rows, bt.mean, nt.mean))
         // A function whose samples all carried no energy (e.g. before the first reading).
         .filter(|r| r.base_j != 0.0 || r.new_j != 0.0)
         .collect();
@@ -255,11 +265,16 @@ pub(crate) fn by_name(by: By) -> &'static str {
     }
 }
 
-fn row(name: &str, b: &[side::Run], n: &[side::Run], bt: f64, nt: f64) -> Row {
-    let side_mean = |runs: &[side::Run]| {
+/// The row `name` of the runs of each side, each run's values divided by its divisor.
+fn row(name: &str, b: (&[side::Run], &[f64]), n: (&[side::Run], &[f64]), bt: f64, nt: f64) -> Row {
+    let side_mean = |(runs, divisors): (&[side::Run], &[f64])| {
         let (values, vars): (Vec<f64>, Vec<f64>) = runs
             .iter()
-            .map(|r| r.rows.get(name).copied().unwrap_or((0.0, 0.0)))
+            .zip(divisors)
+            .map(|(r, &d)| {
+                let (j, v) = r.rows.get(name).copied().unwrap_or((0.0, 0.0));
+                (j / d, v / (d * d))
+            })
             .unzip();
         stats::mean(&values, &vars)
     };

@@ -1,7 +1,7 @@
 //! One side of a diff: its recordings cut into runs (a recording's `RunMarker`s from
 //! `record --repeat`, else the whole recording is one run), each run analysed by the same
 //! pipeline as `report` ([`crate::analysis::analyze`]) and rolled up by its rollup
-//! (`pipeline::rows`/`group` for processes, `output::functions::by_function` for
+//! (`pipeline::rows`/`group` for processes, `output::functions::self_by_function` for
 //! functions). This module only reads those rows into per-run values.
 
 use std::borrow::Cow;
@@ -91,8 +91,37 @@ pub struct Side {
     pub runs: Vec<Run>,
 }
 
+/// Which sides get folded stacks (by function): the differential flamegraph draws the
+/// new side's, the two-column collapsed stacks both sides'. A side without them symbolizes
+/// only each stack's leaf.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StacksOf {
+    /// Rows only.
+    #[default]
+    Neither,
+    /// The new side's stacks.
+    New,
+    /// Both sides' stacks.
+    Both,
+}
+
+impl StacksOf {
+    fn of_base(self) -> bool {
+        self == StacksOf::Both
+    }
+
+    fn of_new(self) -> bool {
+        self != StacksOf::Neither
+    }
+}
+
 /// Reads `inputs` into a side with rows of `by` (and folded stacks when `stacks`).
 pub fn side(inputs: Vec<Input>, by: By, stacks: bool) -> Side {
+    let stacks = if stacks {
+        StacksOf::Both
+    } else {
+        StacksOf::Neither
+    };
     let (side, _) = sides(inputs, Vec::new(), by, stacks);
     side
 }
@@ -101,7 +130,7 @@ pub fn side(inputs: Vec<Input>, by: By, stacks: bool) -> Side {
 /// on a thread of their own; meanwhile, by function, the names of every run of both sides
 /// are resolved together, each distinct file offset and kernel address once (the two sides
 /// of a diff run the same binaries on the same kernel).
-pub fn sides(base: Vec<Input>, new: Vec<Input>, by: By, stacks: bool) -> (Side, Side) {
+pub fn sides(base: Vec<Input>, new: Vec<Input>, by: By, stacks: StacksOf) -> (Side, Side) {
     let (base_facts, base_runs) = cut(&base);
     let (new_facts, new_runs) = cut(&new);
     let analyse = |runs: &[(Cow<'_, Recording>, &Config)]| -> Vec<analysis::Analysis> {
@@ -114,14 +143,18 @@ pub fn sides(base: Vec<Input>, new: Vec<Input>, by: By, stacks: bool) -> (Side, 
         let base_a = s.spawn(|| analyse(&base_runs));
         let new_a = s.spawn(|| analyse(&new_runs));
         if by == By::Function {
-            let all = || base_runs.iter().chain(&new_runs);
+            // Each run with whether its side wants stacks.
+            let all = || {
+                let base = base_runs.iter().map(|r| (r, stacks.of_base()));
+                base.chain(new_runs.iter().map(|r| (r, stacks.of_new())))
+            };
             symbolizers = all()
-                .map(|(rec, _)| analysis::symbolizer_for(rec))
+                .map(|((rec, _), _)| analysis::symbolizer_for(rec))
                 .collect();
             let requests = symbolizers
                 .iter_mut()
                 .zip(all())
-                .map(|(symbolizer, (rec, _))| {
+                .map(|(symbolizer, ((rec, _), stacks))| {
                     let (user, kernel) = profile::needed(&**rec, &Filter::default(), !stacks);
                     (symbolizer, user, kernel)
                 })
@@ -135,7 +168,9 @@ pub fn sides(base: Vec<Input>, new: Vec<Input>, by: By, stacks: bool) -> (Side, 
         (join(base_a), join(new_a))
     });
     let mut symbolizers = symbolizers.into_iter();
-    let mut rows = |runs: &[(Cow<'_, Recording>, &Config)], analyses: Vec<analysis::Analysis>| {
+    let mut rows = |runs: &[(Cow<'_, Recording>, &Config)],
+                    analyses: Vec<analysis::Analysis>,
+                    stacks: bool| {
         runs.iter()
             .zip(analyses)
             .map(|((rec, _), a)| run(rec, &a, by, stacks, symbolizers.next()))
@@ -143,11 +178,11 @@ pub fn sides(base: Vec<Input>, new: Vec<Input>, by: By, stacks: bool) -> (Side, 
     };
     let base = Side {
         facts: base_facts,
-        runs: rows(&base_runs, base_a),
+        runs: rows(&base_runs, base_a, stacks.of_base()),
     };
     let new = Side {
         facts: new_facts,
-        runs: rows(&new_runs, new_a),
+        runs: rows(&new_runs, new_a, stacks.of_new()),
     };
     (base, new)
 }
@@ -225,11 +260,14 @@ fn run(
         // Rows are self energy: only each stack's leaf needs a name, unless stacks are drawn.
         let weights = analysis::sample_values(rec, a);
         let mut symbolizer = symbolizer.unwrap_or_else(|| analysis::symbolizer_for(rec));
-        let profile = if want_stacks {
-            profile::build(rec, &weights, &mut symbolizer, &Filter::default())
-        } else {
-            profile::build_leaves(rec, &weights, &mut symbolizer, &Filter::default())
-        };
+        // `sides` filled the symbolizer with what this build needs.
+        let profile = profile::build_prefetched(
+            rec,
+            &weights,
+            &mut symbolizer,
+            &Filter::default(),
+            !want_stacks,
+        );
         let Some((idx, domain)) = profile
             .value_types
             .iter()
@@ -238,7 +276,7 @@ fn run(
         else {
             return out;
         };
-        let report = functions::by_function(&profile, &[domain]);
+        let report = functions::self_by_function(&profile, &[domain]);
         for row in &report.rows {
             let (RowKey::Function { name, .. }, Some(cell)) = (&row.key, row.energy.first()) else {
                 continue;

@@ -137,6 +137,18 @@ pub(crate) fn top_managed_by_thread(profile: &Profile) -> HashMap<u32, String> {
 /// Self energy comes from samples whose leaf is the function; total energy from samples
 /// with the function anywhere on the stack (counted once per sample under recursion).
 pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
+    rollup(profile, domains, true)
+}
+
+/// [`by_function`]'s self energy alone: a row for each function that is some sample's
+/// leaf (its cells exactly [`by_function`]'s), no totals (`total_energy` is `None`), and
+/// no row for a function only ever seen as a caller (whose self energy is 0). For a
+/// profile with deep stacks, a fraction of the work.
+pub fn self_by_function(profile: &Profile, domains: &[String]) -> Report {
+    rollup(profile, domains, false)
+}
+
+fn rollup(profile: &Profile, domains: &[String], totals: bool) -> Report {
     let value_idx: Vec<Option<usize>> = domains
         .iter()
         .map(|d| profile.value_index(&format!("energy_{d}")))
@@ -146,12 +158,26 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
     // One slot per function name; frames map to slots once, so the per-sample loop only
     // touches integers.
     // Python and JIT functions are named with their source file and line.
-    let mut slot_of_name: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
+    let mut slot_of_name: foldhash::HashMap<std::borrow::Cow<'_, str>, usize> =
+        foldhash::HashMap::default();
     let mut accs: Vec<(std::borrow::Cow<'_, str>, Acc)> = Vec::new();
+    // Without totals only leaves are counted: the other frames get no slot.
+    let mut counted = vec![totals; profile.frames.len()];
+    if !totals {
+        for s in &profile.samples {
+            if let Some(c) = s.frames.first().and_then(|&f| counted.get_mut(f as usize)) {
+                *c = true;
+            }
+        }
+    }
     let frame_slot: Vec<usize> = profile
         .frames
         .iter()
-        .map(|f| {
+        .zip(&counted)
+        .map(|(f, &counted)| {
+            if !counted {
+                return usize::MAX;
+            }
             let name = f.display_name();
             *slot_of_name.entry(name.clone()).or_insert_with(|| {
                 accs.push((
@@ -186,8 +212,9 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
                 if sampled { ws.add(w) } else { ws.add_exact(w) }
             }
         };
-        for (depth, &fid) in s.frames.iter().enumerate() {
-            let Some(&slot) = frame_slot.get(fid as usize) else {
+        let depth_limit = if totals { usize::MAX } else { 1 };
+        for (depth, &fid) in s.frames.iter().enumerate().take(depth_limit) {
+            let Some(&slot) = frame_slot.get(fid as usize).filter(|&&s| s != usize::MAX) else {
                 continue;
             };
             let acc = &mut accs[slot].1;
@@ -222,7 +249,10 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
     };
     let rows = accs
         .into_iter()
-        .filter(|(_, acc)| acc.total_w.first().is_none_or(|w| w.n > 0 || w.exact > 0.0))
+        .filter(|(_, acc)| {
+            let counted = if totals { &acc.total_w } else { &acc.self_w };
+            counted.first().is_none_or(|w| w.n > 0 || w.exact > 0.0)
+        })
         .map(|(name, acc)| {
             let energy: Vec<EnergyCell> = acc.self_w.iter().map(cell).collect();
             let first = energy.first().map_or(0.0, |e| e.joules);
@@ -233,7 +263,7 @@ pub fn by_function(profile: &Profile, domains: &[String]) -> Report {
                 },
                 cpu_ns: acc.cpu_ns,
                 samples: acc.self_w.first().map_or(0, |w| w.n),
-                total_energy: Some(acc.total_w.iter().map(cell).collect()),
+                total_energy: totals.then(|| acc.total_w.iter().map(cell).collect()),
                 energy,
                 power_w: if secs > 0.0 { first / secs } else { 0.0 },
                 share: if first_total > 0.0 {
@@ -277,6 +307,35 @@ mod tests {
             top.values().all(|f| f == "hot_heavy (burn.js:4)"),
             "{top:?}"
         );
+    }
+
+    #[test]
+    fn self_rows_are_by_function_self_cells_of_the_leaves() {
+        let p = testdata::profile();
+        let domains = ["package".to_string()];
+        let all = by_function(&p, &domains);
+        let own = self_by_function(&p, &domains);
+        assert!(!own.rows.is_empty());
+        for r in &own.rows {
+            let same = all
+                .rows
+                .iter()
+                .find(|a| a.key == r.key)
+                .expect("row in by_function");
+            assert_eq!(
+                (&r.energy, r.samples, r.cpu_ns),
+                (&same.energy, same.samples, same.cpu_ns)
+            );
+            assert!(r.total_energy.is_none());
+        }
+        // Every function left out carries no self energy (a caller only).
+        for a in &all.rows {
+            if !own.rows.iter().any(|r| r.key == a.key) {
+                assert_eq!(a.energy[0].joules, 0.0, "{:?}", a.key);
+                assert_eq!(a.samples, 0);
+            }
+        }
+        assert!(own.rows.len() < all.rows.len(), "main is only a caller");
     }
 
     #[test]

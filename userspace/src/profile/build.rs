@@ -4,20 +4,18 @@
 use std::sync::Arc;
 
 use super::Stacks;
+use super::interner::{FastMap, Interner, Stack};
 use super::{
-    Frame, FrameId, KERNEL_MAPPING, Labels, Location, LocationId, NO_STACK_SAMPLE, NOT_SYMBOLIZED,
-    Profile, ProfileMapping, ProfileMeta, ProfileSample, SAMPLES, SampleValues, ValueType,
+    Frame, Labels, NO_STACK_SAMPLE, Profile, ProfileMeta, ProfileSample, SAMPLES, SampleValues,
+    ValueType,
 };
 use crate::pb::v1::Mapping;
-use crate::symbolize::perf_map::{JitTable, jit_frame};
-use crate::symbolize::{JitRuntime, Symbolizer, caller_adjusted, mapping_of};
-
-/// Hash map with a fast non-cryptographic hasher: keys are our own addresses and ids.
-type FastMap<K, V> = foldhash::HashMap<K, V>;
+use crate::symbolize::perf_map::JitTable;
+use crate::symbolize::{JitRuntime, Symbolizer, caller_adjusted};
 
 /// A raw stack as recorded: (tgid, kernel addresses, user addresses, Python frame ids,
-/// Python groups).
-type StackKey<'r> = (u32, &'r [u64], &'r [u64], &'r [u64], &'r [u32]);
+/// Python groups, whether callers were cut off: a leaves-only build keys by the leaf).
+type StackKey<'r> = (u32, &'r [u64], &'r [u64], &'r [u64], &'r [u32], bool);
 
 /// Which samples to keep. Empty lists keep everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,191 +33,6 @@ impl Filter {
     }
 }
 
-/// A stack as frames and as locations, both leaf first.
-#[derive(Clone, Default)]
-struct Stack {
-    frames: Vec<FrameId>,
-    locations: Vec<LocationId>,
-}
-
-impl Stack {
-    fn push(&mut self, id: LocationId, locations: &[Location]) {
-        self.locations.push(id);
-        self.frames
-            .extend_from_slice(&locations[id as usize].frames);
-    }
-}
-
-/// Interns frames, locations (one per mapping and address) and mappings, and caches the
-/// location of each sampled address.
-struct Interner<'a> {
-    symbolizer: &'a mut Symbolizer,
-    ids: FastMap<Frame, FrameId>,
-    frames: Vec<Frame>,
-    locations: Vec<Location>,
-    mappings: Vec<ProfileMapping>,
-    /// Profile mapping of each (tgid, index in the recording's mappings of tgid).
-    mapping_ids: FastMap<(u32, usize), u32>,
-    kernel_mapping: Option<u32>,
-    user: FastMap<(u32, u64), LocationId>,
-    kernel: FastMap<u64, LocationId>,
-    /// Addresses in no mapping, which processes share.
-    unmapped: FastMap<u64, LocationId>,
-    /// Location of each Python frame id.
-    python: FastMap<u64, LocationId>,
-    /// Per process: its recorded perf-map entries and the runtime that wrote them.
-    jit: FastMap<u32, (JitTable, JitRuntime)>,
-    /// Only each stack's leaf is symbolized; every caller is [`NOT_SYMBOLIZED`]'s location.
-    leaves_only: bool,
-    /// The one location of every caller frame when `leaves_only`.
-    caller: Option<LocationId>,
-}
-
-impl Interner<'_> {
-    fn intern(&mut self, frame: Frame) -> FrameId {
-        if let Some(id) = self.ids.get(&frame) {
-            return *id;
-        }
-        let id = FrameId::try_from(self.frames.len()).unwrap_or(FrameId::MAX);
-        self.frames.push(frame.clone());
-        self.ids.insert(frame, id);
-        id
-    }
-
-    fn location(&mut self, mapping: Option<u32>, address: u64, frames: Vec<Frame>) -> LocationId {
-        let frames = frames.into_iter().map(|f| self.intern(f)).collect();
-        let id = LocationId::try_from(self.locations.len()).unwrap_or(LocationId::MAX);
-        self.locations.push(Location {
-            mapping,
-            address,
-            frames,
-        });
-        id
-    }
-
-    /// With `leaves_only`, pushes the placeholder for a frame that is not the stack's leaf
-    /// and says so; otherwise pushes nothing and returns false.
-    fn skip_caller(&mut self, out: &mut Stack) -> bool {
-        if !self.leaves_only || out.locations.is_empty() {
-            return false;
-        }
-        let id = match self.caller {
-            Some(id) => id,
-            None => {
-                let id = self.location(None, 0, vec![Frame::synthetic(NOT_SYMBOLIZED)]);
-                self.caller = Some(id);
-                id
-            }
-        };
-        out.push(id, &self.locations);
-        true
-    }
-
-    /// Whether a location runs CPython's evaluation loop (its Python frames go before it).
-    fn is_eval(&self, id: LocationId) -> bool {
-        self.locations[id as usize]
-            .frames
-            .iter()
-            .any(|&f| self.frames[f as usize].function == crate::python::EVAL_FRAME)
-    }
-
-    /// Pushes the Python frames `ids` (innermost first), named from the recording's table.
-    fn python(&mut self, ids: &[u64], table: &crate::record::PythonFrames, out: &mut Stack) {
-        for &pid in ids {
-            let id = match self.python.get(&pid) {
-                Some(&id) => id,
-                None => {
-                    let frame = match table.get(&pid) {
-                        Some(f) => crate::python::frame(&f.function, &f.file, f.line),
-                        None => crate::python::frame(crate::python::names::UNKNOWN, "", 0),
-                    };
-                    let id = self.location(None, 0, vec![frame]);
-                    self.python.insert(pid, id);
-                    id
-                }
-            };
-            out.push(id, &self.locations);
-        }
-    }
-
-    fn user_location(&mut self, tgid: u32, addr: u64, mappings: &[Mapping]) -> LocationId {
-        if let Some(&id) = self.user.get(&(tgid, addr)) {
-            return id;
-        }
-        let id = match mapping_of(addr, mappings) {
-            Some(i) => {
-                let next = self.mappings.len() as u32;
-                let mapping = *self.mapping_ids.entry((tgid, i)).or_insert_with(|| {
-                    let m = &mappings[i];
-                    self.mappings.push(ProfileMapping {
-                        start: m.start,
-                        end: m.end,
-                        file_offset: m.file_offset,
-                        path: m.path.clone(),
-                        build_id: m.build_id.clone(),
-                    });
-                    next
-                });
-                let frames = self.symbolizer.user(addr, mappings);
-                self.location(Some(mapping), addr, frames)
-            }
-            None if let Some(frame) = self.jit_frame(tgid, addr) => {
-                self.location(None, addr, vec![frame])
-            }
-            None => match self.unmapped.get(&addr) {
-                Some(&id) => id,
-                None => {
-                    let frames = self.symbolizer.user(addr, mappings);
-                    let id = self.location(None, addr, frames);
-                    self.unmapped.insert(addr, id);
-                    id
-                }
-            },
-        };
-        self.user.insert((tgid, addr), id);
-        id
-    }
-
-    /// The frame of `addr` from the process's recorded perf map, if an entry holds it.
-    fn jit_frame(&self, tgid: u32, addr: u64) -> Option<Frame> {
-        let (table, runtime) = self.jit.get(&tgid)?;
-        let (_, _, name) = table.lookup(addr)?;
-        Some(jit_frame(name, *runtime))
-    }
-
-    fn kernel(&mut self, addr: u64, out: &mut Stack) {
-        if let Some(&id) = self.kernel.get(&addr) {
-            out.push(id, &self.locations);
-            return;
-        }
-        // One kernel mapping spanning every kernel address sampled.
-        let mapping = match self.kernel_mapping {
-            Some(k) => {
-                let m = &mut self.mappings[k as usize];
-                m.start = m.start.min(addr);
-                m.end = m.end.max(addr.saturating_add(1));
-                k
-            }
-            None => {
-                let k = self.mappings.len() as u32;
-                self.mappings.push(ProfileMapping {
-                    start: addr,
-                    end: addr.saturating_add(1),
-                    file_offset: 0,
-                    path: KERNEL_MAPPING.to_string(),
-                    build_id: Vec::new(),
-                });
-                self.kernel_mapping = Some(k);
-                k
-            }
-        };
-        let frames = self.symbolizer.kernel(addr);
-        let id = self.location(Some(mapping), addr, frames);
-        out.push(id, &self.locations);
-        self.kernel.insert(addr, id);
-    }
-}
-
 /// Builds the profile of `input` (a [`Recording`](crate::record::Recording) or any other
 /// [`Stacks`]) weighted by `weights` (one row per `input.samples[i]`).
 ///
@@ -232,11 +45,11 @@ pub fn build<'a>(
     symbolizer: &mut Symbolizer,
     filter: &Filter,
 ) -> Profile {
-    build_with(input.into(), weights, symbolizer, filter, false)
+    build_with(input.into(), weights, symbolizer, filter, false, false)
 }
 
 /// [`build`] with only each stack's leaf symbolized (kernel, native, Python or JIT, with its
-/// inlined frames): every caller frame is one `NOT_SYMBOLIZED` frame. Self energy per
+/// inlined frames): a stack's callers are one `NOT_SYMBOLIZED` frame. Self energy per
 /// function (samples whose leaf it is) comes out exactly as from [`build`], for a fraction
 /// of the symbolizing; totals, stacks and anything else that reads callers do not.
 pub fn build_leaves<'a>(
@@ -245,7 +58,22 @@ pub fn build_leaves<'a>(
     symbolizer: &mut Symbolizer,
     filter: &Filter,
 ) -> Profile {
-    build_with(input.into(), weights, symbolizer, filter, true)
+    build_with(input.into(), weights, symbolizer, filter, true, false)
+}
+
+/// [`build`], or [`build_leaves`] when `leaves_only`, by a `symbolizer` that already holds
+/// the names the build needs ([`needed`] of the same input, filter and `leaves_only` went
+/// to its prefetch, or to `crate::symbolize::prefetch_together`): the addresses are not
+/// gathered a second time. Any name it lacks is resolved when looked up: the profile is the
+/// same either way.
+pub fn build_prefetched<'a>(
+    input: impl Into<Stacks<'a>>,
+    weights: &SampleValues,
+    symbolizer: &mut Symbolizer,
+    filter: &Filter,
+    leaves_only: bool,
+) -> Profile {
+    build_with(input.into(), weights, symbolizer, filter, leaves_only, true)
 }
 
 /// Resolves, ahead of [`build`] (or of [`build_leaves`] when `leaves_only`) of the same
@@ -294,6 +122,7 @@ fn build_with(
     symbolizer: &mut Symbolizer,
     filter: &Filter,
     leaves_only: bool,
+    prefetched: bool,
 ) -> Profile {
     let mut value_types = vec![ValueType::new(SAMPLES, "count")];
     value_types.extend(weights.value_types.iter().cloned());
@@ -313,33 +142,21 @@ fn build_with(
             .clone()
     };
 
-    let mut interner = Interner {
-        symbolizer,
-        ids: FastMap::default(),
-        frames: Vec::new(),
-        locations: Vec::new(),
-        mappings: Vec::new(),
-        mapping_ids: FastMap::default(),
-        kernel_mapping: None,
-        user: FastMap::default(),
-        kernel: FastMap::default(),
-        unmapped: FastMap::default(),
-        python: FastMap::default(),
-        jit: rec
-            .jit_symbols
-            .iter()
-            .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(&rec, tgid))))
-            .collect(),
-        leaves_only,
-        caller: None,
-    };
+    let jit = rec
+        .jit_symbols
+        .iter()
+        .map(|(&tgid, symbols)| (tgid, (JitTable::new(symbols), runtime_of(&rec, tgid))))
+        .collect();
     let no_mappings: Vec<Mapping> = Vec::new();
-    // Every address the kept samples need, resolved a file at a time up front (far faster
-    // than one lookup per address); the lookups below are then cache hits.
-    let (user, kernel) = addresses(&rec, &no_mappings, leaves_only, |tid, tgid| {
-        thread(tid, tgid).1
-    });
-    interner.symbolizer.prefetch(user, kernel);
+    if !prefetched {
+        // Every address the kept samples need, resolved a file at a time up front (far
+        // faster than one lookup per address); the lookups below are then cache hits.
+        let (user, kernel) = addresses(&rec, &no_mappings, leaves_only, |tid, tgid| {
+            thread(tid, tgid).1
+        });
+        symbolizer.prefetch(user, kernel);
+    }
+    let mut interner = Interner::new(symbolizer, jit, leaves_only);
     // Whole stacks repeat far more than they differ: one lookup per sample in the common case.
     let mut stacks: FastMap<StackKey<'_>, Stack> = FastMap::default();
     let mut samples = Vec::with_capacity(rec.samples.len());
@@ -348,48 +165,49 @@ fn build_with(
         if !keep {
             continue;
         }
+        let (kernel, user) = if leaves_only {
+            // The leaf alone decides the stack: its callers are one placeholder.
+            let kernel = &s.kernel_stack[..s.kernel_stack.len().min(1)];
+            let user = match kernel.is_empty() {
+                true => &s.user_stack[..s.user_stack.len().min(1)],
+                false => &[][..],
+            };
+            (kernel, user)
+        } else {
+            (s.kernel_stack.as_slice(), s.user_stack.as_slice())
+        };
+        let cut = kernel.len() + user.len() < s.kernel_stack.len() + s.user_stack.len();
         let key = (
             s.tgid,
-            s.kernel_stack.as_slice(),
-            s.user_stack.as_slice(),
+            kernel,
+            user,
             s.python_stack.as_slice(),
             s.python_groups.as_slice(),
+            cut,
         );
-        let stack = match stacks.get(&key) {
-            Some(stack) => stack.clone(),
-            None => {
-                let depth = s.kernel_stack.len() + s.user_stack.len();
-                let mut stack = Stack {
-                    frames: Vec::with_capacity(depth),
-                    locations: Vec::with_capacity(depth),
-                };
-                for (depth, &addr) in s.kernel_stack.iter().enumerate() {
-                    if !interner.skip_caller(&mut stack) {
-                        interner.kernel(caller_adjusted(addr, depth), &mut stack);
-                    }
-                }
-                let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
-                // With a kernel stack, the first user address is where the thread entered
-                // the kernel: still a leaf-like address of its own frame.
-                // Each evaluation-loop frame gets its call's Python frames just before it
-                // (leaf side); groups no such frame takes go on the root side.
-                let mut groups = PythonGroups::new(&s.python_stack, &s.python_groups);
-                for (depth, &addr) in s.user_stack.iter().enumerate() {
-                    if interner.skip_caller(&mut stack) {
-                        continue;
-                    }
-                    let id = interner.user_location(s.tgid, caller_adjusted(addr, depth), mappings);
-                    if !groups.is_done() && interner.is_eval(id) {
-                        interner.python(groups.next_group(), rec.python_frames, &mut stack);
-                    }
-                    stack.push(id, &interner.locations);
-                }
-                while !groups.is_done() {
-                    interner.python(groups.next_group(), rec.python_frames, &mut stack);
-                }
-                stacks.insert(key, stack.clone());
-                stack
-            }
+        let mappings = rec.mappings.get(&s.tgid).unwrap_or(&no_mappings);
+        let stack = if leaves_only {
+            // The interner's per-address locations make a leaf's stack as cheaply as a
+            // lookup of it would.
+            stack_of(
+                &mut interner,
+                s,
+                (kernel, user, cut),
+                mappings,
+                rec.python_frames,
+            )
+        } else if let Some(stack) = stacks.get(&key) {
+            stack.clone()
+        } else {
+            let stack = stack_of(
+                &mut interner,
+                s,
+                (kernel, user, cut),
+                mappings,
+                rec.python_frames,
+            );
+            stacks.insert(key, stack.clone());
+            stack
         };
         let mut values = Vec::with_capacity(1 + n_weights);
         values.push(1.0);
@@ -409,7 +227,7 @@ fn build_with(
         });
     }
 
-    let residual_location = interner.location(None, 0, vec![Frame::synthetic(NO_STACK_SAMPLE)]);
+    let residual_location = interner.location(None, 0, &[Frame::synthetic(NO_STACK_SAMPLE)]);
     let residual_frame = interner.locations[residual_location as usize].frames[0];
     let mut any_residual = false;
     for r in &weights.residuals {
@@ -435,7 +253,7 @@ fn build_with(
             },
         });
     }
-    let mut frames = interner.frames;
+    let mut frames = interner.table.frames;
     let mut locations = interner.locations;
     if !any_residual {
         // Made last and unused: keep the tables to what samples use.
@@ -483,6 +301,50 @@ fn build_with(
     profile
 }
 
+/// The stack of sample `s` from its kernel and user addresses `kernel` and `user` (all of
+/// them, or the leaf alone with `cut` when its callers were cut off: they become one
+/// placeholder) and its Python frames.
+fn stack_of(
+    interner: &mut Interner<'_>,
+    s: &crate::pb::v1::Sample,
+    (kernel, user, cut): (&[u64], &[u64], bool),
+    mappings: &[Mapping],
+    python_frames: &crate::record::PythonFrames,
+) -> Stack {
+    let depth = kernel.len() + user.len() + usize::from(cut);
+    let mut stack = Stack {
+        frames: Vec::with_capacity(depth),
+        locations: Vec::with_capacity(depth),
+    };
+    for (depth, &addr) in kernel.iter().enumerate() {
+        if !interner.skip_caller(&mut stack) {
+            interner.kernel(caller_adjusted(addr, depth), &mut stack);
+        }
+    }
+    // With a kernel stack, the first user address is where the thread entered the kernel:
+    // still a leaf-like address of its own frame.
+    // Each evaluation-loop frame gets its call's Python frames just before it (leaf side);
+    // groups no such frame takes go on the root side.
+    let mut groups = PythonGroups::new(&s.python_stack, &s.python_groups);
+    for (depth, &addr) in user.iter().enumerate() {
+        if interner.skip_caller(&mut stack) {
+            continue;
+        }
+        let id = interner.user_location(s.tgid, caller_adjusted(addr, depth), mappings);
+        if !groups.is_done() && interner.is_eval(id) {
+            interner.python(groups.next_group(), python_frames, &mut stack);
+        }
+        stack.push(id, &interner.locations);
+    }
+    if cut {
+        interner.skip_caller(&mut stack);
+    }
+    while !groups.is_done() {
+        interner.python(groups.next_group(), python_frames, &mut stack);
+    }
+    stack
+}
+
 /// The distinct user addresses (with their process's mappings) and kernel addresses, caller
 /// adjusted as the stacks look them up, of the samples `keep(tid, tgid)` keeps; with
 /// `leaves_only`, of each stack's leaf alone.
@@ -497,8 +359,10 @@ fn addresses<'r>(
     let mut seen_kernel: foldhash::HashSet<u64> = Default::default();
     let (mut user, mut kernel) = (Vec::new(), Vec::new());
     for s in rec.samples {
+        // A repeated stack adds nothing; with `leaves_only` the sets below see to it.
         if !keep(s.tid, s.tgid)
-            || !stacks.insert((s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice()))
+            || (!leaves_only
+                && !stacks.insert((s.tgid, s.kernel_stack.as_slice(), s.user_stack.as_slice())))
         {
             continue;
         }
@@ -573,216 +437,5 @@ fn runtime_of(rec: &Stacks<'_>, tgid: u32) -> JitRuntime {
 const PAGE: u64 = 0x1000;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pb::v1::{Header, Sample, ThreadInfo};
-    use crate::profile::Residual;
-    use crate::record::Recording;
-
-    fn rec() -> Recording {
-        let mut rec = Recording {
-            header: Header {
-                sample_hz: 100,
-                hostname: "box".into(),
-                ..Header::default()
-            },
-            end_ns: 2_000_000_000,
-            ..Recording::default()
-        };
-        for (tid, tgid, comm) in [(10, 10, "app"), (11, 10, "worker"), (20, 20, "other")] {
-            rec.threads.insert(
-                tid,
-                ThreadInfo {
-                    tid,
-                    tgid,
-                    comm: comm.into(),
-                    ..Default::default()
-                },
-            );
-        }
-        rec.mappings.insert(
-            10,
-            vec![Mapping {
-                tgid: 10,
-                start: 0x1000,
-                end: 0x2000,
-                path: "/nonexistent/app".into(),
-                ..Default::default()
-            }],
-        );
-        let sample = |tid, tgid, user: Vec<u64>, kernel: Vec<u64>| Sample {
-            tid,
-            tgid,
-            cpu: 1,
-            cgroup_id: 5,
-            user_stack: user,
-            kernel_stack: kernel,
-            ..Default::default()
-        };
-        rec.samples = vec![
-            sample(10, 10, vec![0x1010, 0x1101], vec![]),
-            sample(11, 10, vec![0x1010, 0x1101], vec![0xffff_0000]),
-            sample(20, 20, vec![0x5000], vec![]),
-        ];
-        rec
-    }
-
-    #[test]
-    fn addresses_in_recorded_perf_map_entries_are_jit_frames_of_their_process() {
-        use crate::pb::v1::JitSymbol;
-        use crate::symbolize::FrameKind;
-        let mut rec = rec();
-        rec.threads.get_mut(&20).expect("pid 20").comm = "node".into();
-        rec.jit_symbols.insert(
-            20,
-            vec![JitSymbol {
-                tgid: 20,
-                start: 0x4f00,
-                size: 0x200,
-                name: "JS:*hot /srv/app.js:7:3".into(),
-                ts_ns: 0,
-            }],
-        );
-        // Process 10 has no entries: the same address stays unresolved there.
-        rec.samples.push(Sample {
-            tid: 10,
-            tgid: 10,
-            user_stack: vec![0x5000],
-            ..Default::default()
-        });
-        let mut sym = Symbolizer::with_kallsyms(None);
-        let p = build(
-            &rec,
-            &SampleValues::cpu_time(&rec),
-            &mut sym,
-            &Filter::default(),
-        );
-        let leaf = |i: usize| &p.frames[p.samples[i].frames[0] as usize];
-        let jit = leaf(2);
-        assert_eq!(jit.function, "hot");
-        assert_eq!(
-            (jit.file.as_deref(), jit.line),
-            (Some("/srv/app.js"), Some(7))
-        );
-        assert_eq!(jit.kind, FrameKind::Jit(JitRuntime::V8));
-        assert_eq!(jit.kind.otel_name(), "v8js");
-        assert_eq!(leaf(3).function, "[unknown]+0x5000");
-        assert_eq!(leaf(3).kind, FrameKind::Native);
-    }
-
-    #[test]
-    fn builds_interned_leaf_first_stacks_with_cpu_time() {
-        let rec = rec();
-        let mut sym = Symbolizer::with_kallsyms(None);
-        let p = build(
-            &rec,
-            &SampleValues::cpu_time(&rec),
-            &mut sym,
-            &Filter::default(),
-        );
-        assert_eq!(p.value_types[0], ValueType::new("samples", "count"));
-        assert_eq!(p.value_types[1], ValueType::new("cpu", "nanoseconds"));
-        assert_eq!(p.samples.len(), 3);
-        assert_eq!(p.meta.totals, vec![3.0, 3e7]);
-        let names = |s: &ProfileSample| -> Vec<&str> {
-            s.frames
-                .iter()
-                .map(|&f| p.frames[f as usize].function.as_str())
-                .collect()
-        };
-        // Unresolvable file: module+offset, caller looked up at addr - 1.
-        assert_eq!(names(&p.samples[0]), vec!["app+0x10", "app+0x100"]);
-        assert_eq!(
-            names(&p.samples[1]),
-            vec!["[kernel]+0xffff0000", "app+0x10", "app+0x100"]
-        );
-        assert_eq!(names(&p.samples[2]), vec!["[unknown]+0x5000"]);
-        assert_eq!(p.samples[0].frames, p.samples[1].frames[1..]);
-        assert_eq!(p.frames.len(), 4, "frames are interned");
-        // Locations: one per (mapping, address), caller addresses minus one; the kernel
-        // mapping spans the kernel pages sampled, an address in no mapping has none.
-        let at = |s: &ProfileSample| -> Vec<(Option<&str>, u64)> {
-            s.locations
-                .iter()
-                .map(|&l| {
-                    let l = &p.locations[l as usize];
-                    let path = l.mapping.map(|m| p.mappings[m as usize].path.as_str());
-                    (path, l.address)
-                })
-                .collect()
-        };
-        let app = Some("/nonexistent/app");
-        assert_eq!(at(&p.samples[0]), vec![(app, 0x1010), (app, 0x1100)]);
-        assert_eq!(
-            at(&p.samples[1]),
-            vec![
-                (Some(KERNEL_MAPPING), 0xffff_0000),
-                (app, 0x1010),
-                (app, 0x1100)
-            ]
-        );
-        assert_eq!(at(&p.samples[2]), vec![(None, 0x5000)]);
-        assert_eq!(p.samples[0].locations, p.samples[1].locations[1..]);
-        assert_eq!(p.locations.len(), 4);
-        assert!(p.locations.iter().all(|l| l.frames.len() == 1));
-        let spans: Vec<_> = p
-            .mappings
-            .iter()
-            .map(|m| (m.path.as_str(), m.start, m.end, m.file_offset))
-            .collect();
-        assert_eq!(
-            spans,
-            vec![
-                ("/nonexistent/app", 0x1000, 0x2000, 0),
-                (KERNEL_MAPPING, 0xffff_0000, 0xffff_1000, 0xffff_0000),
-            ]
-        );
-        assert_eq!(&*p.samples[1].labels.comm, "worker");
-        assert_eq!(p.samples[1].labels.cpu, Some(1));
-        assert_eq!(p.samples[1].labels.cgroup, 5);
-    }
-
-    #[test]
-    fn filters_by_pid_and_comm_and_adds_residuals() {
-        let rec = rec();
-        let mut sym = Symbolizer::with_kallsyms(None);
-        let mut w = SampleValues::cpu_time(&rec);
-        w.residuals.push(Residual {
-            tgid: 10,
-            tid: 11,
-            values: vec![5e6],
-        });
-        w.residuals.push(Residual {
-            tgid: 20,
-            tid: 20,
-            values: vec![7e6],
-        });
-        let by_pid = Filter {
-            pids: vec![10],
-            comms: vec![],
-        };
-        let p = build(&rec, &w, &mut sym, &by_pid);
-        assert_eq!(p.samples.len(), 3);
-        let last = &p.samples[2];
-        assert_eq!(p.frames[last.frames[0] as usize].function, NO_STACK_SAMPLE);
-        let residual = &p.locations[last.locations[0] as usize];
-        assert_eq!((residual.mapping, residual.address), (None, 0));
-        assert_eq!(residual.frames, last.frames);
-        assert_eq!(last.values, vec![0.0, 5e6]);
-        assert_eq!(p.meta.totals, vec![2.0, 2.5e7]);
-        // A process name selects all its threads.
-        let by_comm = Filter {
-            pids: vec![],
-            comms: vec!["app".into()],
-        };
-        assert_eq!(build(&rec, &w, &mut sym, &by_comm).samples.len(), 3);
-        let none = Filter {
-            pids: vec![99],
-            comms: vec![],
-        };
-        let p = build(&rec, &w, &mut sym, &none);
-        assert!(p.samples.is_empty());
-        assert!(p.frames.is_empty());
-        assert!(p.locations.is_empty());
-    }
-}
+#[path = "build_tests.rs"]
+mod tests;

@@ -9,9 +9,10 @@
 //! provides it — the builder does not care which.
 
 mod build;
+mod interner;
 mod stacks;
 
-pub use build::{Filter, build, build_leaves, needed, prefetch};
+pub use build::{Filter, build, build_leaves, build_prefetched, needed, prefetch};
 pub use stacks::Stacks;
 
 use std::sync::Arc;

@@ -31,6 +31,9 @@ use blazesym::symbolize::{Input, Symbolized};
 
 use crate::pb::v1::Mapping;
 
+/// Hash map with a fast non-cryptographic hasher: keys are file paths and addresses.
+type FastMap<K, V> = foldhash::HashMap<K, V>;
+
 /// Counts of how symbolization went, for reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SymbolizeStats {
@@ -52,11 +55,13 @@ pub struct Symbolizer {
     /// Whether each file on disk still has the recorded build-id, per (path, recorded id).
     build_id_ok: HashMap<(String, Vec<u8>), bool>,
     /// Frames per file path and file offset, leaf first.
-    user_cache: HashMap<String, HashMap<u64, Vec<Frame>>>,
-    kernel_cache: HashMap<u64, Vec<Frame>>,
+    user_cache: FastMap<String, FastMap<u64, Vec<Frame>>>,
+    kernel_cache: FastMap<u64, Vec<Frame>>,
     /// Names the recording stored, consulted before resolving anything.
     stored: stored::Index,
     stats: SymbolizeStats,
+    /// The frames of the last address in no mapping (not cached: processes differ).
+    scratch: Vec<Frame>,
 }
 
 impl Default for Symbolizer {
@@ -77,10 +82,11 @@ impl Symbolizer {
             inner: blazesym_symbolizer(),
             kallsyms,
             build_id_ok: HashMap::new(),
-            user_cache: HashMap::new(),
-            kernel_cache: HashMap::new(),
+            user_cache: FastMap::default(),
+            kernel_cache: FastMap::default(),
             stored: stored::Index::default(),
             stats: SymbolizeStats::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -92,42 +98,93 @@ impl Symbolizer {
     /// Frames (leaf first, inlined callees before their caller) of user address `addr`,
     /// given the mappings recorded for its process.
     pub fn user(&mut self, addr: u64, mappings: &[Mapping]) -> Vec<Frame> {
+        self.user_frames(addr, mappings).to_vec()
+    }
+
+    /// [`Symbolizer::user`] without a copy: the frames as cached.
+    pub(crate) fn user_frames(&mut self, addr: u64, mappings: &[Mapping]) -> &[Frame] {
         let Some(m) = mapping_of(addr, mappings).map(|i| &mappings[i]) else {
             self.stats.unresolved += 1;
-            return vec![Frame::unresolved("[unknown]", addr, FrameKind::Native)];
+            self.scratch = vec![Frame::unresolved("[unknown]", addr, FrameKind::Native)];
+            return &self.scratch;
         };
         let offset = addr - m.start + m.file_offset;
-        if let Some(frames) = self.user_cache.get(&m.path).and_then(|c| c.get(&offset)) {
-            return frames.clone();
+        let cached = self
+            .user_cache
+            .get(&m.path)
+            .is_some_and(|c| c.contains_key(&offset));
+        if !cached {
+            let frames = match self.stored.user(&m.path, offset) {
+                Some(frames) => {
+                    self.stats.stored += 1;
+                    frames
+                }
+                None => self.resolve_user(m, offset),
+            };
+            let cache = match self.user_cache.get_mut(&m.path) {
+                Some(cache) => cache,
+                None => self.user_cache.entry(m.path.clone()).or_default(),
+            };
+            cache.insert(offset, frames);
         }
-        let frames = match self.stored.user(&m.path, offset) {
-            Some(frames) => {
-                self.stats.stored += 1;
-                frames
-            }
-            None => self.resolve_user(m, offset),
-        };
         self.user_cache
-            .entry(m.path.clone())
-            .or_default()
-            .insert(offset, frames.clone());
-        frames
+            .get(&m.path)
+            .and_then(|c| c.get(&offset))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// [`Symbolizer::user_frames`] for a caller that keeps what it is given and asks once
+    /// per address (a profile's interner): names the recording stored are handed over
+    /// rather than cached as well (each such hand-over counts in
+    /// [`SymbolizeStats::stored`]); anything else comes from the cache as there.
+    pub(crate) fn user_frames_once(
+        &mut self,
+        addr: u64,
+        mappings: &[Mapping],
+    ) -> std::borrow::Cow<'_, [Frame]> {
+        if let Some(m) = mapping_of(addr, mappings).map(|i| &mappings[i]) {
+            let offset = addr - m.start + m.file_offset;
+            let cached = self
+                .user_cache
+                .get(&m.path)
+                .is_some_and(|c| c.contains_key(&offset));
+            if !cached && let Some(frames) = self.stored.user(&m.path, offset) {
+                self.stats.stored += 1;
+                return frames.into();
+            }
+        }
+        self.user_frames(addr, mappings).into()
+    }
+
+    /// [`Symbolizer::user_frames_once`] for kernel address `addr`.
+    pub(crate) fn kernel_frames_once(&mut self, addr: u64) -> std::borrow::Cow<'_, [Frame]> {
+        if !self.kernel_cache.contains_key(&addr)
+            && let Some(frames) = self.stored.kernel(addr)
+        {
+            self.stats.stored += 1;
+            return frames.into();
+        }
+        self.kernel_frames(addr).into()
     }
 
     /// Frames of kernel address `addr`.
     pub fn kernel(&mut self, addr: u64) -> Vec<Frame> {
-        if let Some(frames) = self.kernel_cache.get(&addr) {
-            return frames.clone();
+        self.kernel_frames(addr).to_vec()
+    }
+
+    /// [`Symbolizer::kernel`] without a copy: the frames as cached.
+    pub(crate) fn kernel_frames(&mut self, addr: u64) -> &[Frame] {
+        if !self.kernel_cache.contains_key(&addr) {
+            let frames = match self.stored.kernel(addr) {
+                Some(frames) => {
+                    self.stats.stored += 1;
+                    frames
+                }
+                None => self.resolve_kernel(addr),
+            };
+            self.kernel_cache.insert(addr, frames);
         }
-        let frames = match self.stored.kernel(addr) {
-            Some(frames) => {
-                self.stats.stored += 1;
-                frames
-            }
-            None => self.resolve_kernel(addr),
-        };
-        self.kernel_cache.insert(addr, frames.clone());
-        frames
+        self.kernel_cache.get(&addr).map_or(&[], Vec::as_slice)
     }
 
     fn build_id_matches(&mut self, m: &Mapping) -> bool {

@@ -106,7 +106,7 @@ impl Collector {
             build_ids.entry(m.path.as_str()).or_insert(&m.build_id);
         }
         let mut out = Tables::default();
-        let files: BTreeMap<&String, &HashMap<u64, Vec<Frame>>> =
+        let files: BTreeMap<&String, &foldhash::HashMap<u64, Vec<Frame>>> =
             symbolizer.user_cache.iter().collect();
         for (path, offsets) in files {
             let build_id = build_ids.get(path.as_str()).copied().unwrap_or_default();
@@ -254,7 +254,7 @@ impl Symbolizer {
 pub(super) struct Index {
     tables: Arc<Vec<SymbolTable>>,
     /// Per file path: file offset → (table, file, address) indices.
-    user: HashMap<String, foldhash::HashMap<u64, (u32, u32, u32)>>,
+    user: foldhash::HashMap<String, foldhash::HashMap<u64, (u32, u32, u32)>>,
     /// Kernel address → (table, address) indices.
     kernel: foldhash::HashMap<u64, (u32, u32)>,
 }
