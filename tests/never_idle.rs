@@ -261,16 +261,10 @@ fn per_process(report: &serde_json::Value, pids: &[u32], watts: &[f64], truth: &
 }
 
 /// 10 ms on / 10 ms off on CPU 1 beside a spinner on CPU 0, no calibration: the zero-load
-/// fit over 5-update rows finds static power, and each process's joules follow.
-///
-/// Opt-in (`cargo test --test integration -- --ignored never_idle`): on the quiet 2-CPU VM
-/// static power comes out 6.20–6.97 W for a true 6 W over eight runs (7 of 8 within 15%;
-/// every process within 10% in all eight). Where the reads fell in step with the emulator's
-/// writes the fit found the counter's lag (0 instead of half a period: 6.20–6.51 W); where
-/// they did not, static leans 7–16% high, more than the simulator's 2.6% median for the
-/// same load, for a reason not yet shown. Under other load it passed 11 of 11.
+/// fit over rows of one 10 ms read interval finds static power, and each process's joules
+/// follow. On the quiet 2-CPU VM: static 5.81–6.16 W for a true 6 W over seven runs, every
+/// process within 1.5%.
 #[test]
-#[ignore = "static power leans 7-16% high on a quiet machine when reads fall out of step: 7 of 8 runs within 15%"]
 fn ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter() {
     if !require_root("ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter") {
         return;

@@ -123,6 +123,7 @@ fn every_cpu_busy_is_right_with_learned_static_power_and_calibration_wins() {
             .map(|i| super::zero_load::PowerRow {
                 busy_cpus: 0.1 * f64::from(i % 20),
                 power_w: 6.0 + 10.0 * 0.1 * f64::from(i % 20),
+                updates: 0.0,
             })
             .collect::<Vec<_>>(),
     )

@@ -159,6 +159,7 @@ impl Keeper {
             .map(|k| PowerRow {
                 power_w: k.power_w,
                 busy_cpus: k.busy_cpus,
+                updates: 0.0,
             })
             .collect();
         let fit = fit_zero_load(&rows).map_err(|(reason, _)| reason)?;
