@@ -524,6 +524,37 @@ mod tests {
     }
 
     #[test]
+    fn a_regular_counters_step_is_not_an_outlier() {
+        // 6 W + 10 W per busy CPU, read every 10.24 updates of a regular counter: a row
+        // holds 10 updates (power 2.3% low) or, one row in four, 11 (7.4% high), plus a
+        // little noise. Every row is kept and the line is the true one; with the step taken
+        // as noise the high rows are rejected and the line is that of the low rows (2.3%).
+        let updates = 10.24;
+        let pts: Vec<PowerRow> = (0..1000)
+            .map(|i| {
+                let busy_cpus = 1.0 + f64::from(i % 21) / 20.0;
+                let held = if i % 4 == 0 { 11.0 } else { 10.0 };
+                let noise = 0.05 * f64::from((i * 7919) % 11) / 10.0 - 0.025;
+                PowerRow {
+                    power_w: (6.0 + 10.0 * busy_cpus) * held / updates + noise,
+                    busy_cpus,
+                    updates,
+                }
+            })
+            .collect();
+        let fit = fit_zero_load(&pts).expect("identifiable");
+        assert_eq!(fit.rejected, 0, "{fit:?}");
+        assert!((fit.intercept_w - 6.0).abs() < 0.03, "{fit:?}");
+        let plain: Vec<PowerRow> = pts
+            .iter()
+            .map(|r| PowerRow { updates: 0.0, ..*r })
+            .collect();
+        let fit = fit_zero_load(&plain).expect("identifiable");
+        assert!(fit.rejected > 200, "{fit:?}");
+        assert!(fit.intercept_w < 5.9, "{fit:?}");
+    }
+
+    #[test]
     fn constant_utilisation_is_unidentified() {
         let pts: Vec<(f64, f64)> = (0..100).map(|i| (2.0, 26.0 + f64::from(i % 3))).collect();
         assert_eq!(
