@@ -6,11 +6,12 @@
 //! over rounds of the change against the same round's run alone, and the tool's own CPU
 //! per context switch of the machine during the run, and its peak RSS.
 //!
-//! Each run starts with a warm-up (a tenth of the requests, at least 10,000) that is not
-//! measured, under every mode alike: an always-on agent has long since loaded the unwind
-//! tables of redis-benchmark's files, once per file and machine, when a new client starts.
-//! That one-off cost is a new binary's, not a context switch's; the warm-up's own tool CPU
-//! is printed apart so it stays visible.
+//! Each run starts with a warm-up that is not measured, under every mode alike: a tenth of
+//! the requests (at least 10,000), and at least [`WARM`] in all. An always-on agent has long
+//! since loaded the unwind tables of redis-benchmark's files (once per file and machine)
+//! and closed its first window (which names every process it found) when a new client
+//! starts. Those one-off costs are not a context switch's; the warm-up's own tool CPU is
+//! printed apart so it stays visible.
 //!
 //! Self-contained: starts its own redis on a free loopback port with persistence off, in a
 //! private directory, and stops everything it started (also on error).
@@ -43,6 +44,9 @@ impl Mode {
         }
     }
 }
+
+/// The least time from a tool's start to the measured run: the agent's 5 s window and 1 s.
+const WARM: Duration = Duration::from_secs(6);
 
 /// Kills (and reaps) a child when dropped: nothing is left running after an error.
 struct Guard(Option<Child>);
@@ -180,7 +184,10 @@ fn one_run(mode: Mode, bin: &Path, dir: &Path, port: u16, requests: u64) -> Resu
     let mut guard = Guard(tool);
     let pid = guard.0.as_ref().map(Child::id);
     let warm0 = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0);
+    let warm_start = Instant::now();
     benchmark(port, (requests / 10).max(10_000))?;
+    // Past the agent's first window too: its first close names every process it found.
+    thread::sleep(WARM.saturating_sub(warm_start.elapsed()));
     let cpu0 = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0);
     let ctxt0 = ctxt()?;
     let t0 = Instant::now();
