@@ -52,11 +52,12 @@ impl Targets {
 pub struct Session {
     probes: Probes,
     targets: Targets,
-    /// Name and cgroup id last reported per thread.
-    comms: HashMap<u32, (Comm, u64)>,
-    processes: HashSet<u32>,
+    /// Name and cgroup id last reported per thread (looked up for every event: a fast
+    /// hash, as the fold's; never iterated, so its order reaches no output).
+    comms: foldhash::HashMap<u32, (Comm, u64)>,
+    processes: foldhash::HashSet<u32>,
     /// cgroup ids whose path was already recorded.
-    cgroups: HashSet<u64>,
+    cgroups: foldhash::HashSet<u64>,
     /// Threads that exited during the previous poll and during this one, as (tid, tgid).
     /// Their names are kept one more poll: the exit event can be drained before the last
     /// switch-outs of the same thread, which must not look like a new, nameless thread.
@@ -75,9 +76,9 @@ impl Session {
         Self {
             probes,
             targets,
-            comms: HashMap::new(),
-            processes: HashSet::new(),
-            cgroups: HashSet::new(),
+            comms: foldhash::HashMap::default(),
+            processes: foldhash::HashSet::default(),
+            cgroups: foldhash::HashSet::default(),
             exited: [Vec::new(), Vec::new()],
             vanished: 0,
             read_mappings,
