@@ -307,6 +307,33 @@ fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
     (u128::from(count) * u128::from(part) / u128::from(full)) as u64
 }
 
+/// The index a thread interner last gave each tid slot (`tid % RECENT_SLOTS`): most runs
+/// are of a thread met shortly before, found here without hashing. Another tid can share a
+/// slot, so a hit is only a candidate the interner confirms against its own keys.
+#[derive(Clone, Debug)]
+pub(crate) struct RecentByTid(Vec<u32>);
+
+/// Slots of [`RecentByTid`] (a power of two; 64 KiB).
+const RECENT_SLOTS: usize = 1 << 14;
+
+impl Default for RecentByTid {
+    fn default() -> Self {
+        Self(vec![0; RECENT_SLOTS])
+    }
+}
+
+impl RecentByTid {
+    /// The index last given in `tid`'s slot.
+    pub(crate) fn get(&self, tid: u32) -> Option<u32> {
+        self.0[tid as usize & (RECENT_SLOTS - 1)].checked_sub(1)
+    }
+
+    /// Notes `id` as the index of `tid`.
+    pub(crate) fn set(&mut self, tid: u32, id: u32) {
+        self.0[tid as usize & (RECENT_SLOTS - 1)] = id.saturating_add(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,9 +21,6 @@ pub struct ThreadIndex<'a> {
     runs: Vec<Vec<u32>>,
 }
 
-/// Slots of the tid-indexed cache of [`ThreadIndex::new`] (a power of two; 64 KiB).
-const RECENT: usize = 1 << 14;
-
 /// The index of idle and unknown runs in a [`ThreadIndex`].
 pub const NO_THREAD: u32 = u32::MAX;
 
@@ -32,9 +29,7 @@ impl<'a> ThreadIndex<'a> {
     pub fn new(timeline: &'a Timeline) -> Self {
         let mut ids: foldhash::HashMap<ThreadKey, u32> = Default::default();
         let mut keys: Vec<ThreadKey> = Vec::new();
-        // The index last met per tid slot, plus one (0: none): most runs are of a thread
-        // met before, found here without hashing.
-        let mut recent = vec![0u32; RECENT];
+        let mut recent = crate::timeline::RecentByTid::default();
         let mut runs: Vec<Vec<u32>> = timeline
             .cpus
             .iter()
@@ -46,8 +41,7 @@ impl<'a> ThreadIndex<'a> {
                             return NO_THREAD;
                         }
                         let key = (r.tgid, r.tid);
-                        let slot = &mut recent[r.tid as usize & (RECENT - 1)];
-                        if let Some(id) = slot.checked_sub(1)
+                        if let Some(id) = recent.get(r.tid)
                             && keys.get(id as usize) == Some(&key)
                         {
                             return id;
@@ -56,7 +50,7 @@ impl<'a> ThreadIndex<'a> {
                             keys.push(key);
                             (keys.len() - 1) as u32
                         });
-                        *slot = id + 1;
+                        recent.set(r.tid, id);
                         id
                     })
                     .collect()

@@ -9,7 +9,7 @@
 //! At 256 CPUs switching a million times a second, a 6 s window folds about 4.6 million
 //! runs: 37 MiB held this way against 220 MiB as runs.
 
-use crate::timeline::Run;
+use crate::timeline::{RecentByTid, Run};
 
 /// What a folded run says of its thread besides its times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -38,21 +38,12 @@ impl Who {
 pub(crate) struct Threads {
     ids: foldhash::HashMap<Who, u32>,
     who: Vec<Who>,
-    /// The index last interned per tid slot (`tid % RECENT`), plus one (0: none): most
-    /// runs are of a thread met before, found here without hashing.
-    recent: Vec<u32>,
+    recent: RecentByTid,
 }
-
-/// Slots of [`Threads::recent`] (a power of two; 64 KiB).
-const RECENT: usize = 1 << 14;
 
 impl Threads {
     fn intern(&mut self, who: Who) -> u32 {
-        if self.recent.is_empty() {
-            self.recent = vec![0; RECENT];
-        }
-        let slot = who.tid as usize & (RECENT - 1);
-        if let Some(id) = self.recent[slot].checked_sub(1)
+        if let Some(id) = self.recent.get(who.tid)
             && self.who.get(id as usize) == Some(&who)
         {
             return id;
@@ -62,7 +53,7 @@ impl Threads {
         if id == next {
             self.who.push(who);
         }
-        self.recent[slot] = id + 1;
+        self.recent.set(who.tid, id);
         id
     }
 }
