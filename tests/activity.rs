@@ -33,7 +33,7 @@ fn software_activity_event_is_counted_per_run_and_weighs_the_split() {
     // length (the probe reads at the switch, a few µs after the timestamp at most).
     let timeline = energy_bpf::timeline::Timeline::of(&rec);
     let (mut counted_ns, mut count, mut runs) = (0u64, 0u64, 0);
-    for run in timeline.cpus.iter().flat_map(|c| &c.runs) {
+    for run in timeline.cpus.iter().flat_map(|c| c.runs()) {
         if run.tgid == busy.pid()
             && let Some(a) = run.activity
         {

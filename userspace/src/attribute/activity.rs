@@ -34,7 +34,7 @@ impl ActivityWeights {
         let (mut count, mut counted_ns, mut busy_ns) = (0.0f64, 0.0f64, 0.0f64);
         for cpu in &timeline.cpus {
             let (mut c, mut ns) = (0.0f64, 0.0f64);
-            for run in cpu.runs.iter().filter(|r| r.is_busy()) {
+            for run in cpu.runs().filter(|r| r.is_busy()) {
                 busy_ns += run.len_ns() as f64;
                 if let Some(a) = run.activity {
                     c += a as f64;
@@ -131,14 +131,13 @@ mod tests {
         let w = ActivityWeights::from_timeline(&tl).expect("counted runs");
         // 800 counts over 400 counted ns: mean 2/ns; 400 of 800 busy ns counted.
         assert!((w.coverage - 0.5).abs() < 1e-12);
-        let runs = &tl.cpus[0].runs;
-        let of = |tid: u32| runs.iter().find(|r| r.tid == tid).expect("run");
-        assert!((w.weight(0, of(1)) - 1.5).abs() < 1e-12);
-        assert!((w.weight(0, of(2)) - 0.5).abs() < 1e-12);
+        let of = |tid: u32| tl.cpus[0].runs().find(|r| r.tid == tid).expect("run");
+        assert!((w.weight(0, &of(1)) - 1.5).abs() < 1e-12);
+        assert!((w.weight(0, &of(2)) - 0.5).abs() < 1e-12);
         // Uncounted: its CPU's mean rate, else the machine's.
-        let uncounted = tl.cpus[1].runs.iter().find(|r| r.tid == 3).expect("run");
-        assert!((w.weight(0, uncounted) - 1.0).abs() < 1e-12);
-        assert!((w.weight(1, uncounted) - 1.0).abs() < 1e-12);
+        let uncounted = tl.cpus[1].runs().find(|r| r.tid == 3).expect("run");
+        assert!((w.weight(0, &uncounted) - 1.0).abs() < 1e-12);
+        assert!((w.weight(1, &uncounted) - 1.0).abs() < 1e-12);
     }
 
     #[test]

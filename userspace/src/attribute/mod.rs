@@ -238,7 +238,7 @@ fn fill_thread_facts(input: &Input<'_>, threads: &mut BTreeMap<ThreadKey, Thread
     // non-zero cgroup id, as adding run by run.
     let mut on_cpu: foldhash::HashMap<ThreadKey, (u64, u64)> = Default::default();
     for cpu in &tl.cpus {
-        for run in cpu.runs.iter().filter(|r| r.is_busy()) {
+        for run in cpu.runs().filter(|r| r.is_busy()) {
             let (ns, cgroup_id) = on_cpu.entry((run.tgid, run.tid)).or_default();
             *ns += run.len_ns();
             if run.cgroup_id != 0 {

@@ -7,7 +7,7 @@
 //! time (policy `proportional`). Time nobody can name (UNKNOWN_TID) is split like a thread
 //! and reported as its own row, so the parts always add up to the measured delta.
 
-use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
+use crate::timeline::{CpuTimeline, IDLE_TID, Run, Timeline, UNKNOWN_TID};
 
 use super::IdlePolicy;
 
@@ -182,7 +182,7 @@ impl Occupancy {
     /// [`Self::totals`] with each CPU's runs from the first that ends after `a` given by
     /// `runs_of` (a caller walking intervals in order finds them without a search).
     pub(super) fn totals_of<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
-        runs_of: &dyn Fn(u32) -> Option<&'t [Run]>,
+        runs_of: &dyn Fn(u32) -> Option<RunsFrom<'t>>,
         cpus: &[u32],
         a: u64,
         b: u64,
@@ -202,20 +202,22 @@ impl Occupancy {
     }
 }
 
+/// A CPU's runs from one on: its timeline and the position of the first.
+pub(super) type RunsFrom<'t> = (&'t CpuTimeline, usize);
+
 /// The runs of `cpu` from the first that ends after `a` on (found by binary search), or
 /// `None` when the timeline has no such CPU.
-fn runs_from(timeline: &Timeline, cpu: u32, a: u64) -> Option<&[Run]> {
-    timeline.cpu(cpu).map(|ct| {
-        let first = ct.runs.partition_point(|r| r.end_ns <= a);
-        &ct.runs[first..]
-    })
+fn runs_from(timeline: &Timeline, cpu: u32, a: u64) -> Option<RunsFrom<'_>> {
+    timeline
+        .cpu(cpu)
+        .map(|ct| (ct, ct.store().first_ending_after(a)))
 }
 
 /// Walks the runs of `[a, b)` on `cpus` (`runs_of(cpu)`: its runs from the first that ends
 /// after `a`): idle time and the gaps the timeline does not cover go into `occ`, and each
 /// other run's part (ns and weighted ns) to `busy`.
 fn walk<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
-    runs_of: &dyn Fn(u32) -> Option<&'t [Run]>,
+    runs_of: &dyn Fn(u32) -> Option<RunsFrom<'t>>,
     cpus: &[u32],
     a: u64,
     b: u64,
@@ -225,16 +227,16 @@ fn walk<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
 ) {
     for &cpu in cpus {
         let mut covered = 0u64;
-        if let Some(runs) = runs_of(cpu) {
-            for run in runs.iter().take_while(|r| r.start_ns < b) {
+        if let Some((ct, first)) = runs_of(cpu) {
+            for run in ct.runs_from(first).take_while(|r| r.start_ns < b) {
                 let ns = run.overlap_ns(a, b);
                 covered += ns;
                 let ns = ns as f64;
                 if run.tid == IDLE_TID {
                     occ.idle_ns += ns;
                 } else {
-                    let weighted = ns * weight(cpu, run);
-                    busy(occ, run, ThreadTime { ns, weighted });
+                    let weighted = ns * weight(cpu, &run);
+                    busy(occ, &run, ThreadTime { ns, weighted });
                 }
             }
         }

@@ -4,75 +4,87 @@
 //! built per interval and none is held across intervals; the sums, and their order of
 //! addition, are those of [`Occupancy::tally`].
 
-use std::cell::Cell;
+use std::{cell::Cell, sync::Arc};
 
-use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
+use crate::timeline::{CpuTimeline, GAP, IDLE_TID, Run, RunStore, Timeline, UNKNOWN_TID, Who};
 
-use super::split::{Occupancy, ThreadKey, ThreadTime, ThreadTimes, add_gap};
+use super::split::{Occupancy, RunsFrom, ThreadKey, ThreadTime, ThreadTimes, add_gap};
 
-/// The threads of one timeline, interned once: their keys in order, and for every run the
-/// index of its thread's key ([`NO_THREAD`] for idle and unknown runs). Built once per
-/// window, it lets [`Tally`] sum each interval into a flat array.
+/// The threads of one timeline, interned once: their keys in order, and for every entry of
+/// the timeline's thread table the index of its key ([`NO_THREAD`] for unknown, [`IDLE`]
+/// for idle). Built once per window, it lets [`Tally`] sum each interval into a flat array.
 #[derive(Clone, Debug)]
 pub struct ThreadIndex<'a> {
     timeline: &'a Timeline,
     keys: Vec<ThreadKey>,
-    /// Per CPU of the timeline (same positions), per run.
-    runs: Vec<Vec<u32>>,
+    /// Per CPU of the timeline (same positions), its table's position in `tables`.
+    table_of: Vec<usize>,
+    /// Per thread table of the timeline (one, where its CPUs share it), per entry.
+    tables: Vec<Vec<u32>>,
 }
 
-/// The index of idle and unknown runs in a [`ThreadIndex`].
+/// The index of unknown runs in a [`ThreadIndex`].
 pub const NO_THREAD: u32 = u32::MAX;
+
+/// The index of idle runs in a [`ThreadIndex`].
+const IDLE: u32 = u32::MAX - 1;
 
 impl<'a> ThreadIndex<'a> {
     /// Interns every busy run's thread of `timeline`.
     pub fn new(timeline: &'a Timeline) -> Self {
-        let mut ids: foldhash::HashMap<ThreadKey, u32> = Default::default();
-        let mut keys: Vec<ThreadKey> = Vec::new();
-        let mut recent = crate::timeline::RecentByTid::default();
-        let mut runs: Vec<Vec<u32>> = timeline
+        // The CPUs' thread tables, each once (a built timeline's CPUs share one).
+        let mut shared: Vec<&Arc<[Who]>> = Vec::new();
+        let table_of: Vec<usize> = timeline
             .cpus
             .iter()
             .map(|ct| {
-                ct.runs
+                shared
                     .iter()
-                    .map(|r| {
-                        if r.tid == IDLE_TID || r.tid == UNKNOWN_TID {
-                            return NO_THREAD;
-                        }
-                        let key = (r.tgid, r.tid);
-                        if let Some(id) = recent.get(r.tid)
-                            && keys.get(id as usize) == Some(&key)
-                        {
-                            return id;
-                        }
-                        let id = *ids.entry(key).or_insert_with(|| {
-                            keys.push(key);
-                            (keys.len() - 1) as u32
-                        });
-                        recent.set(r.tid, id);
-                        id
+                    .position(|t| Arc::ptr_eq(t, ct.who()))
+                    .unwrap_or_else(|| {
+                        shared.push(ct.who());
+                        shared.len() - 1
+                    })
+            })
+            .collect();
+        // Which entries some run names: only their threads are keys.
+        let mut used: Vec<Vec<bool>> = shared.iter().map(|t| vec![false; t.len()]).collect();
+        for (ct, &t) in timeline.cpus.iter().zip(&table_of) {
+            let store = ct.store();
+            for i in 0..store.len() {
+                if let Some(u) = used[t].get_mut(store.id(i) as usize) {
+                    *u = true;
+                }
+            }
+        }
+        let mut keys: Vec<ThreadKey> = shared
+            .iter()
+            .zip(&used)
+            .flat_map(|(t, used)| t.iter().zip(used))
+            .filter(|(w, used)| **used && w.tid != IDLE_TID && w.tid != UNKNOWN_TID)
+            .map(|(w, _)| (w.tgid, w.tid))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let tables = shared
+            .iter()
+            .map(|t| {
+                t.iter()
+                    .map(|w| match w.tid {
+                        IDLE_TID => IDLE,
+                        UNKNOWN_TID => NO_THREAD,
+                        _ => keys
+                            .binary_search(&(w.tgid, w.tid))
+                            .map_or(NO_THREAD, |i| i as u32),
                     })
                     .collect()
             })
             .collect();
-        // Indices in key order, so an interval's threads sorted by index are in key order.
-        let mut order: Vec<u32> = (0..keys.len() as u32).collect();
-        order.sort_unstable_by_key(|&i| keys[i as usize]);
-        let mut rank = vec![0u32; keys.len()];
-        for (r, &i) in order.iter().enumerate() {
-            rank[i as usize] = r as u32;
-        }
-        for cpu in &mut runs {
-            for id in cpu.iter_mut().filter(|id| **id != NO_THREAD) {
-                *id = rank[*id as usize];
-            }
-        }
-        keys.sort_unstable();
         Self {
             timeline,
             keys,
-            runs,
+            table_of,
+            tables,
         }
     }
 
@@ -144,32 +156,45 @@ impl<'i, 'a> Tally<'i, 'a> {
         for &cpu in cpus {
             let mut covered = 0u64;
             if let Some(pos) = index.position(cpu) {
-                let runs = &index.timeline.cpus[pos].runs;
-                let ids = &index.runs[pos];
-                let first = seek(runs, &self.hints[pos], a);
+                let ct = &index.timeline.cpus[pos];
+                let store = ct.store();
+                let codes = &index.tables[index.table_of[pos]];
+                let first = seek(store, &self.hints[pos], a);
                 let mut last = first;
-                for (run, &id) in runs[first..].iter().zip(&ids[first..]) {
-                    if run.start_ns >= b {
+                for i in first..store.len() {
+                    let start = store.start(i);
+                    if start >= b {
                         break;
                     }
                     last += 1;
-                    let ns = run.overlap_ns(a, b);
+                    let id = store.id(i);
+                    if id == GAP {
+                        continue;
+                    }
+                    let ns = store.end(i).min(b).saturating_sub(start.max(a));
                     covered += ns;
                     let ns = ns as f64;
-                    if id != NO_THREAD {
-                        let i = id as usize;
-                        if !self.seen[i] {
-                            self.seen[i] = true;
-                            self.touched.push(id);
+                    match codes[id as usize] {
+                        IDLE => occ.idle_ns += ns,
+                        code => {
+                            let Some(run) = store.run(ct.who(), i) else {
+                                continue;
+                            };
+                            let weighted = ns * weight(cpu, &run);
+                            if code == NO_THREAD {
+                                occ.unknown.ns += ns;
+                                occ.unknown.weighted += weighted;
+                            } else {
+                                let i = code as usize;
+                                if !self.seen[i] {
+                                    self.seen[i] = true;
+                                    self.touched.push(code);
+                                }
+                                let t = &mut self.acc[i];
+                                t.ns += ns;
+                                t.weighted += weighted;
+                            }
                         }
-                        let t = &mut self.acc[i];
-                        t.ns += ns;
-                        t.weighted += ns * weight(cpu, run);
-                    } else if run.tid == IDLE_TID {
-                        occ.idle_ns += ns;
-                    } else {
-                        occ.unknown.ns += ns;
-                        occ.unknown.weighted += ns * weight(cpu, run);
                     }
                 }
                 // The last run met (it may reach into the next interval).
@@ -209,9 +234,9 @@ impl<'i, 'a> Tally<'i, 'a> {
     pub fn busy_ns(&self, cpus: &[u32], a: u64, b: u64) -> f64 {
         let mut idle = 0u64;
         for &cpu in cpus {
-            if let Some(runs) = self.runs_from(cpu, a) {
-                idle += runs
-                    .iter()
+            if let Some((ct, first)) = self.runs_from(cpu, a) {
+                idle += ct
+                    .runs_from(first)
                     .take_while(|r| r.start_ns < b)
                     .filter(|r| r.tid == IDLE_TID)
                     .map(|r| r.overlap_ns(a, b))
@@ -222,37 +247,51 @@ impl<'i, 'a> Tally<'i, 'a> {
     }
 
     /// The runs of `cpu` from the first that ends after `a` on, found from its hint.
-    fn runs_from(&self, cpu: u32, a: u64) -> Option<&'a [Run]> {
+    fn runs_from(&self, cpu: u32, a: u64) -> Option<RunsFrom<'a>> {
         let pos = self.index.position(cpu)?;
-        let runs = &self.index.timeline.cpus[pos].runs;
-        Some(&runs[seek(runs, &self.hints[pos], a)..])
+        let ct: &'a CpuTimeline = &self.index.timeline.cpus[pos];
+        Some((ct, seek(ct.store(), &self.hints[pos], a)))
     }
 }
 
-/// The first of `runs` (in time order) that ends after `a`, as
-/// `runs.partition_point(|r| r.end_ns <= a)` finds it, searched from `hint` (which it
-/// updates): back by binary search when the hint is past it, else forward by doubling steps
-/// from the hint, then a binary search within the last step. A query a few runs after the
-/// last costs a few probes of runs just read.
-fn seek(runs: &[Run], hint: &Cell<usize>, a: u64) -> usize {
-    let ends_by = move |r: &Run| r.end_ns <= a;
-    let h = hint.get().min(runs.len());
-    let first = if h > 0 && !ends_by(&runs[h - 1]) {
-        runs[..h].partition_point(ends_by)
+/// The first index in `lo..hi` where `ends_by` is false (it is true, then false).
+fn partition(mut lo: usize, mut hi: usize, ends_by: impl Fn(usize) -> bool) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if ends_by(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The first run of `runs` (in time order) that ends after `a`, as
+/// [`RunStore::first_ending_after`] finds it, searched from `hint` (which it updates): back
+/// by binary search when the hint is past it, else forward by doubling steps from the
+/// hint, then a binary search within the last step. A query a few runs after the last
+/// costs a few probes of runs just read.
+fn seek(runs: &RunStore, hint: &Cell<usize>, a: u64) -> usize {
+    let ends_by = move |i: usize| runs.end(i) <= a;
+    let len = runs.len();
+    let h = hint.get().min(len);
+    let first = if h > 0 && !ends_by(h - 1) {
+        partition(0, h, ends_by)
     } else {
         // Every run before `lo` ends by `a`.
         let mut lo = h;
         let mut step = 1;
         loop {
             let probe = lo + step;
-            if probe > runs.len() {
-                break lo + runs[lo..].partition_point(ends_by);
+            if probe > len {
+                break partition(lo, len, ends_by);
             }
-            if ends_by(&runs[probe - 1]) {
+            if ends_by(probe - 1) {
                 lo = probe;
                 step *= 2;
             } else {
-                break lo + runs[lo..probe - 1].partition_point(ends_by);
+                break partition(lo, probe - 1, ends_by);
             }
         }
     };
@@ -268,29 +307,33 @@ mod tests {
     #[test]
     fn seek_finds_what_a_binary_search_finds_from_any_hint() {
         // Runs end to end with a gap (idle time is a run too, but a gap is allowed).
-        let mut runs = Vec::new();
+        let mut runs = RunStore::default();
+        let mut threads = crate::timeline::Threads::default();
         let mut t = 0;
         for i in 0..200u64 {
             let len = 1 + (i * 7919) % 13;
-            runs.push(Run {
+            let run = Run {
                 start_ns: t,
                 end_ns: t + len,
                 tid: 1,
                 tgid: 1,
                 cgroup_id: 0,
                 activity: None,
-            });
+            };
+            runs.push(&mut threads, &run);
             t += len + u64::from(i == 50) * 40;
         }
+        assert_eq!(runs.len(), 201, "the gap is held as one");
         for hint in [0, 1, 2, 3, 17, 64, 199, 200, 500] {
             for a in (0..t + 5).step_by(3) {
-                let want = runs.partition_point(|r| r.end_ns <= a);
+                let want = runs.first_ending_after(a);
+                assert_eq!(want, partition(0, runs.len(), |i| runs.end(i) <= a));
                 let cell = Cell::new(hint);
                 assert_eq!(seek(&runs, &cell, a), want, "hint {hint}, a {a}");
                 assert_eq!(cell.get(), want);
             }
         }
-        assert_eq!(seek(&[], &Cell::new(3), 10), 0);
+        assert_eq!(seek(&RunStore::default(), &Cell::new(3), 10), 0);
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub fn readings(
             let n = ids.len().max(1) as f64;
             let mut busy = vec![0u64; steps];
             for ct in ids.iter().filter_map(|&c| timeline.cpu(c)) {
-                for r in ct.runs.iter().filter(|r| r.is_busy()) {
+                for r in ct.runs().filter(|r| r.is_busy()) {
                     let (from, to) = (r.start_ns.max(start), r.end_ns.min(end));
                     let mut k = ((from.saturating_sub(start)) / interval) as usize;
                     let mut a = start + k as u64 * interval;

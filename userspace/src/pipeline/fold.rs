@@ -40,10 +40,8 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use crate::{
     energy,
     pb::v1::{Cpu, EnergyReading, SwitchEvent},
-    timeline::{CpuTimeline, Run, Timeline, UNKNOWN_TID},
+    timeline::{CpuTimeline, Run, RunStore, Threads, Timeline, UNKNOWN_TID},
 };
-
-use runs::{Runs, Threads};
 
 /// A run not yet folded: its part of `[start_ns, end_ns)` and the switch that ended it.
 #[derive(Clone, Copy, Debug)]
@@ -90,8 +88,8 @@ struct CpuFold {
     /// The first raw run not yet wholly folded (the ones before are dropped in one go).
     raw_head: usize,
     /// Folded cells of the open window (and beyond, when this CPU is ahead), laid out,
-    /// compact (see `runs`).
-    done: Runs,
+    /// compact (see `timeline::store`): they move into the window's timeline at its close.
+    done: RunStore,
     /// Keep raw runs (an SMT sibling: the overlap needs real times).
     exact: bool,
     /// Runs the last window took: the next one's room is reserved at its first fold (once
@@ -378,7 +376,7 @@ impl Folder {
             });
         }
         let ids: Vec<u32> = self.cpus.keys().copied().collect();
-        let mut cpus = Vec::with_capacity(ids.len());
+        let mut stores = Vec::with_capacity(ids.len());
         // The runs past the end are indexed anew: the threads of this window go with it.
         let mut next = Threads::default();
         for id in ids {
@@ -406,12 +404,16 @@ impl Folder {
             cpu.raw.drain(..cpu.raw_head);
             cpu.raw_head = 0;
             // This window's runs; a CPU ahead of the end keeps the rest for the next one.
-            let runs = cpu.done.close(&self.threads, &mut next, start, end);
+            let runs = runs::close(&mut cpu.done, &mut self.threads, &mut next, end);
             cpu.room = runs.len();
-            cpus.push(CpuTimeline { cpu: id, runs });
+            stores.push((id, runs));
             self.cpus.insert(id, cpu);
         }
-        self.threads = next;
+        let who = std::mem::replace(&mut self.threads, next).table();
+        let cpus = stores
+            .into_iter()
+            .map(|(id, runs)| CpuTimeline::new(id, runs, who.clone()))
+            .collect();
         self.start_ns = end;
         self.cuts = self.cuts.split_off(&end);
         Timeline {
@@ -432,7 +434,7 @@ impl Folder {
 /// kept. The parts are ordered through `keys` (thread, counted, position: one 8- or 16-byte
 /// key per part, not the 48-byte runs); the parts come in time order, so a thread's parts
 /// stay in time order and its last non-zero cgroup wins.
-fn lay_out(cell: &[Run], keys: &mut Keys, threads: &mut Threads, out: &mut Runs, a: u64) {
+fn lay_out(cell: &[Run], keys: &mut Keys, threads: &mut Threads, out: &mut RunStore, a: u64) {
     let narrow = &mut keys.narrow;
     narrow.clear();
     let fits = cell.len() <= POS_MASK as usize
@@ -498,7 +500,7 @@ fn place(
     cell: &[Run],
     order: impl Iterator<Item = (u128, usize)>,
     threads: &mut Threads,
-    out: &mut Runs,
+    out: &mut RunStore,
     a: u64,
 ) {
     let mut group = u128::MAX;
@@ -531,27 +533,6 @@ fn place(
     if let Some(last) = open {
         out.push(threads, &last);
     }
-}
-
-/// Appends `run`, merged with the last one when it is the same thread and adjoins it.
-fn push_merged(runs: &mut Vec<Run>, run: Run) {
-    if run.start_ns >= run.end_ns {
-        return;
-    }
-    if let Some(last) = runs.last_mut()
-        && last.end_ns == run.start_ns
-        && last.tid == run.tid
-        && last.tgid == run.tgid
-        && last.activity.is_some() == run.activity.is_some()
-    {
-        last.end_ns = run.end_ns;
-        last.activity = last.activity.zip(run.activity).map(|(a, b)| a + b);
-        if run.cgroup_id != 0 {
-            last.cgroup_id = run.cgroup_id;
-        }
-        return;
-    }
-    runs.push(run);
 }
 
 /// The part of `count` (over `[began, ended)`) in `[from, to)`, the rate even over the run

@@ -287,8 +287,8 @@ fn folded_cells_keep_the_exact_per_interval_sums() {
     }
     let folded = folder.close(end);
     assert!(
-        folded.cpus.iter().map(|c| c.runs.len()).sum::<usize>()
-            < exact.cpus.iter().map(|c| c.runs.len()).sum::<usize>(),
+        folded.cpus.iter().map(|c| c.runs().count()).sum::<usize>()
+            < exact.cpus.iter().map(|c| c.runs().count()).sum::<usize>(),
         "folding keeps fewer runs"
     );
     // Each CPU's first run has no count (no switch began it); the exact timeline merges

@@ -222,7 +222,7 @@ impl Analysis {
             .timeline
             .cpus
             .iter()
-            .flat_map(|c| &c.runs)
+            .flat_map(|c| c.runs())
             .filter(|r| r.tid == crate::timeline::UNKNOWN_TID)
             .map(|r| r.len_ns())
             .sum();

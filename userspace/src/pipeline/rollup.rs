@@ -103,7 +103,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     // per process as they come, not held per thread and CPU.
     let mut by_cpu: FastMap<(u32, u32), Vec<u64>> = FastMap::default();
     for (ci, cpu) in tl.cpus.iter().enumerate() {
-        for run in cpu.runs.iter().filter(|r| r.is_busy()) {
+        for run in cpu.runs().filter(|r| r.is_busy()) {
             let inst = lifetimes.instance(run.tgid, run.start_ns);
             let (ns, cgroup_id) = on_cpu.entry((run.tgid, inst, run.tid)).or_default();
             *ns += run.len_ns();

@@ -6,7 +6,11 @@
 //! Busy and idle time come from here, never from sample counts: idle CPUs in a VM may take
 //! no timer samples at all (docs/ARCHITECTURE.md, "Our machines").
 
-use std::collections::BTreeMap;
+mod store;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+pub(crate) use store::{GAP, RunStore, Threads, Who};
 
 use crate::{
     pb::v1::SwitchEvent,
@@ -55,21 +59,35 @@ impl Run {
     }
 }
 
-/// The runs of one CPU, sorted, non-overlapping, covering the window without gaps.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// The runs of one CPU, sorted, non-overlapping, covering the window without gaps. Held
+/// compact (see `store`): runs are read as values.
+#[derive(Clone, Debug)]
 pub struct CpuTimeline {
     /// CPU number.
     pub cpu: u32,
-    /// Runs in time order.
-    pub runs: Vec<Run>,
+    store: RunStore,
+    /// The window's threads, which `store` indexes.
+    who: Arc<[Who]>,
 }
 
 impl CpuTimeline {
+    pub(crate) fn new(cpu: u32, store: RunStore, who: Arc<[Who]>) -> Self {
+        Self { cpu, store, who }
+    }
+
+    /// Every run, in time order.
+    pub fn runs(&self) -> impl Iterator<Item = Run> + '_ {
+        self.runs_from(0)
+    }
+
+    /// The runs from the `i`-th of the store on (see [`Self::store`]).
+    pub(crate) fn runs_from(&self, i: usize) -> impl Iterator<Item = Run> + '_ {
+        (i..self.store.len()).filter_map(|i| self.store.run(&self.who, i))
+    }
+
     /// Runs that overlap `[a, b)`, found by binary search.
-    pub fn runs_in(&self, a: u64, b: u64) -> impl Iterator<Item = &Run> {
-        let first = self.runs.partition_point(|r| r.end_ns <= a);
-        self.runs[first..]
-            .iter()
+    pub fn runs_in(&self, a: u64, b: u64) -> impl Iterator<Item = Run> + '_ {
+        self.runs_from(self.store.first_ending_after(a))
             .take_while(move |r| r.start_ns < b)
     }
 
@@ -80,7 +98,25 @@ impl CpuTimeline {
             .map(|r| r.overlap_ns(a, b))
             .sum()
     }
+
+    /// The runs as held: starts, thread indices into [`Self::who`].
+    pub(crate) fn store(&self) -> &RunStore {
+        &self.store
+    }
+
+    /// The threads the store's indices name.
+    pub(crate) fn who(&self) -> &Arc<[Who]> {
+        &self.who
+    }
 }
+
+impl PartialEq for CpuTimeline {
+    fn eq(&self, other: &Self) -> bool {
+        self.cpu == other.cpu && self.runs().eq(other.runs())
+    }
+}
+
+impl Eq for CpuTimeline {}
 
 /// Every CPU's runs over one capture window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -135,6 +171,7 @@ impl Timeline {
         // (events, in time order) per CPU, the window's CPUs included when they had none.
         let mut seen: BTreeMap<u32, (usize, bool)> = cpus.iter().map(|&c| (c, (0, true))).collect();
         seen.extend(orders.iter().map(|(cpu, o)| (cpu, (o.events, o.ordered))));
+        let mut threads = Threads::default();
         let mut builders: BTreeMap<u32, CpuRuns> = seen
             .iter()
             .map(|(&cpu, &(count, _))| (cpu, CpuRuns::new(start_ns, end_ns, count)))
@@ -149,22 +186,24 @@ impl Timeline {
                 if let Some(gathered) = unordered.get_mut(&s.cpu) {
                     gathered.push(*s);
                 } else if let Some(b) = builders.get_mut(&s.cpu) {
-                    b.push(s);
+                    b.push(&mut threads, s);
                 }
             }
         });
         for (cpu, mut events) in unordered {
             events.sort_by_key(|e| e.ts_ns);
             if let Some(b) = builders.get_mut(&cpu) {
-                events.iter().for_each(|e| b.push(e));
+                events.iter().for_each(|e| b.push(&mut threads, e));
             }
         }
-        let cpus = builders
+        let stores: Vec<(u32, RunStore)> = builders
             .into_iter()
-            .map(|(cpu, b)| CpuTimeline {
-                cpu,
-                runs: b.finish(),
-            })
+            .map(|(cpu, b)| (cpu, b.finish(&mut threads)))
+            .collect();
+        let who = threads.table();
+        let cpus = stores
+            .into_iter()
+            .map(|(cpu, store)| CpuTimeline::new(cpu, store, who.clone()))
             .collect();
         Self {
             start_ns,
@@ -218,7 +257,9 @@ impl Switches<'_> {
 struct CpuRuns {
     start_ns: u64,
     end_ns: u64,
-    runs: Vec<Run>,
+    runs: RunStore,
+    /// The latest run, held while the next may merge into it.
+    open: Option<Run>,
     /// Where the run the next switch ends began (the latest switch, or the window start).
     cursor: u64,
     /// The previous switch on this CPU, where the run a switch ends began.
@@ -230,30 +271,36 @@ struct CpuRuns {
 impl CpuRuns {
     /// A builder for a CPU with `events` switches (an upper bound on its runs, less one).
     fn new(start_ns: u64, end_ns: u64, events: usize) -> Self {
+        let mut runs = RunStore::default();
+        runs.reserve(events + 1);
         Self {
             start_ns,
             end_ns,
-            runs: Vec::with_capacity(events + 1),
+            runs,
+            open: None,
             cursor: start_ns,
             previous: None,
             last_next: None,
         }
     }
 
-    fn push(&mut self, event: &SwitchEvent) {
+    fn push(&mut self, threads: &mut Threads, event: &SwitchEvent) {
         let (from, to) = (self.cursor.max(self.start_ns), event.ts_ns.min(self.end_ns));
         let activity = match (event.activity, self.previous) {
             (Some(count), Some(began)) => Some(clip(count, began, event.ts_ns, from, to)),
             _ => None,
         };
-        self.add(Run {
-            start_ns: from,
-            end_ns: to,
-            tid: event.tid,
-            tgid: event.tgid,
-            cgroup_id: event.cgroup_id,
-            activity,
-        });
+        self.add(
+            threads,
+            Run {
+                start_ns: from,
+                end_ns: to,
+                tid: event.tid,
+                tgid: event.tgid,
+                cgroup_id: event.cgroup_id,
+                activity,
+            },
+        );
         self.cursor = self.cursor.max(event.ts_ns);
         self.previous = Some(event.ts_ns);
         self.last_next = event
@@ -261,13 +308,13 @@ impl CpuRuns {
             .then_some((event.next_tid, event.next_tgid));
     }
 
-    fn add(&mut self, run: Run) {
+    fn add(&mut self, threads: &mut Threads, run: Run) {
         if run.start_ns >= run.end_ns {
             return;
         }
         // Merge with the previous run when it is the same thread (e.g. a gap filled by an
         // unknown-next run that the next event shows was the same task).
-        if let Some(last) = self.runs.last_mut()
+        if let Some(last) = self.open.as_mut()
             && last.end_ns == run.start_ns
             && last.tid == run.tid
         {
@@ -278,21 +325,29 @@ impl CpuRuns {
                 .map(|(a, b)| a.saturating_add(b));
             return;
         }
-        self.runs.push(run);
+        if let Some(last) = self.open.replace(run) {
+            self.runs.push(threads, &last);
+        }
     }
 
     /// The runs, with the last one still going at the window's end: the `next` of the last
     /// switch, or unknown. Its count comes with the switch that ends it.
-    fn finish(mut self) -> Vec<Run> {
+    fn finish(mut self, threads: &mut Threads) -> RunStore {
         let (tid, tgid) = self.last_next.unwrap_or((UNKNOWN_TID, 0));
-        self.add(Run {
-            start_ns: self.cursor.max(self.start_ns),
-            end_ns: self.end_ns,
-            tid,
-            tgid,
-            cgroup_id: 0,
-            activity: None,
-        });
+        self.add(
+            threads,
+            Run {
+                start_ns: self.cursor.max(self.start_ns),
+                end_ns: self.end_ns,
+                tid,
+                tgid,
+                cgroup_id: 0,
+                activity: None,
+            },
+        );
+        if let Some(last) = self.open.take() {
+            self.runs.push(threads, &last);
+        }
         self.runs
     }
 }
@@ -343,8 +398,7 @@ mod tests {
     fn spans(t: &Timeline, cpu: u32) -> Vec<(u64, u64, u32)> {
         t.cpu(cpu)
             .expect("cpu present")
-            .runs
-            .iter()
+            .runs()
             .map(|r| (r.start_ns, r.end_ns, r.tid))
             .collect()
     }
@@ -431,8 +485,7 @@ mod tests {
         ];
         let t = Timeline::build(100, 400, &[0], &ev);
         let runs: Vec<(u64, u64, Option<u64>)> = t.cpus[0]
-            .runs
-            .iter()
+            .runs()
             .map(|r| (r.start_ns, r.end_ns, r.activity))
             .collect();
         // (50, 150] keeps half its count inside the window; (150, 450] keeps 250/300.
@@ -445,8 +498,7 @@ mod tests {
         ];
         let t = Timeline::build(0, 400, &[0], &ev);
         let runs: Vec<(u64, u64, Option<u64>)> = t.cpus[0]
-            .runs
-            .iter()
+            .runs()
             .map(|r| (r.start_ns, r.end_ns, r.activity))
             .collect();
         assert_eq!(
@@ -472,7 +524,7 @@ mod tests {
         assert_eq!(cpu.busy_ns(0, 400), 200);
         assert_eq!(cpu.runs_in(350, 400).count(), 1);
         // Runs cover the whole window with no gaps.
-        let total: u64 = cpu.runs.iter().map(Run::len_ns).sum();
+        let total: u64 = cpu.runs().map(|r| r.len_ns()).sum();
         assert_eq!(total, 400);
     }
 }
