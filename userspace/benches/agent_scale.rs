@@ -1,13 +1,13 @@
 //! How the agent's userspace cost grows with the machine: a synthetic stream of what the
 //! capture session hands the agent (switch events of N CPUs among T threads at R switches
 //! per second, thread names on first sighting, process churn with fork and exit events)
-//! is fed to the agent's [`Pipeline`] one chunk per second of input (the agent polls once
-//! a second) and a window is closed every 5 s of input (the agent's default), as the
-//! agent does. Measured: the pipeline's CPU time (this thread's CPU clock around push and
+//! is fed to the agent's [`Pipeline`] one chunk per quarter second of input (the agent
+//! polls four times a second) and a window is closed every 5 s of input (the agent's
+//! default), then released, as the agent does. Measured: the pipeline's CPU time (this thread's CPU clock around push and
 //! close only; generating the stream is not counted) per second of input and per switch,
 //! and RSS after every window (flat = nothing grows with run time), and the high-water mark
-//! of the run (the pipeline while it closes a window, with the generator's second of input:
-//! RSS between windows is what the allocator kept of that peak).
+//! of the run (the pipeline while it closes a window, with the generator's quarter second
+//! of input: RSS between windows is what the allocator kept of that peak).
 //!
 //! Not covered: decoding the ring buffers and the session's per-event bookkeeping (they
 //! need the probes); `cargo xtask bench server` measures the whole agent for real.
@@ -62,6 +62,9 @@ struct Stream {
 
 const START_NS: u64 = 1_000_000_000;
 const WINDOW: Duration = Duration::from_secs(5);
+/// Input per chunk: the agent's poll.
+const POLL_NS: u64 = 250_000_000;
+const POLLS_PER_S: u64 = 1_000_000_000 / POLL_NS;
 
 impl Stream {
     fn new(s: Setting) -> Self {
@@ -92,19 +95,24 @@ impl Stream {
         }
     }
 
-    /// One second of input, as one drain would deliver it: each CPU's switches in time
-    /// order, CPU after CPU.
-    fn second(&mut self) -> pb::Chunk {
+    /// One poll of input ([`POLL_NS`]), as one drain delivers it: each CPU's switches in
+    /// time order, CPU after CPU.
+    fn poll(&mut self) -> pb::Chunk {
         let mut chunk = pb::Chunk::default();
         let t0 = self.now_ns;
-        let per_cpu = self.s.switches_per_s / u64::from(self.s.cpus);
-        let gap = 1_000_000_000 / per_cpu.max(1);
-        // Short-lived processes of this second: fork, a few runs, exit.
+        let per_cpu = self.s.switches_per_s / u64::from(self.s.cpus) / POLLS_PER_S;
+        let gap = POLL_NS / per_cpu.max(1);
+        let churn = self.s.churn_per_s / POLLS_PER_S;
+        // The session reserves a drain's switches at once.
+        chunk
+            .switches
+            .reserve_exact((per_cpu * u64::from(self.s.cpus)) as usize);
+        // Short-lived processes of this poll: fork, a few runs, exit.
         let mut churned = Vec::new();
-        for i in 0..self.s.churn_per_s {
+        for i in 0..churn {
             let pid = self.next_pid;
             self.next_pid += 1;
-            let ts = t0 + i * (1_000_000_000 / self.s.churn_per_s.max(1));
+            let ts = t0 + i * (POLL_NS / churn.max(1));
             let parent = self.threads[self.rng.below(self.threads.len() as u64) as usize];
             let mut fork = pb::ProcessEvent {
                 ts_ns: ts,
@@ -161,7 +169,7 @@ impl Stream {
                 self.running[cpu as usize] = next;
             }
         }
-        self.now_ns = t0 + 1_000_000_000;
+        self.now_ns = t0 + POLL_NS;
         chunk
     }
 }
@@ -220,8 +228,8 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
     let mut cpu_ns = 0;
     let mut rss = Vec::new();
     let window_ns = WINDOW.as_nanos() as u64;
-    for _ in 0..s.secs {
-        let chunk = stream.second();
+    for _ in 0..s.secs * POLLS_PER_S {
+        let chunk = stream.poll();
         let t = thread_cpu_ns();
         pipeline.push(chunk);
         // The agent ends a window before anything could still be in flight.
@@ -229,7 +237,7 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
         if limit >= pipeline.window_start_ns() + window_ns {
             let w = pipeline.close_at(limit);
             std::hint::black_box(&w.processes);
-            drop(w);
+            w.release();
             cpu_ns += thread_cpu_ns() - t;
             rss.push(rss_kib());
         } else {

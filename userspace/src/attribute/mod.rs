@@ -233,20 +233,10 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
 /// Ids, on-CPU time, sample counts, names and cgroups of every thread seen anywhere.
 fn fill_thread_facts(input: &Input<'_>, threads: &mut BTreeMap<ThreadKey, ThreadEnergy>) {
     let tl = input.timeline;
-    // Summed per thread in a hash map first (a window has many runs per thread), then
-    // added to the ordered map once per thread: the same integer sums, and the same last
-    // non-zero cgroup id, as adding run by run.
-    let mut on_cpu: foldhash::HashMap<ThreadKey, (u64, u64)> = Default::default();
-    for cpu in &tl.cpus {
-        for run in cpu.runs().filter(|r| r.is_busy()) {
-            let (ns, cgroup_id) = on_cpu.entry((run.tgid, run.tid)).or_default();
-            *ns += run.len_ns();
-            if run.cgroup_id != 0 {
-                *cgroup_id = run.cgroup_id;
-            }
-        }
-    }
-    for (key, (ns, cgroup_id)) in on_cpu {
+    // Summed per thread flat first (a window has many runs per thread), then added to the
+    // ordered map once per thread: the same integer sums, and the same last non-zero
+    // cgroup id, as adding run by run.
+    for (key, ns, cgroup_id) in tl.busy_by_thread(&|_| false, &mut Vec::new(), None) {
         let t = threads.entry(key).or_default();
         t.cpu_ns += ns;
         if cgroup_id != 0 {

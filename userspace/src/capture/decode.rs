@@ -20,16 +20,30 @@ pub fn comm_string(raw: &Comm) -> String {
     String::from_utf8_lossy(comm_bytes(raw)).into_owned()
 }
 
-/// One decoded probe event, in the recording's types.
+/// One decoded probe event, in the recording's types. A sample is boxed: a drain holds
+/// every event of a poll at once, and switches (56 bytes) far outnumber samples (which
+/// would make each event 192 bytes).
 #[derive(Debug)]
 pub enum Event {
     /// A context switch.
     Switch(pb::SwitchEvent),
-    /// A stack sample, the sampled task's raw comm, and the probe's `unwind` word
-    /// (`SampleEvent::unwind`).
-    Sample(pb::Sample, Comm, u32, crate::python::RawFrames),
+    /// A stack sample.
+    Sample(Box<DecodedSample>),
     /// A lifecycle event.
     Process(pb::ProcessEvent),
+}
+
+/// A stack sample as decoded, with what the session needs beside it.
+#[derive(Debug)]
+pub struct DecodedSample {
+    /// The sample.
+    pub sample: pb::Sample,
+    /// The sampled task's raw comm.
+    pub comm: Comm,
+    /// The probe's `unwind` word (`SampleEvent::unwind`).
+    pub unwind: u32,
+    /// The CPython frames the probe read.
+    pub python: crate::python::RawFrames,
 }
 
 pub(super) fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
@@ -104,8 +118,8 @@ pub(super) fn decode_sample(e: &SampleEvent) -> Event {
         unwind_stop::TAIL_CALL => pb::UnwindStop::TailCall,
         _ => pb::UnwindStop::Off,
     };
-    Event::Sample(
-        pb::Sample {
+    Event::Sample(Box::new(DecodedSample {
+        sample: pb::Sample {
             ts_ns: e.ts_ns,
             cpu: e.cpu,
             tid: e.tid,
@@ -117,13 +131,13 @@ pub(super) fn decode_sample(e: &SampleEvent) -> Event {
             unwind_stop: stop as i32,
             ..Default::default()
         },
-        e.comm,
-        e.unwind,
-        crate::python::RawFrames {
+        comm: e.comm,
+        unwind: e.unwind,
+        python: crate::python::RawFrames {
             stop: e.py_stop,
             frames: e.py_frames[..(e.py_depth as usize).min(e.py_frames.len())].to_vec(),
         },
-    )
+    }))
 }
 
 pub(super) fn decode_proc(e: &ProcEvent) -> pb::ProcessEvent {

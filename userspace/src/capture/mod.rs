@@ -24,7 +24,7 @@ pub(crate) mod unwinder;
 pub(crate) mod windowed;
 
 pub(crate) use activity::ActivityEvent;
-pub(crate) use decode::{Comm, Event, comm_string};
+pub(crate) use decode::{Comm, DecodedSample, Event, comm_string};
 pub use live::{Live, LiveError, LiveOptions};
 pub(crate) use probes::{CaptureError, Probes, UnwindMode, sample_ring_bytes};
 pub use windowed::{Capture, LiveConfig};

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Comm, Event, Probes, comm_string, host};
+use super::{Comm, DecodedSample, Event, Probes, comm_string, host};
 use crate::pb::v1::{self as pb, process_event::Kind};
 
 /// Reads the executable mappings of a process (build-ids included where available).
@@ -135,13 +135,24 @@ impl Session {
         } else {
             self.probes.drain(|e| events.push(e));
         }
+        let switches = events
+            .iter()
+            .filter(|e| matches!(e, Event::Switch(_)))
+            .count();
+        chunk.switches.reserve_exact(switches);
         for event in events {
             match event {
                 Event::Switch(s) => {
                     self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
                     chunk.switches.push(s);
                 }
-                Event::Sample(mut s, comm, unwind, py) => {
+                Event::Sample(decoded) => {
+                    let DecodedSample {
+                        sample: mut s,
+                        comm,
+                        unwind,
+                        python: py,
+                    } = *decoded;
                     let seen = Sighting {
                         cgroup_id: s.cgroup_id,
                         comm: Some(comm),

@@ -65,6 +65,11 @@ impl Lifetimes {
         Self { births }
     }
 
+    /// Whether `tgid` was given to a new process in the window.
+    fn reused(&self, tgid: u32) -> bool {
+        self.births.contains_key(&tgid)
+    }
+
     /// Which instance of `tgid` was alive at `ts_ns` (0 = the first one seen).
     fn instance(&self, tgid: u32, ts_ns: u64) -> u32 {
         if self.births.is_empty() {
@@ -95,32 +100,38 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     // (tgid, instance, tid) -> facts, from the exact timeline and the samples.
     // Gathered in a hash map (one lookup per thread and CPU), ordered once at the end.
     let mut facts: FastMap<(u32, u32, u32), ThreadFacts> = FastMap::default();
-    // Each CPU's runs are summed per thread first (a window has many runs per thread and
-    // CPU), then added to the thread's facts once: the same integer sums, and the same
-    // last non-zero cgroup id, as adding run by run.
-    let mut on_cpu: FastMap<(u32, u32, u32), (u64, u64)> = FastMap::default();
     // On-CPU ns per process instance and CPU (by the CPU's index in the timeline): summed
     // per process as they come, not held per thread and CPU.
     let mut by_cpu: FastMap<(u32, u32), Vec<u64>> = FastMap::default();
-    for (ci, cpu) in tl.cpus.iter().enumerate() {
-        for run in cpu.runs().filter(|r| r.is_busy()) {
-            let inst = lifetimes.instance(run.tgid, run.start_ns);
-            let (ns, cgroup_id) = on_cpu.entry((run.tgid, inst, run.tid)).or_default();
-            *ns += run.len_ns();
-            if run.cgroup_id != 0 {
-                *cgroup_id = run.cgroup_id;
-            }
+    let ncpus = tl.cpus.len();
+    // Threads are summed flat (see `timeline::sums`): the same integer sums, and the same
+    // last non-zero cgroup id, as adding run by run. A reused pid's runs are walked one by
+    // one, since which instance a run is of depends on its time.
+    let mut apart = Vec::new();
+    let busy = tl.busy_by_thread(
+        &|tgid| lifetimes.reused(tgid),
+        &mut apart,
+        Some(&mut |ci, tgid, ns| {
+            by_cpu.entry((tgid, 0)).or_insert_with(|| vec![0; ncpus])[ci] += ns;
+        }),
+    );
+    for ((tgid, tid), ns, cgroup_id) in busy {
+        let f = facts.entry((tgid, 0, tid)).or_default();
+        f.cpu_ns += ns;
+        if cgroup_id != 0 {
+            f.cgroup_id = cgroup_id;
         }
-        for (key, (ns, cgroup_id)) in on_cpu.drain() {
-            let f = facts.entry(key).or_default();
-            f.cpu_ns += ns;
-            by_cpu
-                .entry((key.0, key.1))
-                .or_insert_with(|| vec![0; tl.cpus.len()])[ci] += ns;
-            if cgroup_id != 0 {
-                f.cgroup_id = cgroup_id;
-            }
+    }
+    for (ci, run) in apart {
+        let inst = lifetimes.instance(run.tgid, run.start_ns);
+        let f = facts.entry((run.tgid, inst, run.tid)).or_default();
+        f.cpu_ns += run.len_ns();
+        if run.cgroup_id != 0 {
+            f.cgroup_id = run.cgroup_id;
         }
+        by_cpu
+            .entry((run.tgid, inst))
+            .or_insert_with(|| vec![0; ncpus])[ci] += run.len_ns();
     }
     for s in input.samples {
         if s.tid != IDLE_TID && s.tid != UNKNOWN_TID {

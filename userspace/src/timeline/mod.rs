@@ -7,6 +7,7 @@
 //! no timer samples at all (docs/ARCHITECTURE.md, "Our machines").
 
 mod store;
+mod sums;
 
 use std::{collections::BTreeMap, sync::Arc};
 
