@@ -101,10 +101,7 @@ pub fn run(rounds: usize, requests: u64) -> Result {
         );
         modes.retain(|&m| m != Mode::Perf);
     }
-    let bin = match std::env::var_os("ENERGY_BPF_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => super::release_bin()?,
-    };
+    let bin = super::release_bin()?;
     let pin_tools = std::env::var("BENCH_PIN_TOOLS").is_ok_and(|v| !v.is_empty() && v != "0");
     let setup = Setup {
         bin,
