@@ -485,7 +485,11 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// The energy-bpf under test: `ENERGY_BPF_BIN` when set (no cargo), else a release build.
 fn release_bin() -> Result<std::path::PathBuf> {
+    if let Some(bin) = std::env::var_os("ENERGY_BPF_BIN") {
+        return Ok(bin.into());
+    }
     util::cargo(&[
         "build",
         "--locked",

@@ -9,7 +9,8 @@
 //!   for a short fixed time.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
-//! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README).
+//! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README); setup is skipped
+//!   when `ENERGY_BPF_BIN` names a prebuilt binary.
 use std::process::ExitCode;
 
 mod bench;
@@ -26,6 +27,9 @@ fn main() -> ExitCode {
         Some("test") => setup::run().and_then(|()| test(&args[1..])),
         Some("fuzz") => setup::run().and_then(|()| fuzz::run(&args[1..])),
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
+        // A prebuilt binary (`ENERGY_BPF_BIN`, e.g. on a machine without cargo or network):
+        // nothing to build, so nothing to install; a bench checks its own tools.
+        Some("bench") if std::env::var_os("ENERGY_BPF_BIN").is_some() => bench::run(&args[1..]),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
             "usage: cargo xtask setup | cycles | test | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"

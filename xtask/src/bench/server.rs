@@ -15,6 +15,11 @@
 //!
 //! Self-contained: starts its own redis on a free loopback port with persistence off, in a
 //! private directory, and stops everything it started (also on error).
+//!
+//! For a machine without cargo or perf: `ENERGY_BPF_BIN=/path` runs that binary and builds
+//! nothing; without a working `perf` the perf mode is skipped with a printed reason. On a
+//! machine with many cores the tools run on idle CPUs and never compete with redis;
+//! `BENCH_PIN_TOOLS=1` pins each tool to CPUs 0 and 1, redis's own, as on a saturated server.
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -70,25 +75,48 @@ struct Run {
     peak_rss_kib: u64,
 }
 
+/// What a run needs besides its arguments: the binary, the modes that can run here, and
+/// whether the tools share redis's CPUs.
+struct Setup {
+    bin: PathBuf,
+    modes: Vec<Mode>,
+    pin_tools: bool,
+}
+
 /// Runs the benchmark.
 pub fn run(rounds: usize, requests: u64) -> Result {
     let rounds = rounds.max(7);
-    for tool in ["redis-server", "redis-benchmark", "perf", "taskset"] {
+    for tool in ["redis-server", "redis-benchmark", "taskset"] {
         if util::output("sh", &["-c", &format!("command -v {tool}")]).is_none_or(|s| s.is_empty()) {
             return Err(format!(
-                "{tool} not found: run `sudo cargo xtask setup` (redis-server, redis-tools, linux-perf)"
+                "{tool} not found: run `sudo cargo xtask setup` (redis-server, redis-tools, util-linux)"
             ));
         }
     }
+    let mut modes = Mode::ALL.to_vec();
+    if util::output("perf", &["--version"]).is_none() {
+        println!(
+            "# {}: skipped, `perf --version` does not run here",
+            Mode::Perf.name()
+        );
+        modes.retain(|&m| m != Mode::Perf);
+    }
     let bin = super::release_bin()?;
+    let pin_tools = std::env::var("BENCH_PIN_TOOLS").is_ok_and(|v| !v.is_empty() && v != "0");
+    let setup = Setup {
+        bin,
+        modes,
+        pin_tools,
+    };
     let dir = std::env::temp_dir().join(format!("energy-bpf-bench-server-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = rounds_in(&dir, &bin, rounds, requests);
+    let result = rounds_in(&dir, &setup, rounds, requests);
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-fn rounds_in(dir: &Path, bin: &Path, rounds: usize, requests: u64) -> Result {
+fn rounds_in(dir: &Path, setup: &Setup, rounds: usize, requests: u64) -> Result {
+    let modes = &setup.modes;
     let port = free_port()?;
     let _redis = Guard(Some(
         Command::new("taskset")
@@ -107,11 +135,21 @@ fn rounds_in(dir: &Path, bin: &Path, rounds: usize, requests: u64) -> Result {
          {rounds} rounds, modes in rotating order; change = median over rounds of (rps / the \
          same round's rps alone) - 1"
     );
-    let mut runs: [Vec<Run>; Mode::ALL.len()] = Default::default();
+    println!(
+        "# {} CPUs online; {} ({})",
+        online_cpus(),
+        if setup.pin_tools {
+            "tools pinned to CPUs 0,1 with redis"
+        } else {
+            "tools free to run on any CPU"
+        },
+        setup.bin.display()
+    );
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); modes.len()];
     for round in 0..rounds {
-        for k in 0..Mode::ALL.len() {
-            let i = (k + round) % Mode::ALL.len();
-            let run = one_run(Mode::ALL[i], bin, dir, port, requests)?;
+        for k in 0..modes.len() {
+            let i = (k + round) % modes.len();
+            let run = one_run(modes[i], setup, dir, port, requests)?;
             runs[i].push(run);
         }
         eprintln!("bench server: round {} of {rounds} done", round + 1);
@@ -120,7 +158,7 @@ fn rounds_in(dir: &Path, bin: &Path, rounds: usize, requests: u64) -> Result {
         "{:<20} {:>12} {:>9} {:>19} {:>16} {:>10}",
         "mode", "median rps", "change", "quartiles", "tool ns/switch", "tool RSS"
     );
-    for (i, mode) in Mode::ALL.into_iter().enumerate() {
+    for (i, &mode) in modes.iter().enumerate() {
         let rps: Vec<f64> = runs[i].iter().map(|r| r.rps).collect();
         let change: Vec<f64> = runs[i]
             .iter()
@@ -159,23 +197,33 @@ fn rounds_in(dir: &Path, bin: &Path, rounds: usize, requests: u64) -> Result {
     Ok(())
 }
 
-fn one_run(mode: Mode, bin: &Path, dir: &Path, port: u16, requests: u64) -> Result<Run> {
+fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> Result<Run> {
     let out: PathBuf = dir.join("out");
     let _ = std::fs::remove_file(&out);
+    let tool = |program: &Path| {
+        if setup.pin_tools {
+            // taskset execs the tool: the pid (CPU, RSS, SIGINT) stays the tool's own.
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0,1"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    };
     let tool = match mode {
         Mode::Alone => None,
         Mode::Agent => Some(start(
-            Command::new(bin)
+            tool(&setup.bin)
                 .args(["agent", "--metrics-addr", "127.0.0.1:0", "--socket"])
                 .arg(dir.join("agent.sock")),
             Some("metrics at"),
         )?),
         Mode::Record => Some(start(
-            Command::new(bin).arg("record").arg("-o").arg(&out),
+            tool(&setup.bin).arg("record").arg("-o").arg(&out),
             Some("recording"),
         )?),
         Mode::Perf => Some(start(
-            Command::new("perf")
+            tool(Path::new("perf"))
                 .args(["record", "-a", "-g", "-F", "99", "-q", "-o"])
                 .arg(&out),
             None,
@@ -248,6 +296,12 @@ fn tracing_line(mode: Mode, wall: Duration, switches: u64, warm_cpu_s: f64) {
 /// Starts a tool and waits for its ready line (then 2 s more for the first windows).
 fn start(cmd: &mut Command, ready: Option<&str>) -> Result<Child> {
     super::start_tool(cmd, ready, Duration::from_secs(2))
+}
+
+/// The machine's online CPUs (not this process's affinity mask, which a caller may narrow).
+fn online_cpus() -> i64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }
 }
 
 fn free_port() -> Result<u16> {
