@@ -33,6 +33,9 @@ pub enum Event {
     Process(pb::ProcessEvent),
 }
 
+// A drain holds every event of a poll: keep an event the size of a switch.
+const _: () = assert!(std::mem::size_of::<Event>() <= 64);
+
 /// A stack sample as decoded, with what the session needs beside it.
 #[derive(Debug)]
 pub struct DecodedSample {
