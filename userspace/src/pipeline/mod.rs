@@ -289,7 +289,7 @@ pub struct Window {
 }
 
 impl Window {
-    /// Drops the window and, when its runs took more than [`RELEASE_RUNS`] (a big, busy
+    /// Drops the window and, when its runs took more than 24 MiB (2 Mi runs; a big, busy
     /// machine's window: 5 million runs at 256 CPUs switching a million times a second),
     /// hands the memory back to the system: the allocator would otherwise keep that
     /// footprint as the process's for good. Smaller windows keep theirs for the next one,
