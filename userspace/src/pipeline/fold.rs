@@ -433,8 +433,30 @@ impl Folder {
 /// them end to end from `a`, in thread order, onto `out`: the cell's per-thread sums are
 /// kept. The parts are ordered through `keys` (thread, counted, position: one 8- or 16-byte
 /// key per part, not the 48-byte runs); the parts come in time order, so a thread's parts
-/// stay in time order and its last non-zero cgroup wins.
+/// stay in time order and its last non-zero cgroup wins. A cell of a few threads (a server
+/// ping-ponging between its threads, say) is ordered without sorting its parts: its threads
+/// are sorted, then each one's parts taken in time order (the same order).
 fn lay_out(cell: &[Run], keys: &mut Keys, threads: &mut Threads, out: &mut RunStore, a: u64) {
+    if let Some((groups, n)) = few_groups(cell) {
+        let order = groups[..n].iter().flat_map(|&g| {
+            cell.iter()
+                .enumerate()
+                .filter(move |(_, r)| group_of(r) == g)
+                .map(move |(i, _)| (g, i))
+        });
+        return place(cell, order, threads, out, a);
+    }
+    lay_out_sorted(cell, keys, threads, out, a);
+}
+
+/// [`lay_out`] by sorting the parts' keys.
+fn lay_out_sorted(
+    cell: &[Run],
+    keys: &mut Keys,
+    threads: &mut Threads,
+    out: &mut RunStore,
+    a: u64,
+) {
     let narrow = &mut keys.narrow;
     narrow.clear();
     let fits = cell.len() <= POS_MASK as usize
@@ -465,6 +487,34 @@ fn lay_out(cell: &[Run], keys: &mut Keys, threads: &mut Threads, out: &mut RunSt
         out,
         a,
     );
+}
+
+/// The most threads a cell may have for [`lay_out`] to order it without sorting its parts.
+const FEW: usize = 4;
+
+/// A part's group in [`lay_out`] (thread, counted), ordered as the sort keys order them.
+fn group_of(r: &Run) -> u128 {
+    (u128::from(r.tgid) << 96)
+        | (u128::from(r.tid) << 64)
+        | (u128::from(r.activity.is_some()) << 32)
+}
+
+/// The groups of `cell`'s parts, sorted (the first `n`), when there are at most [`FEW`].
+fn few_groups(cell: &[Run]) -> Option<([u128; FEW], usize)> {
+    let mut groups = [0u128; FEW];
+    let mut n = 0;
+    for r in cell {
+        let g = group_of(r);
+        if !groups[..n].contains(&g) {
+            if n == FEW {
+                return None;
+            }
+            groups[n] = g;
+            n += 1;
+        }
+    }
+    groups[..n].sort_unstable();
+    Some((groups, n))
 }
 
 /// The sort keys of [`lay_out`]: 8 bytes a part where the ids fit, else 16.

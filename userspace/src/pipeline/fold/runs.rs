@@ -118,6 +118,37 @@ mod tests {
     }
 
     #[test]
+    fn a_cell_of_few_threads_is_laid_out_as_the_sort_lays_it_out() {
+        let mut x = 0x2545_f491_u64;
+        for threads_in_cell in 1..=6u64 {
+            let mut cell = Vec::new();
+            let mut t = 1_000;
+            for _ in 0..200 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let tid = (x % threads_in_cell) as u32 + u32::from(x % 3 == 0) * 7;
+                let len = 1 + x % 50;
+                let mut r = run(t, t + len, tid, (x % 5 != 0).then_some(x % 100));
+                r.cgroup_id = if x % 7 == 0 { 0 } else { x % 4 };
+                cell.push(r);
+                t += len;
+            }
+            let lay = |sorted: bool| {
+                let (mut threads, mut out) = (Threads::default(), RunStore::default());
+                let mut keys = super::super::Keys::default();
+                if sorted {
+                    super::super::lay_out_sorted(&cell, &mut keys, &mut threads, &mut out, 1_000);
+                } else {
+                    super::super::lay_out(&cell, &mut keys, &mut threads, &mut out, 1_000);
+                }
+                runs(&out, &threads)
+            };
+            assert_eq!(lay(false), lay(true), "{threads_in_cell} threads");
+        }
+    }
+
+    #[test]
     fn a_split_part_merges_into_the_same_threads_run_before_it() {
         let mut threads = Threads::default();
         let mut done = RunStore::default();
