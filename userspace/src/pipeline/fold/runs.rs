@@ -127,10 +127,10 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let tid = (x % threads_in_cell) as u32 + u32::from(x % 3 == 0) * 7;
+                let tid = (x % threads_in_cell) as u32 + u32::from(x.is_multiple_of(3)) * 7;
                 let len = 1 + x % 50;
-                let mut r = run(t, t + len, tid, (x % 5 != 0).then_some(x % 100));
-                r.cgroup_id = if x % 7 == 0 { 0 } else { x % 4 };
+                let mut r = run(t, t + len, tid, (!x.is_multiple_of(5)).then_some(x % 100));
+                r.cgroup_id = if x.is_multiple_of(7) { 0 } else { x % 4 };
                 cell.push(r);
                 t += len;
             }
