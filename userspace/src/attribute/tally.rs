@@ -4,9 +4,9 @@
 //! built per interval and none is held across intervals; the sums, and their order of
 //! addition, are those of [`Occupancy::tally`].
 
-use std::{cell::Cell, sync::Arc};
+use std::cell::Cell;
 
-use crate::timeline::{CpuTimeline, GAP, IDLE_TID, Run, RunStore, Timeline, UNKNOWN_TID, Who};
+use crate::timeline::{CpuTimeline, IDLE_TID, Run, RunStore, Timeline, UNKNOWN_TID};
 
 use super::split::{Occupancy, RunsFrom, ThreadKey, ThreadTime, ThreadTimes, add_gap};
 
@@ -17,10 +17,8 @@ use super::split::{Occupancy, RunsFrom, ThreadKey, ThreadTime, ThreadTimes, add_
 pub struct ThreadIndex<'a> {
     timeline: &'a Timeline,
     keys: Vec<ThreadKey>,
-    /// Per CPU of the timeline (same positions), its table's position in `tables`.
-    table_of: Vec<usize>,
-    /// Per thread table of the timeline (one, where its CPUs share it), per entry.
-    tables: Vec<Vec<u32>>,
+    /// Per entry of the timeline's thread table.
+    codes: Vec<u32>,
 }
 
 /// The index of unknown runs in a [`ThreadIndex`].
@@ -32,59 +30,37 @@ const IDLE: u32 = u32::MAX - 1;
 impl<'a> ThreadIndex<'a> {
     /// Interns every busy run's thread of `timeline`.
     pub fn new(timeline: &'a Timeline) -> Self {
-        // The CPUs' thread tables, each once (a built timeline's CPUs share one).
-        let mut shared: Vec<&Arc<[Who]>> = Vec::new();
-        let table_of: Vec<usize> = timeline
-            .cpus
-            .iter()
-            .map(|ct| {
-                shared
-                    .iter()
-                    .position(|t| Arc::ptr_eq(t, ct.who()))
-                    .unwrap_or_else(|| {
-                        shared.push(ct.who());
-                        shared.len() - 1
-                    })
-            })
-            .collect();
+        let who = timeline.who();
         // Which entries some run names: only their threads are keys.
-        let mut used: Vec<Vec<bool>> = shared.iter().map(|t| vec![false; t.len()]).collect();
-        for (ct, &t) in timeline.cpus.iter().zip(&table_of) {
+        let mut used = vec![false; who.len()];
+        for ct in &timeline.cpus {
             let store = ct.store();
             for i in 0..store.len() {
-                if let Some(u) = used[t].get_mut(store.id(i) as usize) {
-                    *u = true;
-                }
+                used[store.id(i) as usize] = true;
             }
         }
-        let mut keys: Vec<ThreadKey> = shared
+        let mut keys: Vec<ThreadKey> = who
             .iter()
             .zip(&used)
-            .flat_map(|(t, used)| t.iter().zip(used))
             .filter(|(w, used)| **used && w.tid != IDLE_TID && w.tid != UNKNOWN_TID)
             .map(|(w, _)| (w.tgid, w.tid))
             .collect();
         keys.sort_unstable();
         keys.dedup();
-        let tables = shared
+        let codes = who
             .iter()
-            .map(|t| {
-                t.iter()
-                    .map(|w| match w.tid {
-                        IDLE_TID => IDLE,
-                        UNKNOWN_TID => NO_THREAD,
-                        _ => keys
-                            .binary_search(&(w.tgid, w.tid))
-                            .map_or(NO_THREAD, |i| i as u32),
-                    })
-                    .collect()
+            .map(|w| match w.tid {
+                IDLE_TID => IDLE,
+                UNKNOWN_TID => NO_THREAD,
+                _ => keys
+                    .binary_search(&(w.tgid, w.tid))
+                    .map_or(NO_THREAD, |i| i as u32),
             })
             .collect();
         Self {
             timeline,
             keys,
-            table_of,
-            tables,
+            codes,
         }
     }
 
@@ -158,7 +134,6 @@ impl<'i, 'a> Tally<'i, 'a> {
             if let Some(pos) = index.position(cpu) {
                 let ct = &index.timeline.cpus[pos];
                 let store = ct.store();
-                let codes = &index.tables[index.table_of[pos]];
                 let first = seek(store, &self.hints[pos], a);
                 let mut last = first;
                 for i in first..store.len() {
@@ -167,20 +142,13 @@ impl<'i, 'a> Tally<'i, 'a> {
                         break;
                     }
                     last += 1;
-                    let id = store.id(i);
-                    if id == GAP {
-                        continue;
-                    }
                     let ns = store.end(i).min(b).saturating_sub(start.max(a));
                     covered += ns;
                     let ns = ns as f64;
-                    match codes[id as usize] {
+                    match index.codes[store.id(i) as usize] {
                         IDLE => occ.idle_ns += ns,
                         code => {
-                            let Some(run) = store.run(ct.who(), i) else {
-                                continue;
-                            };
-                            let weighted = ns * weight(cpu, &run);
+                            let weighted = ns * weight(cpu, &store.run(ct.who(), i));
                             if code == NO_THREAD {
                                 occ.unknown.ns += ns;
                                 occ.unknown.weighted += weighted;

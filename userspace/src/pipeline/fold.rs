@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use crate::{
     energy,
     pb::v1::{Cpu, EnergyReading, SwitchEvent},
-    timeline::{CpuTimeline, Run, RunStore, Threads, Timeline, UNKNOWN_TID},
+    timeline::{Run, RunStore, Threads, Timeline, UNKNOWN_TID},
 };
 
 /// A run not yet folded: its part of `[start_ns, end_ns)` and the switch that ended it.
@@ -409,18 +409,10 @@ impl Folder {
             stores.push((id, runs));
             self.cpus.insert(id, cpu);
         }
-        let who = std::mem::replace(&mut self.threads, next).table();
-        let cpus = stores
-            .into_iter()
-            .map(|(id, runs)| CpuTimeline::new(id, runs, who.clone()))
-            .collect();
+        let threads = std::mem::replace(&mut self.threads, next);
         self.start_ns = end;
         self.cuts = self.cuts.split_off(&end);
-        Timeline {
-            start_ns: start,
-            end_ns: end,
-            cpus,
-        }
+        Timeline::from_stores(start, end, stores, &threads)
     }
 
     /// Raw runs held (not yet folded) and folded runs waiting for their window.

@@ -11,7 +11,7 @@ mod sums;
 
 use std::{collections::BTreeMap, sync::Arc};
 
-pub(crate) use store::{GAP, RunStore, Threads, Who};
+pub(crate) use store::{RunStore, Threads, Who};
 
 use crate::{
     pb::v1::SwitchEvent,
@@ -61,7 +61,7 @@ impl Run {
 }
 
 /// The runs of one CPU, sorted, non-overlapping, covering the window without gaps. Held
-/// compact (see `store`): runs are read as values.
+/// compact (see `store`): runs are read as values. Its thread table is its timeline's.
 #[derive(Clone, Debug)]
 pub struct CpuTimeline {
     /// CPU number.
@@ -72,10 +72,6 @@ pub struct CpuTimeline {
 }
 
 impl CpuTimeline {
-    pub(crate) fn new(cpu: u32, store: RunStore, who: Arc<[Who]>) -> Self {
-        Self { cpu, store, who }
-    }
-
     /// Every run, in time order.
     pub fn runs(&self) -> impl Iterator<Item = Run> + '_ {
         self.runs_from(0)
@@ -83,7 +79,7 @@ impl CpuTimeline {
 
     /// The runs from the `i`-th of the store on (see [`Self::store`]).
     pub(crate) fn runs_from(&self, i: usize) -> impl Iterator<Item = Run> + '_ {
-        (i..self.store.len()).filter_map(|i| self.store.run(&self.who, i))
+        (i..self.store.len()).map(|i| self.store.run(&self.who, i))
     }
 
     /// Runs that overlap `[a, b)`, found by binary search.
@@ -105,8 +101,8 @@ impl CpuTimeline {
         &self.store
     }
 
-    /// The threads the store's indices name.
-    pub(crate) fn who(&self) -> &Arc<[Who]> {
+    /// The threads the store's indices name (the timeline's table).
+    pub(crate) fn who(&self) -> &[Who] {
         &self.who
     }
 }
@@ -120,7 +116,7 @@ impl PartialEq for CpuTimeline {
 impl Eq for CpuTimeline {}
 
 /// Every CPU's runs over one capture window.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Timeline {
     /// Window start (capture start), ns.
     pub start_ns: u64,
@@ -128,9 +124,49 @@ pub struct Timeline {
     pub end_ns: u64,
     /// One entry per CPU, by CPU number.
     pub cpus: Vec<CpuTimeline>,
+    /// The window's threads, which every CPU's runs index (each CPU holds it too).
+    who: Arc<[Who]>,
 }
 
+impl PartialEq for Timeline {
+    /// The same runs (however the thread tables were built).
+    fn eq(&self, other: &Self) -> bool {
+        (self.start_ns, self.end_ns) == (other.start_ns, other.end_ns) && self.cpus == other.cpus
+    }
+}
+
+impl Eq for Timeline {}
+
 impl Timeline {
+    /// The timeline of `stores`, CPU by CPU, whose runs index `threads`.
+    pub(crate) fn from_stores(
+        start_ns: u64,
+        end_ns: u64,
+        stores: Vec<(u32, RunStore)>,
+        threads: &Threads,
+    ) -> Self {
+        let who = threads.table();
+        let cpus = stores
+            .into_iter()
+            .map(|(cpu, store)| CpuTimeline {
+                cpu,
+                store,
+                who: who.clone(),
+            })
+            .collect();
+        Self {
+            start_ns,
+            end_ns,
+            cpus,
+            who,
+        }
+    }
+
+    /// The threads every CPU's runs index.
+    pub(crate) fn who(&self) -> &[Who] {
+        &self.who
+    }
+
     /// Rebuilds the timeline of `cpus` over `[start_ns, end_ns)` from switch events in any
     /// order. The first run on each CPU (the task already running at capture start) is the
     /// `prev` of its first switch; the last is the `next` of its last switch, or unknown.
@@ -201,16 +237,7 @@ impl Timeline {
             .into_iter()
             .map(|(cpu, b)| (cpu, b.finish(&mut threads)))
             .collect();
-        let who = threads.table();
-        let cpus = stores
-            .into_iter()
-            .map(|(cpu, store)| CpuTimeline::new(cpu, store, who.clone()))
-            .collect();
-        Self {
-            start_ns,
-            end_ns,
-            cpus,
-        }
+        Self::from_stores(start_ns, end_ns, stores, &threads)
     }
 
     /// The timeline of one CPU.

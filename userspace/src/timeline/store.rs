@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::{RecentByTid, Run};
+use super::{RecentByTid, Run, UNKNOWN_TID};
 
 /// What a run says of its thread besides its times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,8 +33,9 @@ impl Who {
     }
 }
 
-/// The threads of one window's runs, interned: every CPU's [`RunStore`] indexes them. A
-/// new one per window, so that threads that come and go are not held for ever.
+/// The threads of one window's runs, interned: every CPU's [`RunStore`] indexes them, and
+/// the window's timeline holds them as one table. A new one per window, so that threads
+/// that come and go are not held for ever.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Threads {
     ids: foldhash::HashMap<Who, u32>,
@@ -70,14 +71,11 @@ impl Threads {
     }
 }
 
-/// The index of a stretch no run covers (a hand-made timeline may leave gaps).
-pub(crate) const GAP: u32 = u32::MAX;
-
 /// One CPU's runs, end to end in time order (see the module doc).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RunStore {
     starts: Vec<u64>,
-    /// Per run, its thread's index in the window's [`Threads`] ([`GAP`] for a gap).
+    /// Per run, its thread's index in the window's [`Threads`].
     ids: Vec<u32>,
     /// Per run, its count (read only where its thread is counted); empty while the CPU
     /// has no counted run.
@@ -87,7 +85,7 @@ pub(crate) struct RunStore {
 }
 
 impl RunStore {
-    /// Runs (and gaps) held.
+    /// Runs held.
     pub(crate) fn len(&self) -> usize {
         self.ids.len()
     }
@@ -110,7 +108,7 @@ impl RunStore {
         self.starts.get(i + 1).copied().unwrap_or(self.end_ns)
     }
 
-    /// Thread index of run `i` ([`GAP`] for a gap).
+    /// Thread index of run `i`.
     #[inline]
     pub(crate) fn id(&self, i: usize) -> u32 {
         self.ids[i]
@@ -124,28 +122,34 @@ impl RunStore {
         self.starts.partition_point(|&s| s <= t).saturating_sub(1)
     }
 
-    /// Run `i` as a [`Run`] (`None` for a gap), its thread from `who`.
+    /// Run `i` as a [`Run`], its thread from `who` (the table `threads` gave the store).
     #[inline]
-    pub(crate) fn run(&self, who: &[Who], i: usize) -> Option<Run> {
-        let id = self.ids[i];
-        let w = who.get(id as usize)?;
-        Some(Run {
+    pub(crate) fn run(&self, who: &[Who], i: usize) -> Run {
+        let w = who[self.ids[i] as usize];
+        Run {
             start_ns: self.starts[i],
             end_ns: self.end(i),
             tid: w.tid,
             tgid: w.tgid,
             cgroup_id: w.cgroup_id,
             activity: w.counted.then(|| self.counts.get(i).copied().unwrap_or(0)),
-        })
+        }
     }
 
-    /// Appends `run`, which starts at or after the last one's end (a gap between them is
-    /// kept as one).
+    /// Appends `run`, which starts at or after the last one's end. The builders lay runs
+    /// end to end; were there ever a gap, it is held as unknown time (as the attribution
+    /// counts time no run covers).
     pub(crate) fn push(&mut self, threads: &mut Threads, run: &Run) {
-        let id = threads.intern(Who::of(run));
         if !self.starts.is_empty() && run.start_ns > self.end_ns {
-            self.push_id(self.end_ns, GAP, 0);
+            let unknown = Who {
+                tid: UNKNOWN_TID,
+                tgid: 0,
+                cgroup_id: 0,
+                counted: false,
+            };
+            self.push_id(self.end_ns, threads.intern(unknown), 0);
         }
+        let id = threads.intern(Who::of(run));
         self.push_id(run.start_ns, id, run.activity.unwrap_or(0));
         self.end_ns = run.end_ns;
     }
@@ -160,9 +164,9 @@ impl RunStore {
         self.ids.push(id);
     }
 
-    /// The last run (`None` when there is none, or it is a gap).
+    /// The last run (`None` when there is none).
     pub(crate) fn last(&self, threads: &Threads) -> Option<Run> {
-        self.run(&threads.who, self.len().checked_sub(1)?)
+        Some(self.run(&threads.who, self.len().checked_sub(1)?))
     }
 
     /// Keeps the first `n` runs.

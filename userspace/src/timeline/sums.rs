@@ -2,9 +2,7 @@
 //! thread index (see `store`) instead of a hash map looked up per run. A window of a
 //! million runs among ten thousand threads then hashes ten thousand times, not a million.
 
-use std::sync::Arc;
-
-use super::{IDLE_TID, Run, Timeline, UNKNOWN_TID, Who};
+use super::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
 
 /// A thread's busy time: `((tgid, tid), ns, cgroup)`, the cgroup of its last run that
 /// named one (0 when none did).
@@ -27,43 +25,33 @@ impl Timeline {
         apart_runs: &mut Vec<(usize, Run)>,
         mut by_process: Option<&mut dyn FnMut(usize, u32, u64)>,
     ) -> Vec<ThreadBusy> {
-        let mut out: foldhash::HashMap<(u32, u32), (u64, u64, u64)> = Default::default();
-        let mut threads = FlatSums::default();
-        let mut procs = FlatSums::default();
-        let mut table: Option<&Arc<[Who]>> = None;
-        // Per entry of the table in use: its process's slot in `tgids`, or a marker.
-        let mut slots: Vec<u32> = Vec::new();
+        let who = self.who();
+        // Per entry of the thread table: its process's slot in `tgids`, or a marker.
+        let mut slot_of: foldhash::HashMap<u32, u32> = Default::default();
         let mut tgids: Vec<u32> = Vec::new();
+        let slots: Vec<u32> = who
+            .iter()
+            .map(|w| match w.tid {
+                IDLE_TID | UNKNOWN_TID => NOT_BUSY,
+                _ if apart(w.tgid) => APART,
+                _ => *slot_of.entry(w.tgid).or_insert_with(|| {
+                    tgids.push(w.tgid);
+                    (tgids.len() - 1) as u32
+                }),
+            })
+            .collect();
+        let mut threads = FlatSums::default();
+        threads.reset(who.len());
+        let mut procs = FlatSums::default();
+        procs.reset(tgids.len());
         for (ci, cpu) in self.cpus.iter().enumerate() {
-            let who = cpu.who();
-            if table.is_none_or(|t| !Arc::ptr_eq(t, who)) {
-                if let Some(t) = table {
-                    drain_threads(&mut threads, t, &mut out);
-                }
-                table = Some(who);
-                threads.reset(who.len());
-                let mut slot_of: foldhash::HashMap<u32, u32> = Default::default();
-                tgids.clear();
-                slots = who
-                    .iter()
-                    .map(|w| match w.tid {
-                        IDLE_TID | UNKNOWN_TID => NOT_BUSY,
-                        _ if apart(w.tgid) => APART,
-                        _ => *slot_of.entry(w.tgid).or_insert_with(|| {
-                            tgids.push(w.tgid);
-                            (tgids.len() - 1) as u32
-                        }),
-                    })
-                    .collect();
-                procs.reset(tgids.len());
-            }
             let store = cpu.store();
             for i in 0..store.len() {
                 let id = store.id(i);
-                match slots.get(id as usize) {
-                    None | Some(&NOT_BUSY) => {}
-                    Some(&APART) => apart_runs.extend(store.run(who, i).map(|r| (ci, r))),
-                    Some(&slot) => {
+                match slots[id as usize] {
+                    NOT_BUSY => {}
+                    APART => apart_runs.push((ci, store.run(who, i))),
+                    slot => {
                         let ns = store.end(i) - store.start(i);
                         threads.add(id, ns, position(ci, i));
                         if by_process.is_some() {
@@ -78,30 +66,20 @@ impl Timeline {
                 }
             }
         }
-        if let Some(t) = table {
-            drain_threads(&mut threads, t, &mut out);
+        // Each entry to its thread, the cgroup of the latest run that named one winning.
+        let mut out: foldhash::HashMap<(u32, u32), (u64, u64, u64)> = Default::default();
+        for (id, ns, last) in threads.drain() {
+            let w = who[id as usize];
+            let (sum, cgroup_id, at) = out.entry((w.tgid, w.tid)).or_default();
+            *sum += ns;
+            if w.cgroup_id != 0 && last >= *at {
+                *cgroup_id = w.cgroup_id;
+                *at = last;
+            }
         }
         out.into_iter()
             .map(|(key, (ns, cgroup_id, _))| (key, ns, cgroup_id))
             .collect()
-    }
-}
-
-/// Adds the drained entries of `who` to their threads, the cgroup of the latest run that
-/// named one winning.
-fn drain_threads(
-    sums: &mut FlatSums,
-    who: &[Who],
-    out: &mut foldhash::HashMap<(u32, u32), (u64, u64, u64)>,
-) {
-    for (id, ns, last) in sums.drain() {
-        let w = who[id as usize];
-        let (sum, cgroup_id, at) = out.entry((w.tgid, w.tid)).or_default();
-        *sum += ns;
-        if w.cgroup_id != 0 && last >= *at {
-            *cgroup_id = w.cgroup_id;
-            *at = last;
-        }
     }
 }
 

@@ -20,7 +20,7 @@ pub(crate) fn close(
         return std::mem::take(done);
     }
     let later: Vec<Run> = (k..done.len())
-        .filter_map(|i| done.run(threads.table_ref(), i))
+        .map(|i| done.run(threads.table_ref(), i))
         .collect();
     done.truncate(k);
     let mut out = std::mem::take(done);
@@ -83,7 +83,7 @@ mod tests {
 
     fn runs(store: &RunStore, threads: &Threads) -> Vec<Run> {
         (0..store.len())
-            .filter_map(|i| store.run(threads.table_ref(), i))
+            .map(|i| store.run(threads.table_ref(), i))
             .collect()
     }
 
