@@ -2,9 +2,11 @@
 //! which processes run a CPython it walks, their entries in the probe's `PY_PROCS` map, and
 //! the naming of each sample's Python frames while the process lives.
 //!
-//! A process is looked at on its first sample, and again a few times shortly after (a
-//! shared build maps `libpython` only after exec), on the capture thread: reading
-//! `/proc/PID/maps` is cheap and only files named like a CPython are opened. What was found
+//! A process is looked at on its first sample, and again a few times shortly after while
+//! the dynamic loader may still be mapping its libraries (a shared build maps `libpython`
+//! after exec), on the capture thread. A look reads `/proc/PID/maps` and opens only files
+//! named like a CPython; once a sample ran outside the loader, what was found is settled,
+//! so a process that is no CPython costs one look, not one per retry. What was found
 //! is recorded (`PythonProcess`), so `sources` and the report say which processes were
 //! walked and why others were not.
 
@@ -105,13 +107,15 @@ impl PythonWalker {
         sample: &mut pb::Sample,
         rows: &mut Vec<pb::PythonFrame>,
     ) {
-        self.look(sample.tgid, sample.ts_ns);
+        let pc = sample.user_stack.first().copied();
+        self.look(sample.tgid, sample.ts_ns, pc);
         self.namer.name(raw, sample, rows);
     }
 
     /// Looks at process `tgid` for a CPython, when due (first sight, or a retry), and loads
-    /// it into the walker's map.
-    pub fn look(&mut self, tgid: u32, ts_ns: u64) {
+    /// it into the walker's map. `pc`: a user address the process ran at since its exec,
+    /// if known (it tells whether the loader is done).
+    pub fn look(&mut self, tgid: u32, ts_ns: u64, pc: Option<u64>) {
         let now = Instant::now();
         let tries = match self.state.get(&tgid).map(|k| &k.state) {
             None if self.state.len() >= MAX_TRACKED => return,
@@ -129,8 +133,8 @@ impl PythonWalker {
             status,
             ts_ns,
         };
-        match discover::find(tgid) {
-            Ok(Found::Walked(interp)) => {
+        match discover::look(tgid, pc).map(|l| (l.found, l.loaded)) {
+            Ok((Found::Walked(interp), _)) => {
                 let version = interp.table.version.to_string();
                 match self.procs.insert(tgid, interp.table.walk, 0) {
                     Ok(()) => {
@@ -147,8 +151,9 @@ impl PythonWalker {
                     }
                 }
             }
-            // A shared build's executable is mapped before its library: look again.
-            Ok(Found::NotPython | Found::NoRuntime(_)) if tries + 1 < RETRIES => {
+            // A shared build's executable is mapped before its library: look again while
+            // the loader may still be at work.
+            Ok((Found::NotPython | Found::NoRuntime(_), false)) if tries + 1 < RETRIES => {
                 set(
                     &mut self.state,
                     State::Pending {
@@ -157,7 +162,7 @@ impl PythonWalker {
                     },
                 );
             }
-            Ok(found @ (Found::Unsupported(_) | Found::NoRuntime(_))) => {
+            Ok((found @ (Found::Unsupported(_) | Found::NoRuntime(_)), _)) => {
                 set(&mut self.state, State::Done);
                 if let Some((version, said)) = found.not_walked() {
                     if super::probe_log::enabled() {
@@ -166,7 +171,7 @@ impl PythonWalker {
                     self.found.push(status(version, said));
                 }
             }
-            Ok(Found::NotPython) => {
+            Ok((Found::NotPython, _)) => {
                 set(&mut self.state, State::Done);
             }
             Err(err) => {

@@ -53,10 +53,44 @@ impl Found {
     }
 }
 
+/// What one look at a process found, and whether a later look could find more.
+#[derive(Debug)]
+pub struct Look {
+    /// What the mappings hold now.
+    pub found: Found,
+    /// The dynamic loader is done mapping the program's libraries: no loader is mapped (a
+    /// static executable), or the process ran at a `pc` outside the loader. A library not
+    /// mapped now comes only by `dlopen`.
+    pub loaded: bool,
+}
+
 /// Looks at process `tgid`'s mappings for a CPython.
 pub fn find(tgid: u32) -> Result<Found, PythonError> {
+    look(tgid, None).map(|l| l.found)
+}
+
+/// [`find`], and whether the loader is done, given a user `pc` the process ran at since
+/// its last exec (a sample's innermost user frame).
+pub fn look(tgid: u32, pc: Option<u64>) -> Result<Look, PythonError> {
     let path = format!("/proc/{tgid}/maps");
     let text = std::fs::read_to_string(&path).map_err(|source| PythonError::Io { path, source })?;
+    let (found, loader, pc_in_loader) = scan(tgid, &text, pc)?;
+    Ok(Look {
+        found,
+        loaded: !loader || (pc.is_some() && !pc_in_loader),
+    })
+}
+
+/// Whether a mapped file's name is the dynamic loader's (`ld-linux-x86-64.so.2`,
+/// `ld-linux-aarch64.so.1`, `ld-2.31.so`, `ld64.so.2`, `ld-musl-x86_64.so.1`).
+fn is_loader(name: &str) -> bool {
+    name.starts_with("ld-") || name.starts_with("ld64.so")
+}
+
+/// What a maps text holds: the CPython found, whether a loader is mapped, and whether `pc`
+/// lies in it.
+fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), PythonError> {
+    let (mut loader, mut pc_in_loader) = (false, false);
     // Files named like CPython, the library first (a shared build's executable has no
     // runtime), each with the mapping of its first page.
     let mut candidates: Vec<(bool, Version, String, u64, u64)> = Vec::new();
@@ -65,6 +99,11 @@ pub fn find(tgid: u32) -> Result<Found, PythonError> {
             continue;
         };
         let name = m.path.rsplit('/').next().unwrap_or(m.path);
+        if is_loader(name) {
+            loader = true;
+            pc_in_loader |= pc.is_some_and(|pc| (m.start..m.end).contains(&pc));
+            continue;
+        }
         let Some(version) = Version::from_file_name(name) else {
             continue;
         };
@@ -80,11 +119,12 @@ pub fn find(tgid: u32) -> Result<Found, PythonError> {
         ));
     }
     candidates.sort_by_key(|c| !c.0);
+    let found = |f| Ok((f, loader, pc_in_loader));
     let Some(first) = candidates.first() else {
-        return Ok(Found::NotPython);
+        return found(Found::NotPython);
     };
     if !(OLDEST..=NEWEST).contains(&first.1.minor) || first.1.major != 3 {
-        return Ok(Found::Unsupported(first.1));
+        return found(Found::Unsupported(first.1));
     }
     for (_, version, path, start, offset) in &candidates {
         let Some(symbol) = runtime_symbol(Path::new(path), *start, *offset)? else {
@@ -99,9 +139,9 @@ pub fn find(tgid: u32) -> Result<Found, PythonError> {
                 .ok_or(PythonError::Object("_Py_DebugOffsets does not match 3.13"))?;
         }
         table.walk.runtime = symbol;
-        return Ok(Found::Walked(Interpreter { table }));
+        return found(Found::Walked(Interpreter { table }));
     }
-    Ok(Found::NoRuntime(first.1))
+    found(Found::NoRuntime(first.1))
 }
 
 /// Runtime address of `_PyRuntime` in the file at `path`, mapped at `start` from file offset
@@ -137,4 +177,59 @@ fn runtime_symbol(path: &Path, start: u64, offset: u64) -> Result<Option<u64>, P
     let mapped_vaddr = seg.address() + (offset - seg_offset);
     let bias = start.wrapping_sub(mapped_vaddr);
     Ok(Some(sym.address().wrapping_add(bias)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dynamically linked program that is no CPython: the loader, libc and the program.
+    const DYNAMIC: &str = "\
+55d0c0a00000-55d0c0a20000 r-xp 00002000 fe:01 1311 /usr/bin/redis-benchmark
+7f1c2a000000-7f1c2a180000 r-xp 00028000 fe:01 2020 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f1c2a400000-7f1c2a425000 r-xp 00001000 fe:01 2001 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+7ffd1b3fe000-7ffd1b400000 r-xp 00000000 00:00 0 [vdso]
+";
+
+    #[test]
+    fn loaded_once_the_process_ran_outside_the_loader() {
+        let (found, loader, in_loader) = scan(1, DYNAMIC, Some(0x55d0_c0a0_1234)).unwrap();
+        assert!(matches!(found, Found::NotPython));
+        assert!(loader && !in_loader);
+        // Running in the loader (just after exec, or while it maps libraries): not yet.
+        let (_, loader, in_loader) = scan(1, DYNAMIC, Some(0x7f1c_2a40_0010)).unwrap();
+        assert!(loader && in_loader);
+        // No pc known (a look at exec, before any sample): not known to be done.
+        let (_, loader, in_loader) = scan(1, DYNAMIC, None).unwrap();
+        assert!(loader && !in_loader);
+    }
+
+    #[test]
+    fn a_static_program_is_loaded_at_once() {
+        let text = "00400000-00800000 r-xp 00000000 fe:01 77 /usr/local/bin/static-server\n";
+        let (found, loader, _) = scan(1, text, None).unwrap();
+        assert!(matches!(found, Found::NotPython));
+        assert!(!loader);
+    }
+
+    #[test]
+    fn loader_names() {
+        for name in [
+            "ld-linux-x86-64.so.2",
+            "ld-linux-aarch64.so.1",
+            "ld-2.31.so",
+            "ld64.so.2",
+            "ld-musl-x86_64.so.1",
+        ] {
+            assert!(is_loader(name), "{name}");
+        }
+        for name in [
+            "libc.so.6",
+            "python3.12",
+            "libpython3.12.so.1.0",
+            "ldconfig",
+        ] {
+            assert!(!is_loader(name), "{name}");
+        }
+    }
 }
