@@ -68,6 +68,8 @@ pub struct Session {
     remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
     /// Perf maps of sampled processes (JIT code names).
     jit: super::jit::JitMaps,
+    /// Switch events the last poll drained.
+    switch_hint: usize,
 }
 
 impl Session {
@@ -84,6 +86,7 @@ impl Session {
             read_mappings,
             remapped: HashMap::new(),
             jit: super::jit::JitMaps::default(),
+            switch_hint: 0,
         }
     }
 
@@ -102,7 +105,7 @@ impl Session {
     /// its first sample (for the command `record` started).
     pub fn load_python(&mut self, tgid: u32) {
         if let Some(p) = self.probes.python_mut() {
-            p.look(tgid, crate::clock::monotonic_ns());
+            p.look(tgid, crate::clock::monotonic_ns(), None);
         }
     }
 
@@ -129,23 +132,36 @@ impl Session {
             self.forget(tid, tgid);
         }
         self.exited.swap(0, 1);
-        let mut events = Vec::new();
+        // Switches go straight into the chunk; the rarer events wait beside them, each with
+        // the number of switches drained before it, so every event is still observed in
+        // drain order.
+        let mut others: Vec<(usize, Event)> = Vec::new();
+        let mut switches = std::mem::take(&mut chunk.switches);
+        // Room for a poll like the last one and a quarter more, taken at once.
+        switches.reserve(self.switch_hint + self.switch_hint / 4);
+        let sink = |e| match e {
+            Event::Switch(s) => switches.push(s),
+            other => others.push((switches.len(), other)),
+        };
         if last {
-            self.probes.drain_final(|e| events.push(e));
+            self.probes.drain_final(sink);
         } else {
-            self.probes.drain(|e| events.push(e));
+            self.probes.drain(sink);
         }
-        let switches = events
-            .iter()
-            .filter(|e| matches!(e, Event::Switch(_)))
-            .count();
-        chunk.switches.reserve_exact(switches);
-        for event in events {
+        self.switch_hint = switches.len();
+        let mut observed = 0;
+        for (before, event) in others
+            .into_iter()
+            .map(|(n, e)| (n, Some(e)))
+            .chain([(switches.len(), None)])
+        {
+            for s in &switches[observed..before] {
+                self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
+            }
+            observed = before;
+            let Some(event) = event else { break };
             match event {
-                Event::Switch(s) => {
-                    self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
-                    chunk.switches.push(s);
-                }
+                Event::Switch(_) => unreachable!("switches are not held beside"),
                 Event::Sample(decoded) => {
                     let DecodedSample {
                         sample: mut s,
@@ -183,6 +199,7 @@ impl Session {
                 }
             }
         }
+        chunk.switches = switches;
         if let Some(p) = self.probes.python_mut() {
             chunk.python_processes = p.take_found();
         }
