@@ -193,21 +193,23 @@ mod tests {
 
     #[test]
     fn loaded_once_the_process_ran_outside_the_loader() {
-        let (found, loader, in_loader) = scan(1, DYNAMIC, Some(0x55d0_c0a0_1234)).unwrap();
+        let (found, loader, in_loader) =
+            scan(1, DYNAMIC, Some(0x55d0_c0a0_1234)).expect("no file to open");
         assert!(matches!(found, Found::NotPython));
         assert!(loader && !in_loader);
         // Running in the loader (just after exec, or while it maps libraries): not yet.
-        let (_, loader, in_loader) = scan(1, DYNAMIC, Some(0x7f1c_2a40_0010)).unwrap();
+        let (_, loader, in_loader) =
+            scan(1, DYNAMIC, Some(0x7f1c_2a40_0010)).expect("no file to open");
         assert!(loader && in_loader);
         // No pc known (a look at exec, before any sample): not known to be done.
-        let (_, loader, in_loader) = scan(1, DYNAMIC, None).unwrap();
+        let (_, loader, in_loader) = scan(1, DYNAMIC, None).expect("no file to open");
         assert!(loader && !in_loader);
     }
 
     #[test]
     fn a_static_program_is_loaded_at_once() {
         let text = "00400000-00800000 r-xp 00000000 fe:01 77 /usr/local/bin/static-server\n";
-        let (found, loader, _) = scan(1, text, None).unwrap();
+        let (found, loader, _) = scan(1, text, None).expect("no file to open");
         assert!(matches!(found, Found::NotPython));
         assert!(!loader);
     }

@@ -159,10 +159,10 @@ pub(super) fn cpu_seconds(pid: u32) -> Result<f64> {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: both calls only write through the valid pointers they are given.
-    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } == 0
-        && unsafe { libc::clock_gettime(clock, &mut ts) } == 0
-    {
+    // SAFETY: writes only through the valid pointer it is given.
+    let found = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } == 0;
+    // SAFETY: as above; `clock` is only read when the call before set it.
+    if found && unsafe { libc::clock_gettime(clock, &mut ts) } == 0 {
         return Ok(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9);
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
