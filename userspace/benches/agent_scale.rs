@@ -225,13 +225,15 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
     let mut stream = Stream::new(s);
     // Each setting's own high-water mark: "5" resets VmHWM to the current RSS.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let mut cpu_ns = 0;
+    let (mut cpu_ns, mut push_ns) = (0, 0);
     let mut rss = Vec::new();
     let window_ns = WINDOW.as_nanos() as u64;
     for _ in 0..s.secs * POLLS_PER_S {
         let chunk = stream.poll();
         let t = thread_cpu_ns();
         pipeline.push(chunk);
+        let pushed = thread_cpu_ns();
+        push_ns += pushed - t;
         // The agent ends a window before anything could still be in flight.
         let limit = stream.now_ns.saturating_sub(40_000_000);
         if limit >= pipeline.window_start_ns() + window_ns {
@@ -241,9 +243,19 @@ fn run(s: Setting) -> (f64, Vec<u64>) {
             cpu_ns += thread_cpu_ns() - t;
             rss.push(rss_kib());
         } else {
-            cpu_ns += thread_cpu_ns() - t;
+            cpu_ns += pushed - t;
         }
     }
+    // Where it went: taking chunks in (the fold) and closing windows (attribution, rollup).
+    let switches = (s.switches_per_s * s.secs).max(1) as f64;
+    eprintln!(
+        "{} x {} x {}/s: push {:.0} ns/switch, close {:.0} ns/switch",
+        s.cpus,
+        s.threads,
+        s.switches_per_s,
+        push_ns as f64 / switches,
+        (cpu_ns - push_ns) as f64 / switches
+    );
     (cpu_ns as f64 / s.secs as f64, rss)
 }
 

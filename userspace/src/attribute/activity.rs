@@ -30,6 +30,10 @@ impl ActivityWeights {
     /// The rates of `timeline`'s counted busy runs; `None` when no busy run was counted
     /// (or every count was zero), i.e. the split must be by time.
     pub fn from_timeline(timeline: &Timeline) -> Option<Self> {
+        // No count but 0 anywhere: the sum below would be 0.
+        if !timeline.cpus.iter().any(|c| c.store().has_counts()) {
+            return None;
+        }
         let mut per_cpu = BTreeMap::new();
         let (mut count, mut counted_ns, mut busy_ns) = (0.0f64, 0.0f64, 0.0f64);
         for cpu in &timeline.cpus {

@@ -87,23 +87,25 @@ pub(super) fn run_source(
         interval_stats,
         intervals: Vec::with_capacity(intervals.len()),
     };
-    let mut splitter = SampleSplitter::new(opts.stack_window_ns).with_threads(index.keys());
     if is_gpu {
+        // No stacks to split onto: each thread's energy is its residual.
+        let mut residual = BTreeMap::new();
         for iv in &intervals {
             let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
             let s = split::split_gpu(iv.energy_uj, st, &iv.gpu_util_ns, opts.idle);
             for &(k, e) in &s.threads {
-                *splitter.residual.entry(k).or_insert(0.0) += e;
+                *residual.entry(k).or_insert(0.0) += e;
             }
             book(&mut report, iv, &s);
         }
         return SourceOutcome {
             report,
             sample_uj: Vec::new(),
-            residual: splitter.residual,
+            residual,
             relative_error: uncertainty::RelativeError::default(),
         };
     }
+    let mut splitter = SampleSplitter::new(opts.stack_window_ns).with_threads(index.keys());
     let by_activity = input.activity.is_some();
     let plan = plan_model(
         source,
@@ -152,7 +154,7 @@ pub(super) fn run_source(
         splitter.add_indexed(iv.start_ns, iv.end_ns, &s, occ, &in_iv, ids);
         book(&mut report, iv, &s);
     }
-    splitter.flush();
+    let (sample_uj, residual) = splitter.finish();
     let mut class_tgid: Vec<(usize, u32)> = plan
         .as_ref()
         .map(|p| p.class_of.iter().map(|(&t, &k)| (k, t)).collect())
@@ -162,8 +164,8 @@ pub(super) fn run_source(
     let relative_error = uncertainty::relative_error(&report, &class_tgid, opts.idle);
     SourceOutcome {
         report,
-        sample_uj: splitter.sample_uj,
-        residual: splitter.residual,
+        sample_uj,
+        residual,
         relative_error,
     }
 }

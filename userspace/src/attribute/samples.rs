@@ -39,9 +39,12 @@ pub struct SampleSplitter {
     /// Sums of threads without an index.
     acc: HashMap<ThreadKey, Acc>,
     /// Energy per sample, µJ.
-    pub sample_uj: Vec<(usize, f64)>,
-    /// Energy per thread that no sample carries, µJ.
-    pub residual: BTreeMap<ThreadKey, f64>,
+    sample_uj: Vec<(usize, f64)>,
+    /// Energy per thread that no sample carries, µJ: of threads with an index by index
+    /// (a window of ten thousand threads adds to ten thousand sums per stack window, so
+    /// not in an ordered map), of the others by key.
+    residual_by_id: Vec<Option<f64>>,
+    residual: BTreeMap<ThreadKey, f64>,
 }
 
 impl SampleSplitter {
@@ -55,6 +58,7 @@ impl SampleSplitter {
             touched: Vec::new(),
             acc: HashMap::default(),
             sample_uj: Vec::new(),
+            residual_by_id: Vec::new(),
             residual: BTreeMap::new(),
         }
     }
@@ -67,6 +71,7 @@ impl SampleSplitter {
         self.slots = std::iter::repeat_with(Acc::default)
             .take(keys.len())
             .collect();
+        self.residual_by_id = vec![None; keys.len()];
         self
     }
 
@@ -152,32 +157,45 @@ impl SampleSplitter {
         for id in std::mem::take(&mut self.touched) {
             let acc = std::mem::take(&mut self.slots[id as usize]);
             settle(
-                self.keys[id as usize],
                 acc,
                 &mut self.sample_uj,
-                &mut self.residual,
+                &mut self.residual_by_id[id as usize],
             );
         }
         for (key, acc) in self.acc.drain() {
-            settle(key, acc, &mut self.sample_uj, &mut self.residual);
+            let mut residual = self.residual.get(&key).copied();
+            settle(acc, &mut self.sample_uj, &mut residual);
+            if let Some(uj) = residual {
+                self.residual.insert(key, uj);
+            }
         }
+    }
+
+    /// Closes the last stack window: the energy per sample, and per thread the energy no
+    /// sample carries (µJ), in key order.
+    pub fn finish(mut self) -> (Vec<(usize, f64)>, BTreeMap<ThreadKey, f64>) {
+        self.flush();
+        let mut residual = self.residual;
+        // The keys with an index never reach the map by key (`acc_of`): the two are apart.
+        for (&key, uj) in self.keys.iter().zip(self.residual_by_id) {
+            if let Some(uj) = uj {
+                *residual.entry(key).or_insert(0.0) += uj;
+            }
+        }
+        (self.sample_uj, residual)
     }
 }
 
-/// One thread's stack window: its energy onto its samples, or to `residual` without any.
-fn settle(
-    key: ThreadKey,
-    acc: Acc,
-    sample_uj: &mut Vec<(usize, f64)>,
-    residual: &mut BTreeMap<ThreadKey, f64>,
-) {
+/// One thread's stack window: its energy onto its samples, or to its `residual` (`None`
+/// until it has one) without any.
+fn settle(acc: Acc, sample_uj: &mut Vec<(usize, f64)>, residual: &mut Option<f64>) {
     if acc.energy_uj == 0.0 {
         // Samples of a thread that got no energy here weigh nothing.
         sample_uj.extend(acc.samples.iter().map(|&(i, _)| (i, 0.0)));
         return;
     }
     if acc.samples.is_empty() {
-        *residual.entry(key).or_insert(0.0) += acc.energy_uj;
+        *residual.get_or_insert(0.0) += acc.energy_uj;
         return;
     }
     let mean = if acc.ns > 0.0 {
@@ -224,8 +242,8 @@ mod tests {
         }
     }
 
-    fn weight(s: &SampleSplitter, idx: usize) -> f64 {
-        s.sample_uj
+    fn weight(sample_uj: &[(usize, f64)], idx: usize) -> f64 {
+        sample_uj
             .iter()
             .filter(|(i, _)| *i == idx)
             .map(|(_, w)| w)
@@ -243,15 +261,11 @@ mod tests {
             &occ(&[(a, 9.0), (b, 1.0)]),
             &[(0, a), (1, a), (2, a)],
         );
-        s.flush();
+        let (sample_uj, residual) = s.finish();
         for i in 0..3 {
-            assert!((weight(&s, i) - 30.0).abs() < 1e-12);
+            assert!((weight(&sample_uj, i) - 30.0).abs() < 1e-12);
         }
-        assert_eq!(
-            s.residual.get(&b),
-            Some(&10.0),
-            "b had energy but no sample"
-        );
+        assert_eq!(residual.get(&b), Some(&10.0), "b had energy but no sample");
     }
 
     #[test]
@@ -262,10 +276,10 @@ mod tests {
         let a = (1, 1);
         s.add_interval(0, 10, &split(&[(a, 20.0)]), &occ(&[(a, 10.0)]), &[(0, a)]);
         s.add_interval(10, 20, &split(&[(a, 10.0)]), &occ(&[(a, 10.0)]), &[(1, a)]);
-        s.flush();
-        assert!((weight(&s, 0) - 20.0).abs() < 1e-12);
-        assert!((weight(&s, 1) - 10.0).abs() < 1e-12);
-        assert!(s.residual.is_empty());
+        let (sample_uj, residual) = s.finish();
+        assert!((weight(&sample_uj, 0) - 20.0).abs() < 1e-12);
+        assert!((weight(&sample_uj, 1) - 10.0).abs() < 1e-12);
+        assert!(residual.is_empty());
     }
 
     #[test]
@@ -276,9 +290,9 @@ mod tests {
         // This interval would make the window 20 ns long: the first window closes with no
         // sample, its energy becomes residual.
         s.add_interval(10, 20, &split(&[(a, 10.0)]), &occ(&[(a, 10.0)]), &[(0, a)]);
-        s.flush();
-        assert_eq!(s.residual.get(&a), Some(&20.0));
-        assert!((weight(&s, 0) - 10.0).abs() < 1e-12);
+        let (sample_uj, residual) = s.finish();
+        assert_eq!(residual.get(&a), Some(&20.0));
+        assert!((weight(&sample_uj, 0) - 10.0).abs() < 1e-12);
     }
 
     #[test]
@@ -306,24 +320,20 @@ mod tests {
             let ids: &[u32] = if i == 4 { &[] } else { &[0, 1, 2] };
             indexed.add_indexed(t0, t1, &split, &occ, &samples, ids);
         }
-        plain.flush();
-        indexed.flush();
-        let sorted = |s: &SampleSplitter| {
-            let mut v: Vec<(usize, u64)> =
-                s.sample_uj.iter().map(|&(i, w)| (i, w.to_bits())).collect();
+        let (plain, plain_residual) = plain.finish();
+        let (indexed, indexed_residual) = indexed.finish();
+        let sorted = |s: &[(usize, f64)]| {
+            let mut v: Vec<(usize, u64)> = s.iter().map(|&(i, w)| (i, w.to_bits())).collect();
             v.sort_unstable();
             v
         };
         assert_eq!(sorted(&plain), sorted(&indexed));
-        assert_eq!(plain.sample_uj.len(), 10);
-        let bits = |s: &SampleSplitter| {
-            s.residual
-                .iter()
-                .map(|(&k, v)| (k, v.to_bits()))
-                .collect::<Vec<_>>()
+        assert_eq!(plain.len(), 10);
+        let bits = |r: &BTreeMap<ThreadKey, f64>| {
+            r.iter().map(|(&k, v)| (k, v.to_bits())).collect::<Vec<_>>()
         };
-        assert_eq!(bits(&plain), bits(&indexed));
-        assert!(plain.residual.contains_key(&b));
+        assert_eq!(bits(&plain_residual), bits(&indexed_residual));
+        assert!(plain_residual.contains_key(&b));
     }
 
     #[test]
@@ -336,8 +346,8 @@ mod tests {
             &occ(&[((1, 1), 10.0)]),
             &[(0, (9, 9)), (1, (1, 1))],
         );
-        s.flush();
-        assert_eq!(weight(&s, 0), 0.0);
-        assert_eq!(weight(&s, 1), 5.0);
+        let (sample_uj, _) = s.finish();
+        assert_eq!(weight(&sample_uj, 0), 0.0);
+        assert_eq!(weight(&sample_uj, 1), 5.0);
     }
 }

@@ -114,6 +114,11 @@ impl RunStore {
         self.ids[i]
     }
 
+    /// Whether some run may hold a count other than 0 (false: every count is 0).
+    pub(crate) fn has_counts(&self) -> bool {
+        !self.counts.is_empty()
+    }
+
     /// The first run that ends after `t` (`len()` when none does).
     pub(crate) fn first_ending_after(&self, t: u64) -> usize {
         if t >= self.end_ns {
