@@ -210,13 +210,21 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
         measuring
     };
     let headline = attribution::headline_domains(&present);
-    let mut threads: Vec<ThreadEnergy> = threads.into_values().collect();
-    threads.sort_by(|a, b| {
-        b.energy
-            .sum_of(&headline)
-            .total_cmp(&a.energy.sum_of(&headline))
-            .then(a.tid.cmp(&b.tid))
-    });
+    // Most energy first, then by tid, ties in key order (a stable sort): the order sorted as
+    // (headline energy, tid, position), each thread's energy summed once and no thread
+    // moved until its place is known.
+    let mut slots: Vec<Option<ThreadEnergy>> = threads.into_values().map(Some).collect();
+    let mut order: Vec<(f64, u32, usize)> = slots
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, t)| (t.energy.sum_of(&headline), t.tid, i))
+        .collect();
+    order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let threads: Vec<ThreadEnergy> = order
+        .iter()
+        .filter_map(|&(_, _, i)| slots[i].take())
+        .collect();
     Attribution {
         estimated: sources.iter().any(|s| s.estimated),
         sources,

@@ -194,7 +194,34 @@ impl<'i, 'a> Tally<'i, 'a> {
         b: u64,
         weight: &impl Fn(u32, &Run) -> f64,
     ) -> Occupancy {
-        Occupancy::totals_of(&|cpu| self.runs_from(cpu, a), cpus, a, b, weight)
+        // As `Occupancy::totals_of` walks the runs (the same sums in the same order), but
+        // on the store: a run is built only for the weight of a busy one.
+        let mut occ = Occupancy::default();
+        let index = self.index;
+        for &cpu in cpus {
+            let mut covered = 0u64;
+            if let Some(pos) = index.position(cpu) {
+                let ct = &index.timeline.cpus[pos];
+                let store = ct.store();
+                for i in seek(store, &self.hints[pos], a)..store.len() {
+                    let start = store.start(i);
+                    if start >= b {
+                        break;
+                    }
+                    let ns = store.end(i).min(b).saturating_sub(start.max(a));
+                    covered += ns;
+                    let ns = ns as f64;
+                    if index.codes[store.id(i) as usize] == IDLE {
+                        occ.idle_ns += ns;
+                    } else {
+                        occ.unknown.ns += ns;
+                        occ.unknown.weighted += ns * weight(cpu, &store.run(ct.who(), i));
+                    }
+                }
+            }
+            add_gap(&mut occ, cpu, a, b, covered, weight);
+        }
+        occ
     }
 
     /// Busy CPU-ns (threads + unknown) of `[a, b)` on `cpus`, as [`Occupancy::busy_ns`]

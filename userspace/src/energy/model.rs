@@ -16,7 +16,10 @@
 use std::path::Path;
 
 use super::{EnergyArgs, EnergyError, SourceKind, source_desc};
-use crate::{pb::v1 as pb, timeline::Timeline};
+use crate::{
+    pb::v1 as pb,
+    timeline::{IDLE_TID, Timeline, UNKNOWN_TID},
+};
 
 /// Default idle power per logical CPU, watts.
 pub(crate) const DEFAULT_IDLE_W_PER_CPU: f64 = 1.0;
@@ -192,19 +195,29 @@ pub fn readings(
     // busy time added to the steps it overlaps (the same integer sums as looking every step
     // up on every CPU).
     let steps = usize::try_from((end - start).div_ceil(interval)).unwrap_or(usize::MAX);
+    // Whether each entry of the thread table is a real thread: a run's busy flag without
+    // building the run.
+    let busy_entry: Vec<bool> = timeline
+        .who()
+        .iter()
+        .map(|w| w.tid != IDLE_TID && w.tid != UNKNOWN_TID)
+        .collect();
     let models: Vec<_> = models
         .into_iter()
         .map(|(s, ids)| {
             let n = ids.len().max(1) as f64;
             let mut busy = vec![0u64; steps];
             for ct in ids.iter().filter_map(|&c| timeline.cpu(c)) {
-                for r in ct.runs().filter(|r| r.is_busy()) {
-                    let (from, to) = (r.start_ns.max(start), r.end_ns.min(end));
+                let store = ct.store();
+                for i in (0..store.len()).filter(|&i| busy_entry[store.id(i) as usize]) {
+                    let (run_start, run_end) = (store.start(i), store.end(i));
+                    let (from, to) = (run_start.max(start), run_end.min(end));
                     let mut k = ((from.saturating_sub(start)) / interval) as usize;
                     let mut a = start + k as u64 * interval;
                     while a < to && k < steps {
                         let b = a.saturating_add(interval).min(end);
-                        busy[k] += r.overlap_ns(a, b);
+                        // The run's overlap with the step (`Run::overlap_ns`).
+                        busy[k] += run_end.min(b).saturating_sub(run_start.max(a));
                         k += 1;
                         a = b;
                     }

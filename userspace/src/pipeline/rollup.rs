@@ -108,12 +108,29 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     // last non-zero cgroup id, as adding run by run. A reused pid's runs are walked one by
     // one, since which instance a run is of depends on its time.
     let mut apart = Vec::new();
+    // Per process slot, flat: a window of many processes on many CPUs hashes once per
+    // process, not once per process and CPU.
+    let mut by_slot: Vec<(u32, Vec<u64>)> = Vec::new();
     let busy = tl.busy_by_thread(
         &|tgid| lifetimes.reused(tgid),
         &mut apart,
-        Some(&mut |ci, tgid, ns| {
-            by_cpu.entry((tgid, 0)).or_insert_with(|| vec![0; ncpus])[ci] += ns;
+        Some(&mut |ci, slot, tgid, ns| {
+            if slot >= by_slot.len() {
+                by_slot.resize_with(slot + 1, || (0, Vec::new()));
+            }
+            let (of, per_cpu) = &mut by_slot[slot];
+            if per_cpu.is_empty() {
+                *of = tgid;
+                per_cpu.resize(ncpus, 0);
+            }
+            per_cpu[ci] += ns;
         }),
+    );
+    by_cpu.extend(
+        by_slot
+            .into_iter()
+            .filter(|(_, per_cpu)| !per_cpu.is_empty())
+            .map(|(tgid, per_cpu)| ((tgid, 0), per_cpu)),
     );
     for ((tgid, tid), ns, cgroup_id) in busy {
         let f = facts.entry((tgid, 0, tid)).or_default();

@@ -18,12 +18,13 @@ impl Timeline {
     /// adding run by run gives (CPU order, then time order), in no order. The runs of
     /// processes for which `apart(tgid)` holds are not summed but listed with their CPU's
     /// position; with `by_process`, each CPU's busy ns per process (the others) is given
-    /// to it as `(CPU position, tgid, ns)`.
+    /// to it as `(CPU position, process slot, tgid, ns)`: a process's slot is the same on
+    /// every CPU, and slots are numbered from 0 without holes.
     pub(crate) fn busy_by_thread(
         &self,
         apart: &dyn Fn(u32) -> bool,
         apart_runs: &mut Vec<(usize, Run)>,
-        mut by_process: Option<&mut dyn FnMut(usize, u32, u64)>,
+        mut by_process: Option<&mut dyn FnMut(usize, usize, u32, u64)>,
     ) -> Vec<ThreadBusy> {
         let who = self.who();
         // Per entry of the thread table: its process's slot in `tgids`, or a marker.
@@ -62,7 +63,7 @@ impl Timeline {
             }
             if let Some(f) = by_process.as_mut() {
                 for (slot, ns, _) in procs.drain() {
-                    f(ci, tgids[slot as usize], ns);
+                    f(ci, slot as usize, tgids[slot as usize], ns);
                 }
             }
         }
