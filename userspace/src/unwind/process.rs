@@ -59,7 +59,13 @@ pub struct RowArena {
     pub full: u64,
     /// Files larger than the whole arena: never loaded again.
     too_big: std::collections::HashSet<Vec<u8>>,
+    /// The `PT_LOAD` segments of files with a build-id, by the same key as `files`: a new
+    /// process of a known program maps the same files, which are then not opened again.
+    segments: HashMap<Vec<u8>, Vec<Segment>>,
 }
+
+/// Files whose segments [`RowArena`] keeps; past this it starts over.
+const MAX_SEGMENT_FILES: usize = 4096;
 
 impl RowArena {
     /// An empty arena of at most `capacity` rows.
@@ -71,6 +77,7 @@ impl RowArena {
             capacity,
             full: 0,
             too_big: std::collections::HashSet::new(),
+            segments: HashMap::new(),
         }
     }
 
@@ -93,6 +100,12 @@ impl RowArena {
     /// Files stored.
     pub fn files(&self) -> usize {
         self.files.len()
+    }
+
+    /// Files whose segments are kept.
+    #[cfg(test)]
+    pub fn kept_segments(&self) -> usize {
+        self.segments.len()
     }
 
     /// The rows added since the last call and the arena index of the first: the caller
@@ -222,16 +235,30 @@ pub fn process_entries(
         }
         // The path as the process sees it: through its root, for containers.
         let path = std::path::PathBuf::from(format!("/proc/{tgid}/root{}", m.path));
-        let Ok(segments) = load_segments(&path) else {
-            continue;
-        };
-        let Some(bias) = mapping_bias(&segments, m.start, m.file_offset) else {
-            continue;
-        };
         // Build-id and path together: two copies of one file at different paths are then
         // stored twice, but a file without a build-id never merges with another.
         let mut key = m.build_id.clone();
         key.extend_from_slice(m.path.as_bytes());
+        let known = arena.segments.get(&key).filter(|_| !m.build_id.is_empty());
+        let bias = match known {
+            Some(segments) => mapping_bias(segments, m.start, m.file_offset),
+            None => {
+                let Ok(segments) = load_segments(&path) else {
+                    continue;
+                };
+                let bias = mapping_bias(&segments, m.start, m.file_offset);
+                if !m.build_id.is_empty() {
+                    if arena.segments.len() >= MAX_SEGMENT_FILES {
+                        arena.segments.clear();
+                    }
+                    arena.segments.insert(key.clone(), segments);
+                }
+                bias
+            }
+        };
+        let Some(bias) = bias else {
+            continue;
+        };
         let slice = match arena.get(&key) {
             Some(slice) => Some(slice),
             None if arena.is_too_big(&key) => None,

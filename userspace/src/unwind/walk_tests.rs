@@ -167,3 +167,15 @@ fn unwind_mapping_bias_uses_the_executable_segment() {
     arena.clear();
     assert_eq!((arena.len(), arena.files()), (0, 0));
 }
+
+#[test]
+fn a_second_process_of_the_same_files_gets_the_same_entries_from_kept_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = UnwindCache::open(dir.path()).unwrap();
+    let mut arena = RowArena::new(1 << 24);
+    let first = process_entries(std::process::id(), &cache, &mut arena).unwrap();
+    // Files with a build-id (libc's at least) have their segments kept, not read again.
+    assert!(arena.kept_segments() > 0);
+    let again = process_entries(std::process::id(), &cache, &mut arena).unwrap();
+    assert_eq!(first, again);
+}
