@@ -170,12 +170,31 @@ fn unwind_mapping_bias_uses_the_executable_segment() {
 
 #[test]
 fn a_second_process_of_the_same_files_gets_the_same_entries_from_kept_segments() {
+    // A child that maps nothing new while it is read (this process's own mappings change
+    // as other tests run beside this one).
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cache = UnwindCache::open(dir.path()).unwrap();
     let mut arena = RowArena::new(1 << 24);
-    let first = process_entries(std::process::id(), &cache, &mut arena).unwrap();
+    // `sleep` is dynamically linked: wait until the loader has mapped its libraries.
+    let pid = child.id();
+    let maps = || std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    for _ in 0..200 {
+        if maps().contains("libc.so") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let first = process_entries(pid, &cache, &mut arena);
     // Files with a build-id (libc's at least) have their segments kept, not read again.
-    assert!(arena.kept_segments() > 0);
-    let again = process_entries(std::process::id(), &cache, &mut arena).unwrap();
+    let kept = arena.kept_segments();
+    let again = process_entries(pid, &cache, &mut arena);
+    let _ = child.kill();
+    let _ = child.wait();
+    let (first, again) = (first.unwrap(), again.unwrap());
+    assert!(kept > 0 && !first.is_empty());
     assert_eq!(first, again);
 }
