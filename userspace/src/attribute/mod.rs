@@ -213,14 +213,14 @@ pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     // Most energy first, then by tid, ties in key order (a stable sort): the order sorted as
     // (headline energy, tid, position), each thread's energy summed once and no thread
     // moved until its place is known.
-    let mut slots: Vec<Option<ThreadEnergy>> = threads.into_values().map(Some).collect();
-    let mut order: Vec<(f64, u32, usize)> = slots
+    let threads: Vec<ThreadEnergy> = threads.into_values().collect();
+    let mut order: Vec<(f64, u32, usize)> = threads
         .iter()
-        .flatten()
         .enumerate()
         .map(|(i, t)| (t.energy.sum_of(&headline), t.tid, i))
         .collect();
     order.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut slots: Vec<Option<ThreadEnergy>> = threads.into_iter().map(Some).collect();
     let threads: Vec<ThreadEnergy> = order
         .iter()
         .filter_map(|&(_, _, i)| slots[i].take())

@@ -152,7 +152,7 @@ impl SampleSplitter {
     }
 
     /// Closes the current stack window.
-    pub fn flush(&mut self) {
+    fn flush(&mut self) {
         self.window_start_ns = None;
         for id in std::mem::take(&mut self.touched) {
             let acc = std::mem::take(&mut self.slots[id as usize]);

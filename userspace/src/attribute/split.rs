@@ -7,7 +7,7 @@
 //! time (policy `proportional`). Time nobody can name (UNKNOWN_TID) is split like a thread
 //! and reported as its own row, so the parts always add up to the measured delta.
 
-use crate::timeline::{CpuTimeline, IDLE_TID, Run, Timeline, UNKNOWN_TID};
+use crate::timeline::{IDLE_TID, Run, Timeline, UNKNOWN_TID};
 
 use super::IdlePolicy;
 
@@ -142,8 +142,7 @@ impl Occupancy {
         // Threads' parts in the order met, then stably sorted and summed per thread: the
         // same sums in the same order as adding to a map part by part.
         let mut parts: Vec<(ThreadKey, ThreadTime)> = Vec::new();
-        let runs_of = |cpu| runs_from(timeline, cpu, a);
-        walk(&runs_of, cpus, a, b, weight, &mut occ, |occ, run, part| {
+        walk(timeline, cpus, a, b, weight, &mut occ, |occ, run, part| {
             if run.tid == UNKNOWN_TID {
                 occ.unknown.ns += part.ns;
                 occ.unknown.weighted += part.weighted;
@@ -176,20 +175,8 @@ impl Occupancy {
         b: u64,
         weight: &W,
     ) -> Self {
-        Self::totals_of(&|cpu| runs_from(timeline, cpu, a), cpus, a, b, weight)
-    }
-
-    /// [`Self::totals`] with each CPU's runs from the first that ends after `a` given by
-    /// `runs_of` (a caller walking intervals in order finds them without a search).
-    pub(super) fn totals_of<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
-        runs_of: &dyn Fn(u32) -> Option<RunsFrom<'t>>,
-        cpus: &[u32],
-        a: u64,
-        b: u64,
-        weight: &W,
-    ) -> Self {
         let mut occ = Occupancy::default();
-        walk(runs_of, cpus, a, b, weight, &mut occ, |occ, _, part| {
+        walk(timeline, cpus, a, b, weight, &mut occ, |occ, _, part| {
             occ.unknown.ns += part.ns;
             occ.unknown.weighted += part.weighted;
         });
@@ -202,22 +189,11 @@ impl Occupancy {
     }
 }
 
-/// A CPU's runs from one on: its timeline and the position of the first.
-pub(super) type RunsFrom<'t> = (&'t CpuTimeline, usize);
-
-/// The runs of `cpu` from the first that ends after `a` on (found by binary search), or
-/// `None` when the timeline has no such CPU.
-fn runs_from(timeline: &Timeline, cpu: u32, a: u64) -> Option<RunsFrom<'_>> {
-    timeline
-        .cpu(cpu)
-        .map(|ct| (ct, ct.store().first_ending_after(a)))
-}
-
-/// Walks the runs of `[a, b)` on `cpus` (`runs_of(cpu)`: its runs from the first that ends
-/// after `a`): idle time and the gaps the timeline does not cover go into `occ`, and each
-/// other run's part (ns and weighted ns) to `busy`.
-fn walk<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
-    runs_of: &dyn Fn(u32) -> Option<RunsFrom<'t>>,
+/// Walks the runs of `[a, b)` on `cpus` (each CPU's from the first that ends after `a`,
+/// found by binary search): idle time and the gaps the timeline does not cover go into
+/// `occ`, and each other run's part (ns and weighted ns) to `busy`.
+fn walk<W: Fn(u32, &Run) -> f64 + ?Sized>(
+    timeline: &Timeline,
     cpus: &[u32],
     a: u64,
     b: u64,
@@ -227,8 +203,11 @@ fn walk<'t, W: Fn(u32, &Run) -> f64 + ?Sized>(
 ) {
     for &cpu in cpus {
         let mut covered = 0u64;
-        if let Some((ct, first)) = runs_of(cpu) {
-            for run in ct.runs_from(first).take_while(|r| r.start_ns < b) {
+        if let Some(ct) = timeline.cpu(cpu) {
+            for run in ct
+                .runs_from(ct.store().first_ending_after(a))
+                .take_while(|r| r.start_ns < b)
+            {
                 let ns = run.overlap_ns(a, b);
                 covered += ns;
                 let ns = ns as f64;

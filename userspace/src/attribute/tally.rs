@@ -8,7 +8,7 @@ use std::cell::Cell;
 
 use crate::timeline::{CpuTimeline, IDLE_TID, Run, RunStore, Timeline, UNKNOWN_TID};
 
-use super::split::{Occupancy, RunsFrom, ThreadKey, ThreadTime, ThreadTimes, add_gap};
+use super::split::{Occupancy, ThreadKey, ThreadTime, ThreadTimes, add_gap};
 
 /// The threads of one timeline, interned once: their keys in order, and for every entry of
 /// the timeline's thread table the index of its key ([`NO_THREAD`] for unknown, [`IDLE`]
@@ -42,7 +42,7 @@ impl<'a> ThreadIndex<'a> {
         let mut keys: Vec<ThreadKey> = who
             .iter()
             .zip(&used)
-            .filter(|(w, used)| **used && w.tid != IDLE_TID && w.tid != UNKNOWN_TID)
+            .filter(|(w, used)| **used && w.is_busy())
             .map(|(w, _)| (w.tgid, w.tid))
             .collect();
         keys.sort_unstable();
@@ -130,44 +130,27 @@ impl<'i, 'a> Tally<'i, 'a> {
         *occ = Occupancy::default();
         let index = self.index;
         for &cpu in cpus {
-            let mut covered = 0u64;
-            if let Some(pos) = index.position(cpu) {
-                let ct = &index.timeline.cpus[pos];
-                let store = ct.store();
-                let first = seek(store, &self.hints[pos], a);
-                let mut last = first;
-                for i in first..store.len() {
-                    let start = store.start(i);
-                    if start >= b {
-                        break;
-                    }
-                    last += 1;
-                    let ns = store.end(i).min(b).saturating_sub(start.max(a));
-                    covered += ns;
-                    let ns = ns as f64;
-                    match index.codes[store.id(i) as usize] {
-                        IDLE => occ.idle_ns += ns,
-                        code => {
-                            let weighted = ns * weight(cpu, &store.run(ct.who(), i));
-                            if code == NO_THREAD {
-                                occ.unknown.ns += ns;
-                                occ.unknown.weighted += weighted;
-                            } else {
-                                let i = code as usize;
-                                if !self.seen[i] {
-                                    self.seen[i] = true;
-                                    self.touched.push(code);
-                                }
-                                let t = &mut self.acc[i];
-                                t.ns += ns;
-                                t.weighted += weighted;
-                            }
-                        }
-                    }
+            let covered = parts(index, &self.hints, cpu, a, b, |ct, i, code, ns| {
+                let ns = ns as f64;
+                if code == IDLE {
+                    occ.idle_ns += ns;
+                    return;
                 }
-                // The last run met (it may reach into the next interval).
-                self.hints[pos].set(last.saturating_sub(1).max(first));
-            }
+                let weighted = ns * weight(cpu, &ct.store().run(ct.who(), i));
+                if code == NO_THREAD {
+                    occ.unknown.ns += ns;
+                    occ.unknown.weighted += weighted;
+                } else {
+                    let i = code as usize;
+                    if !self.seen[i] {
+                        self.seen[i] = true;
+                        self.touched.push(code);
+                    }
+                    let t = &mut self.acc[i];
+                    t.ns += ns;
+                    t.weighted += weighted;
+                }
+            });
             add_gap(occ, cpu, a, b, covered, weight);
         }
         self.touched.sort_unstable();
@@ -194,31 +177,19 @@ impl<'i, 'a> Tally<'i, 'a> {
         b: u64,
         weight: &impl Fn(u32, &Run) -> f64,
     ) -> Occupancy {
-        // As `Occupancy::totals_of` walks the runs (the same sums in the same order), but
-        // on the store: a run is built only for the weight of a busy one.
+        // As `Occupancy::totals` walks the runs (the same sums in the same order), but on
+        // the store: a run is built only for the weight of a busy one.
         let mut occ = Occupancy::default();
-        let index = self.index;
         for &cpu in cpus {
-            let mut covered = 0u64;
-            if let Some(pos) = index.position(cpu) {
-                let ct = &index.timeline.cpus[pos];
-                let store = ct.store();
-                for i in seek(store, &self.hints[pos], a)..store.len() {
-                    let start = store.start(i);
-                    if start >= b {
-                        break;
-                    }
-                    let ns = store.end(i).min(b).saturating_sub(start.max(a));
-                    covered += ns;
-                    let ns = ns as f64;
-                    if index.codes[store.id(i) as usize] == IDLE {
-                        occ.idle_ns += ns;
-                    } else {
-                        occ.unknown.ns += ns;
-                        occ.unknown.weighted += ns * weight(cpu, &store.run(ct.who(), i));
-                    }
+            let covered = parts(self.index, &self.hints, cpu, a, b, |ct, i, code, ns| {
+                let ns = ns as f64;
+                if code == IDLE {
+                    occ.idle_ns += ns;
+                } else {
+                    occ.unknown.ns += ns;
+                    occ.unknown.weighted += ns * weight(cpu, &ct.store().run(ct.who(), i));
                 }
-            }
+            });
             add_gap(&mut occ, cpu, a, b, covered, weight);
         }
         occ
@@ -229,24 +200,48 @@ impl<'i, 'a> Tally<'i, 'a> {
     pub fn busy_ns(&self, cpus: &[u32], a: u64, b: u64) -> f64 {
         let mut idle = 0u64;
         for &cpu in cpus {
-            if let Some((ct, first)) = self.runs_from(cpu, a) {
-                idle += ct
-                    .runs_from(first)
-                    .take_while(|r| r.start_ns < b)
-                    .filter(|r| r.tid == IDLE_TID)
-                    .map(|r| r.overlap_ns(a, b))
-                    .sum::<u64>();
-            }
+            parts(self.index, &self.hints, cpu, a, b, |_, _, code, ns| {
+                if code == IDLE {
+                    idle += ns;
+                }
+            });
         }
         (cpus.len() as u64 * b.saturating_sub(a)).saturating_sub(idle) as f64
     }
+}
 
-    /// The runs of `cpu` from the first that ends after `a` on, found from its hint.
-    fn runs_from(&self, cpu: u32, a: u64) -> Option<RunsFrom<'a>> {
-        let pos = self.index.position(cpu)?;
-        let ct: &'a CpuTimeline = &self.index.timeline.cpus[pos];
-        Some((ct, seek(ct.store(), &self.hints[pos], a)))
+/// Walks the runs of `cpu` that overlap `[a, b)`, from the first that ends after `a` (found
+/// from the CPU's hint, which is left at the last run met: it may reach into the next
+/// interval): `part(its timeline, run index, run's code in `index`, ns of it in [a, b))`.
+/// Returns the ns they cover (0 for a CPU the timeline does not have).
+fn parts<'a>(
+    index: &ThreadIndex<'a>,
+    hints: &[Cell<usize>],
+    cpu: u32,
+    a: u64,
+    b: u64,
+    mut part: impl FnMut(&'a CpuTimeline, usize, u32, u64),
+) -> u64 {
+    let Some(pos) = index.position(cpu) else {
+        return 0;
+    };
+    let ct: &'a CpuTimeline = &index.timeline.cpus[pos];
+    let store = ct.store();
+    let first = seek(store, &hints[pos], a);
+    let mut last = first;
+    let mut covered = 0;
+    for i in first..store.len() {
+        let start = store.start(i);
+        if start >= b {
+            break;
+        }
+        last += 1;
+        let ns = store.end(i).min(b).saturating_sub(start.max(a));
+        covered += ns;
+        part(ct, i, index.codes[store.id(i) as usize], ns);
     }
+    hints[pos].set(last.saturating_sub(1).max(first));
+    covered
 }
 
 /// The first index in `lo..hi` where `ends_by` is false (it is true, then false).

@@ -136,9 +136,8 @@ impl Session {
         // the number of switches drained before it, so every event is still observed in
         // drain order.
         let mut others: Vec<(usize, Event)> = Vec::new();
-        let mut switches = std::mem::take(&mut chunk.switches);
         // Room for a poll like the last one and a quarter more, taken at once.
-        switches.reserve(self.switch_hint + self.switch_hint / 4);
+        let mut switches = Vec::with_capacity(self.switch_hint + self.switch_hint / 4);
         let sink = |e| match e {
             Event::Switch(s) => switches.push(s),
             other => others.push((switches.len(), other)),
@@ -150,16 +149,9 @@ impl Session {
         }
         self.switch_hint = switches.len();
         let mut observed = 0;
-        for (before, event) in others
-            .into_iter()
-            .map(|(n, e)| (n, Some(e)))
-            .chain([(switches.len(), None)])
-        {
-            for s in &switches[observed..before] {
-                self.observe(&mut chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
-            }
+        for (before, event) in others {
+            self.observe_switches(&mut chunk, &switches[observed..before]);
             observed = before;
-            let Some(event) = event else { break };
             match event {
                 Event::Switch(_) => unreachable!("switches are not held beside"),
                 Event::Sample(decoded) => {
@@ -199,6 +191,7 @@ impl Session {
                 }
             }
         }
+        self.observe_switches(&mut chunk, &switches[observed..]);
         chunk.switches = switches;
         if let Some(p) = self.probes.python_mut() {
             chunk.python_processes = p.take_found();
@@ -264,6 +257,13 @@ impl Session {
                 self.exited[1].push((p.tid, p.tgid));
             }
             Kind::Unspecified => {}
+        }
+    }
+
+    /// Notes the threads `switches` switched out (new ones named into `chunk`).
+    fn observe_switches(&mut self, chunk: &mut pb::Chunk, switches: &[pb::SwitchEvent]) {
+        for s in switches {
+            self.observe(chunk, Sighting::new(s.tid, s.tgid, s.ts_ns));
         }
     }
 

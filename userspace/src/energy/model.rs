@@ -16,10 +16,7 @@
 use std::path::Path;
 
 use super::{EnergyArgs, EnergyError, SourceKind, source_desc};
-use crate::{
-    pb::v1 as pb,
-    timeline::{IDLE_TID, Timeline, UNKNOWN_TID},
-};
+use crate::{pb::v1 as pb, timeline::Timeline};
 
 /// Default idle power per logical CPU, watts.
 pub(crate) const DEFAULT_IDLE_W_PER_CPU: f64 = 1.0;
@@ -197,11 +194,7 @@ pub fn readings(
     let steps = usize::try_from((end - start).div_ceil(interval)).unwrap_or(usize::MAX);
     // Whether each entry of the thread table is a real thread: a run's busy flag without
     // building the run.
-    let busy_entry: Vec<bool> = timeline
-        .who()
-        .iter()
-        .map(|w| w.tid != IDLE_TID && w.tid != UNKNOWN_TID)
-        .collect();
+    let busy_entry: Vec<bool> = timeline.who().iter().map(|w| w.is_busy()).collect();
     let models: Vec<_> = models
         .into_iter()
         .map(|(s, ids)| {

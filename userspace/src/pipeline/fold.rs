@@ -465,12 +465,11 @@ fn lay_out_sorted(
     }
     let wide = &mut keys.wide;
     wide.clear();
-    wide.extend(cell.iter().enumerate().map(|(i, r)| {
-        (u128::from(r.tgid) << 96)
-            | (u128::from(r.tid) << 64)
-            | (u128::from(r.activity.is_some()) << 32)
-            | i as u128
-    }));
+    wide.extend(
+        cell.iter()
+            .enumerate()
+            .map(|(i, r)| group_of(r) | i as u128),
+    );
     wide.sort_unstable();
     place(
         cell,

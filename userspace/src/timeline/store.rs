@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::{RecentByTid, Run, UNKNOWN_TID};
+use super::{IDLE_TID, RecentByTid, Run, UNKNOWN_TID};
 
 /// What a run says of its thread besides its times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +23,11 @@ pub(crate) struct Who {
 }
 
 impl Who {
+    /// Whether a real thread (not idle, not unknown): [`Run::is_busy`] of its runs.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.tid != IDLE_TID && self.tid != UNKNOWN_TID
+    }
+
     pub(crate) fn of(r: &Run) -> Self {
         Self {
             tid: r.tid,
