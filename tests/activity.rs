@@ -15,7 +15,7 @@ fn software_activity_event_is_counted_per_run_and_weighs_the_split() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("activity.ebpr");
     let busy = Workload::spawn("while :; do :; done", Some(0));
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    crate::util::wait_running(busy.pid(), 100_000_000);
     let out = run(&[
         "record",
         "-d",

@@ -70,7 +70,8 @@ fn emulated_rapl_energy_follows_real_cpu_time_per_process() {
     // fixed and no regression can tell their watts apart.)
     let a = duty_cycle(0, 70, 45);
     let b = duty_cycle(1, 23, 60);
-    std::thread::sleep(Duration::from_millis(500));
+    crate::util::wait_running(a.pid(), 50_000_000);
+    crate::util::wait_running(b.pid(), 20_000_000);
     let (pid_a, pid_b) = (a.pid(), b.pid());
     let stop = Arc::new(AtomicBool::new(false));
     let emulator = {
@@ -224,7 +225,8 @@ fn pinned_process_absolute_joules_without_static_power_or_calibration() {
 
     let pinned = Workload::spawn("while :; do :; done", Some(0));
     let half = duty_cycle(1, 1000, 1000);
-    std::thread::sleep(Duration::from_millis(500));
+    crate::util::wait_running(pinned.pid(), 100_000_000);
+    crate::util::wait_running(half.pid(), 50_000_000);
     let file = dir.path().join("issue.ebpr");
     let file = file.to_str().expect("path");
     // The emulated tree, whatever this machine's real RAPL offers.

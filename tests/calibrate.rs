@@ -88,7 +88,7 @@ fn calibrate_measures_a_quiet_machine_and_refuses_a_busy_one() {
 
     // A busy machine is refused, with a reason.
     let busy = Workload::spawn("exec python3 -c 'while True: pass'", Some(0));
-    std::thread::sleep(Duration::from_millis(300));
+    crate::util::wait_running(busy.pid(), 100_000_000);
     let out = run(&[
         "calibrate",
         "--max-busy",

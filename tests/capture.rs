@@ -15,7 +15,7 @@ fn busy_loop_owns_its_cpu_and_sleeper_barely_runs() {
     let file = dir.path().join("busy.ebpr");
     let busy = Workload::spawn("while :; do :; done", Some(0));
     let sleeper = Workload::spawn("while :; do sleep 0.2; done", Some(1));
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    crate::util::wait_running(busy.pid(), 100_000_000);
     let out = run(&[
         "record",
         "-F",

@@ -190,15 +190,31 @@ fn recorder_killed_with_sigkill_keeps_what_it_recorded() {
     });
     rx.recv_timeout(std::time::Duration::from_secs(60))
         .expect("the recorder starts recording within 60 s");
-    std::thread::sleep(std::time::Duration::from_millis(2000));
+    // Killed once its flushed chunks hold more than 0.5 s (read from the live file, as
+    // `report` reads a recording cut short), at least 2 s in: how soon a chunk reaches
+    // the disk depends on the machine.
+    let started = std::time::Instant::now();
+    let flushed_s = || {
+        let out = run(&["report", "--format", "json", file.to_str().expect("path")]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|r| r["duration_ns"].as_u64())
+            .map_or(0.0, |ns| ns as f64 / 1e9)
+    };
+    let mut seen = 0.0;
+    crate::util::until(std::time::Duration::from_secs(60), || {
+        seen = flushed_s();
+        started.elapsed() >= std::time::Duration::from_secs(2) && seen > 0.5
+    });
     child.kill().expect("SIGKILL");
     let _ = child.wait();
     let report = report_json(&file);
     assert_eq!(report["truncated"], true, "{report:#}");
     let secs = report["duration_ns"].as_u64().expect("duration") as f64 / 1e9;
     assert!(
-        secs > 0.5,
-        "the chunks written before the kill are kept ({secs:.2} s)"
+        secs > 0.5 && secs >= seen,
+        "the chunks written before the kill are kept ({secs:.2} s; {seen:.2} s were on disk \
+         before the kill)"
     );
     assert!(
         report["processes"]

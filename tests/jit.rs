@@ -291,6 +291,10 @@ fn node_functions_are_named_from_its_perf_map_after_it_is_gone() {
             // Long enough that Node's start (V8 and OpenSSL set-up, ~0.5 s of CPU on a
             // loaded machine) is a small part of its energy.
             "15",
+            // And on until hotLight has had 1 s of CPU (about 1,000 samples at 999 Hz),
+            // however slow the machine, for at most 90 s.
+            "1",
+            "90",
         ],
     );
     let pid = pid_of(&file, "node");
@@ -359,6 +363,9 @@ fn java_methods_are_named_from_the_map_written_at_exit() {
             &classes,
             "Burn",
             "8",
+            // As for Node: on until hotLight has had 1 s of CPU, at most 90 s.
+            "1",
+            "90",
         ],
     );
     let pid = pid_of(&file, "java");

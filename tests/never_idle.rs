@@ -281,7 +281,8 @@ fn ten_ms_duty_cycle_beside_a_spinner_on_a_1_khz_counter() {
     let spinner = Workload::spawn("while :; do :; done", Some(0));
     let duty = crate::attribution::duty_cycle(1, 10, 10);
     let pids = [spinner.pid(), duty.pid()];
-    std::thread::sleep(Duration::from_millis(300));
+    crate::util::wait_running(spinner.pid(), 100_000_000);
+    crate::util::wait_running(duty.pid(), 20_000_000);
     let emulator = Emulator::start(&fake.energy_uj, &pids, &WATTS, OTHER_W);
     let (report, truth) = record_and_report(
         dir.path(),
@@ -380,7 +381,9 @@ fn three_always_runnable_processes_after_calibrate() {
         .map(|_| Workload::spawn("exec taskset -c 0,1 sh -c 'while :; do :; done'", None))
         .collect();
     let pids: Vec<u32> = spinners.iter().map(Workload::pid).collect();
-    std::thread::sleep(Duration::from_millis(300));
+    for &pid in &pids {
+        crate::util::wait_running(pid, 50_000_000);
+    }
     let emulator = Emulator::start(energy_uj, &pids, &WATTS, OTHER_W);
     let (report, truth) = record_and_report(
         dir.path(),

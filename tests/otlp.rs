@@ -315,12 +315,20 @@ fn the_agent_exports_energy_profiles_and_survives_a_collector_outage() {
     let before = received(&got);
     let windows_before = metric(&addr, "energy_bpf_windows_total", "");
     drop(receiver);
-    std::thread::sleep(std::time::Duration::from_secs(10));
-    let failed = metric(&addr, "energy_bpf_export_total", "outcome=\"failed\"");
-    assert!(failed > 0.0, "failed exports are counted");
+    // At least 10 s, and until a failure is counted and 5 windows closed (60 s cap).
+    let down = std::time::Instant::now();
+    let failed = || metric(&addr, "energy_bpf_export_total", "outcome=\"failed\"");
+    let windows = || metric(&addr, "energy_bpf_windows_total", "");
+    crate::util::until(std::time::Duration::from_secs(60), || {
+        down.elapsed() >= std::time::Duration::from_secs(10)
+            && failed() > 0.0
+            && windows() >= windows_before + 5.0
+    });
+    assert!(failed() > 0.0, "failed exports are counted");
     assert!(
-        metric(&addr, "energy_bpf_windows_total", "") >= windows_before + 5.0,
-        "capture went on while the collector was down"
+        windows() >= windows_before + 5.0,
+        "capture went on while the collector was down: {} windows after {windows_before}",
+        windows()
     );
     let _receiver = Receiver::start(&got, port, false);
     wait_for("export to resume", 45, || received(&got) > before);

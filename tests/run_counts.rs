@@ -35,7 +35,8 @@ fn record_faults(dir: &Path) -> (std::path::PathBuf, String) {
         .arg(&file)
         .arg("--")
         .arg(&prog)
-        .arg("2")
+        // 2 s, and on until 1.5 s of CPU: enough intervals and faults on any machine.
+        .args(["2", "1.5"])
         .output()
         .expect("run energy-bpf record");
     assert!(out.status.success(), "record failed: {}", text(&out));

@@ -35,7 +35,9 @@ fn batched_symbols_equal_one_by_one_lookups_on_a_real_recording() {
         ),
         Workload::spawn("while :; do ls -R /usr/lib > /dev/null; done", None),
     ];
-    std::thread::sleep(Duration::from_millis(200));
+    for w in &load {
+        crate::util::wait_running(w.pid(), 50_000_000);
+    }
     let file = dir.path().join("sym.ebpr");
     let out = run(&[
         "record",

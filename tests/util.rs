@@ -336,3 +336,36 @@ pub fn gcc(src: &Path, out: &Path, flags: &[&str]) -> PathBuf {
     assert!(status.success(), "gcc failed to build {}", src.display());
     out.to_path_buf()
 }
+
+/// Polls `done` every 50 ms until it holds or `cap` has passed; whether it held. For a
+/// test that needs a workload to have produced enough (events, bytes, readings): run it
+/// until it has, with a cap, instead of assuming how much a fixed time produces.
+pub fn until(cap: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        if start.elapsed() >= cap {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Waits until process `pid` has been on a CPU for `ns` (its main thread, from
+/// `/proc/PID/schedstat`): a workload spawned in the background is running, however long
+/// this machine takes to start it. Panics after 30 s, naming the process.
+pub fn wait_running(pid: u32, ns: u64) {
+    let on_cpu = || {
+        std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        until(std::time::Duration::from_secs(30), || on_cpu() >= ns),
+        "workload {pid} ran only {} ns of CPU in 30 s (wanted {ns} ns before measuring)",
+        on_cpu()
+    );
+}

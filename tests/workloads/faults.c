@@ -2,7 +2,9 @@
  * per-interval counts must tell them apart within one thread.
  *   fault_pages(): maps fresh anonymous memory and touches every 4 KiB page (page faults);
  *   spin():        integer arithmetic only (no page faults).
- * Usage: faults SECONDS */
+ * Usage: faults SECONDS [MIN_CPU_S]
+ * Runs at least SECONDS, and on until it has had MIN_CPU_S of CPU time (a slow or loaded
+ * machine gives it less CPU per second), for at most 60 s. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -11,6 +13,12 @@
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static double cpu(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
 }
 
@@ -36,9 +44,11 @@ __attribute__((noinline)) uint64_t spin(double until) {
 }
 
 int main(int argc, char **argv) {
-    double end = now() + (argc > 1 ? atof(argv[1]) : 2.0);
+    double start = now();
+    double end = start + (argc > 1 ? atof(argv[1]) : 2.0);
+    double min_cpu = argc > 2 ? atof(argv[2]) : 0;
     volatile uint64_t sink = 0;
-    while (now() < end) {
+    while ((now() < end || cpu() < min_cpu) && now() < start + 60) {
         sink += fault_pages(now() + 0.04);
         sink += spin(now() + 0.04);
     }

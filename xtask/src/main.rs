@@ -7,6 +7,8 @@
 //! - `test`: setup, then format check, the import-cycle check, clippy, the whole test suite (the eBPF
 //!   integration tests run for real: they need root, which CI has), and each fuzz target
 //!   for a short fixed time.
+//! - `test --slow-machine`: setup, then only the integration tests, with one CPU kept busy
+//!   by a pinned spinner: a test that assumes how fast the machine is fails here.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
 //! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README); setup is skipped
@@ -17,6 +19,7 @@ mod bench;
 mod cycles;
 mod fuzz;
 mod setup;
+mod slow;
 mod util;
 
 fn main() -> ExitCode {
@@ -24,6 +27,9 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("setup") => setup::run(),
         Some("cycles") => cycles::run(),
+        Some("test") if args.get(1).is_some_and(|a| a == "--slow-machine") => {
+            setup::run().and_then(|()| slow::run(&args[2..]))
+        }
         Some("test") => setup::run().and_then(|()| test(&args[1..])),
         Some("fuzz") => setup::run().and_then(|()| fuzz::run(&args[1..])),
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
@@ -32,7 +38,7 @@ fn main() -> ExitCode {
         Some("bench") if std::env::var_os("ENERGY_BPF_BIN").is_some() => bench::run(&args[1..]),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | cycles | test | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
+            "usage: cargo xtask setup | cycles | test [--slow-machine] | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
                 .into(),
         ),
     };
