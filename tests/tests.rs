@@ -21,6 +21,9 @@ mod python;
 mod damage;
 // Output files: modes, planted symlinks, a full disk.
 mod files;
+// The command line as a new user meets it: a typo keeps the last recording, nonsense values
+// refused, the help's JSON fields checked against output, no SVG on a terminal.
+mod cli;
 // Energy readings from fake RAPL trees through the real record path.
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.

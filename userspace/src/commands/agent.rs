@@ -28,7 +28,8 @@ pub struct Args {
     /// `energy-source = "model"`); flags on the command line win. Re-read on SIGHUP.
     #[arg(long, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
-    /// Window length, seconds: one window of attribution is closed and exported per interval.
+    /// Seconds between updates: here one window of attribution is closed and exported (in
+    /// `top`, `-i` is the same beat: a refresh of the view).
     #[arg(short = 'i', long, value_name = "SECS", default_value_t = 5.0, value_parser = parse_interval)]
     pub(crate) interval: f64,
     /// Address of the Prometheus `/metrics` endpoint; `:PORT` is loopback, port 0 picks a
@@ -53,9 +54,10 @@ pub struct Args {
     #[arg(long, value_name = "DURATION|SIZE", requires = "record_dir")]
     pub(crate) retain: Option<Retain>,
     /// Stack-sampling frequency in Hz (stacks feed the recordings; energy comes from the
-    /// scheduler timeline whatever the rate).
+    /// scheduler timeline whatever the rate). 49 by default, below `record`'s 99: the agent
+    /// runs always and shows stacks in aggregate.
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 49,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+          value_parser = super::args::hz)]
     pub(crate) freq: u32,
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]

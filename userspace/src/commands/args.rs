@@ -134,10 +134,10 @@ impl ModelArgs {
 #[derive(Clone, Debug, Default, clap::Args)]
 pub(crate) struct RangeArgs {
     /// Start here: RFC 3339 (`2026-11-26T04:00:00Z`) or a time ago (`-15m`).
-    #[arg(long, value_name = "TIME")]
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub(crate) from: Option<String>,
     /// End here: RFC 3339, a time ago (`-5m`), or `now`.
-    #[arg(long, value_name = "TIME")]
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub(crate) to: Option<String>,
 }
 
@@ -192,7 +192,8 @@ impl ValueEnum for PowerModel {
 #[derive(clap::Args, Debug)]
 pub struct CalibrateArgs {
     /// Seconds to measure (with `--load`, each load step lasts this long too).
-    #[arg(short = 'd', long = "duration", default_value_t = 10.0)]
+    #[arg(short = 'd', long = "duration", value_name = "SECS", default_value_t = 10.0,
+          allow_negative_numbers = true, value_parser = positive_secs)]
     pub(crate) duration: f64,
     /// Calibration file to update.
     #[arg(long, value_name = "FILE", default_value = crate::calibration::DEFAULT_PATH)]
@@ -242,11 +243,12 @@ pub(crate) struct EnergyFlags {
     #[arg(long, value_enum, default_value_t = crate::energy::SourceKind::Auto)]
     pub(crate) energy_source: crate::energy::SourceKind,
     /// Root of sysfs, where powercap, hwmon and the power PMU are found (tests pass a fake
-    /// tree).
-    #[arg(long, value_name = "DIR", default_value = "/sys")]
+    /// tree; hidden from --help).
+    #[arg(long, value_name = "DIR", default_value = "/sys", hide = true)]
     pub(crate) sysfs_root: std::path::PathBuf,
-    /// Root of the MSR device files (`N/msr` under it).
-    #[arg(long, value_name = "DIR", default_value = "/dev/cpu")]
+    /// Root of the MSR device files (`N/msr` under it; tests pass a fake tree, hidden from
+    /// --help).
+    #[arg(long, value_name = "DIR", default_value = "/dev/cpu", hide = true)]
     pub(crate) dev_cpu_root: std::path::PathBuf,
     /// Read interval in ms (default: at least 5x the measured update period and 10 ms).
     #[arg(long, value_name = "N")]
@@ -370,11 +372,64 @@ impl ValueEnum for crate::output::table::Format {
         use crate::output::table::Format::*;
         let (name, help) = match self {
             Table => ("table", "Aligned columns for a terminal"),
-            Json => ("json", "One JSON document (`meta` + `rows`)"),
+            Json => ("json", JSON_FIELDS),
             Csv => ("csv", "Comma-separated values with a header line"),
         };
-        Some(PossibleValue::new(name).help(help))
+        // `text` is what `top --format` called the same thing.
+        let value = PossibleValue::new(name).help(help);
+        Some(if name == "table" {
+            value.alias("text")
+        } else {
+            value
+        })
     }
+}
+
+/// What `report --format json` prints, as its help says (a test compares each backquoted
+/// name with real output).
+const JSON_FIELDS: &str = "One JSON document: `processes[]` of `pid`, `comm`, `cpu_ns`, \
+     `samples`, `energy_j`, `power_w`, `share`, `threads[]`, beside machine totals such as \
+     `total_j` and `idle_j`; with `--by function`, `rows[]` of `function`, `module`, `cpu_s`, \
+     `samples`, `power_w`, `share_pct`";
+
+/// A number of seconds greater than zero (`-d`, windows and intervals).
+pub(crate) fn positive_secs(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("{text} s: give a positive number of seconds"));
+    }
+    Ok(secs)
+}
+
+/// A sampling frequency: 1 to 10,000 Hz per CPU.
+pub(crate) fn hz(text: &str) -> Result<u32, String> {
+    let hz: u32 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number of Hz"))?;
+    if !(1..=10_000).contains(&hz) {
+        return Err(format!(
+            "{hz} Hz: sample at 1 to 10000 Hz (0 would take no stacks)"
+        ));
+    }
+    Ok(hz)
+}
+
+/// A count of at least one (`top -n`, `--limit`).
+pub(crate) fn count(text: &str) -> Result<u64, String> {
+    let n: u64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number"))?;
+    if n == 0 {
+        return Err("0 would show nothing: give a count of at least 1".into());
+    }
+    Ok(n)
+}
+
+/// [`count`] as a `usize`.
+pub(crate) fn count_usize(text: &str) -> Result<usize, String> {
+    count(text).and_then(|n| usize::try_from(n).map_err(|_| format!("{n} is too large")))
 }
 
 #[cfg(test)]

@@ -36,7 +36,8 @@ pub(crate) enum ByArg {
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Format {
-    /// Aligned columns for a terminal.
+    /// Aligned columns for a terminal (`text` is accepted too).
+    #[value(alias = "text")]
     Table,
     /// One JSON document: `base`, `new`, `total`, `rows[]`.
     Json,
@@ -91,7 +92,7 @@ pub struct Args {
     #[arg(long)]
     pub(crate) allow_mismatch: bool,
     /// Table rows to show (default 25; JSON and CSV show all).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = super::args::count_usize)]
     pub(crate) limit: Option<usize>,
     /// SVG width in pixels.
     #[arg(long)]
@@ -233,6 +234,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(pct) => Some(gate::check(&d, &gate::Scope::parse(&args.scope), pct)?),
         None => None,
     };
+    if args.format == Format::Svg
+        && args.output.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        anyhow::bail!(
+            "an SVG flamegraph is not for a terminal; write it to a file with -o diff.svg and \
+             open that in a browser"
+        );
+    }
     let mut text = Vec::new();
     match args.format {
         Format::Table => diff::render::table(

@@ -71,13 +71,14 @@ pub struct Args {
     /// What the widths measure (default: package energy when recorded, else CPU time).
     #[arg(long, value_enum)]
     pub(crate) domain: Option<Domain>,
-    /// Only these process ids (repeatable).
-    #[arg(long = "pid")]
+    /// Only these process ids (repeat, or separate with commas).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub(crate) pids: Vec<u32>,
     /// Only threads or processes with this name (repeatable).
     #[arg(long = "comm")]
     pub(crate) comms: Vec<String>,
-    /// Write here instead of standard output (created with mode 0600).
+    /// Write here instead of standard output (created with mode 0600). SVG, pprof and OTLP
+    /// are never written to a terminal: give a file.
     #[arg(short = 'o', long = "output")]
     pub(crate) output: Option<PathBuf>,
     /// SVG width in pixels.
@@ -183,11 +184,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => {
             let stdout = std::io::stdout();
-            if args.format == Format::Pprof && stdout.is_terminal() {
-                bail!("pprof output is binary; write it to a file with -o FILE.pb.gz");
-            }
-            if args.format == Format::Otlp && stdout.is_terminal() {
-                bail!("OTLP output is binary; write it to a file with -o FILE.pb");
+            if stdout.is_terminal() {
+                match args.format {
+                    Format::Svg => bail!(
+                        "an SVG flamegraph is not for a terminal; write it to a file with -o \
+                         flame.svg and open that in a browser (or use --format collapsed)"
+                    ),
+                    Format::Pprof => {
+                        bail!("pprof output is binary; write it to a file with -o FILE.pb.gz")
+                    }
+                    Format::Otlp => {
+                        bail!("OTLP output is binary; write it to a file with -o FILE.pb")
+                    }
+                    Format::Collapsed | Format::Speedscope => {}
+                }
             }
             let mut out = std::io::BufWriter::new(stdout.lock());
             sink.write_profile(&profile, &mut out)

@@ -29,17 +29,22 @@ use crate::{
 /// Arguments of `energy-bpf record`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Stack sampling frequency per CPU, Hz.
-    #[arg(short = 'F', long = "freq", default_value_t = 99)]
+    /// Stack sampling frequency per CPU, Hz. 99 by default: a recording is read once,
+    /// later, and wants detail; `top` and the agent sample at 49 Hz because they run for
+    /// long and only show their stacks in aggregate.
+    #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 99,
+          value_parser = |s: &str| super::args::hz(s).map(u64::from))]
     pub(crate) freq: u64,
-    /// Stop after this many seconds.
-    #[arg(short = 'd', long = "duration")]
+    /// Stop after this many seconds (more than 0).
+    #[arg(short = 'd', long = "duration", value_name = "SECS", allow_negative_numbers = true,
+          value_parser = super::args::positive_secs)]
     pub(crate) duration: Option<f64>,
     /// Keep stacks of these processes (and their children) only; scheduling is always
     /// recorded system-wide because the energy split needs every thread's time.
     #[arg(short = 'p', long = "pid")]
     pub(crate) pids: Vec<u32>,
-    /// Output file.
+    /// Output file. A non-empty file already there is kept as FILE.old once the recording
+    /// starts (as perf does); a command that fails to start leaves it untouched.
     #[arg(short = 'o', long = "output", default_value = "energy-bpf.ebpr")]
     pub(crate) output: PathBuf,
     /// How often the ring buffers are drained into the file, ms.
@@ -78,6 +83,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("installing signal handlers")?;
+    }
+    if args.command.is_empty() && args.repeat > 1 {
+        anyhow::bail!("--repeat needs a command to run: energy-bpf record --repeat N -- CMD");
     }
     if let Some(pid) = args
         .pids
@@ -123,17 +131,35 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     header.calibration = crate::calibration::to_header(&calibration);
     header.activity_event = activity_event.unwrap_or_default().into();
     header.run_counters = run_counters;
-    let mut writer = Writer::create(&args.output, &header)
-        .with_context(|| "choose a writable path with -o FILE".to_string())?;
-    // Every address the samples hit, named once at the end.
-    let mut names = crate::symbolize::Collector::default();
+    // The command starts before the output is touched: a typo in it leaves the previous
+    // recording as it was. Its events wait in the ring buffers until the first drain.
     let mut runs = Runs::new(&args.command, args.repeat);
     if let Some(r) = runs.as_mut() {
         r.start(&mut live)?;
     }
-    if runs.is_none() && args.repeat > 1 {
-        anyhow::bail!("--repeat needs a command to run: energy-bpf record --repeat N -- CMD");
+    let kept = match keep_previous(&args.output) {
+        Ok(kept) => kept,
+        Err(err) => {
+            kill(&mut runs);
+            return Err(err);
+        }
+    };
+    let mut writer = match Writer::create(&args.output, &header) {
+        Ok(w) => w,
+        Err(err) => {
+            kill(&mut runs);
+            return Err(anyhow::Error::new(err).context("choose a writable path with -o FILE"));
+        }
+    };
+    if let Some(old) = kept {
+        eprintln!(
+            "energy-bpf: the previous {} is kept as {}",
+            args.output.display(),
+            old.display()
+        );
     }
+    // Every address the samples hit, named once at the end.
+    let mut names = crate::symbolize::Collector::default();
     let unwind = if live.unwind_stats().is_some() {
         "unwind tables, frame pointers where a PC has none"
     } else {
@@ -274,6 +300,30 @@ fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) 
         ),
     };
     anyhow::Error::new(err).context(format!("recording stopped early because {why}; {kept}"))
+}
+
+/// Moves a non-empty regular file at `path` to `path.old` (replacing an older one), so a
+/// new recording never destroys the last; returns where it went. A device or pipe
+/// (`/dev/null`) and an empty or missing file are left alone.
+fn keep_previous(path: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(_) => return Ok(None),
+    };
+    if !meta.is_file() || meta.len() == 0 {
+        return Ok(None);
+    }
+    let mut old = path.as_os_str().to_owned();
+    old.push(".old");
+    let old = PathBuf::from(old);
+    std::fs::rename(path, &old).with_context(|| {
+        format!(
+            "cannot keep the previous {} as {} (choose another path with -o FILE)",
+            path.display(),
+            old.display()
+        )
+    })?;
+    Ok(Some(old))
 }
 
 /// Kills the command's running run, if any.

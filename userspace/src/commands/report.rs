@@ -45,10 +45,14 @@ pub struct Args {
     /// `total_package`); default: the first energy column, else CPU time.
     #[arg(long, value_name = "COLUMN")]
     pub(crate) sort: Option<String>,
-    /// Show at most this many rows (default: 25 in a table, all in JSON and CSV; JSON always
-    /// lists every process).
-    #[arg(long, value_name = "N")]
+    /// Show at most this many rows (default: 25 in a table, which then says how many it
+    /// left out; all in JSON and CSV; JSON always lists every process).
+    #[arg(long, value_name = "N", value_parser = super::args::count_usize)]
     pub(crate) limit: Option<usize>,
+    /// Only these processes (repeat, or separate with commas); the idle row and the totals
+    /// stay the machine's.
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
+    pub(crate) pids: Vec<u32>,
     /// How energy is split.
     #[command(flatten)]
     pub(crate) attribute: AttributeArgs,
@@ -129,6 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         window: args.window,
         sort: args.sort.clone(),
         limit: args.limit,
+        pids: args.pids.clone(),
     };
     let text = report::render(&rec, &cfg, &opts)?;
     stdout

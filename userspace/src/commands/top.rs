@@ -18,8 +18,9 @@ use crate::tui::{self, Exit, FrameFormat, Snapshot, State};
 /// How `--batch` prints frames.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BatchFormat {
-    /// Plain text, like `top -b`.
+    /// Plain-text tables, like `top -b` (`text` is accepted too).
     #[default]
+    #[value(name = "table", alias = "text")]
     Text,
     /// One JSON document per frame, one per line (`start_ns`, `end_ns`, `processes[]` with
     /// the keys of `report --format json`).
@@ -29,7 +30,8 @@ pub(crate) enum BatchFormat {
 /// Arguments of `energy-bpf top`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Seconds between refreshes.
+    /// Seconds between updates: here a refresh of the view (in `agent`, `-i` is the same
+    /// beat: a window closed and exported).
     #[arg(short = 'i', long, value_name = "SECS", default_value_t = 1.0, value_parser = parse_interval)]
     pub(crate) interval: f64,
     /// Print plain-text frames like `top -b` instead of the full-screen view (also the
@@ -52,11 +54,12 @@ pub struct Args {
     #[arg(long, value_name = "PATH", conflicts_with = "replay")]
     pub(crate) connect: Option<PathBuf>,
     /// Stop after this many refreshes (default: run until quit).
-    #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(short = 'n', long, value_name = "N", value_parser = super::args::count)]
     pub(crate) iterations: Option<u64>,
-    /// Stack-sampling frequency in Hz.
+    /// Stack-sampling frequency in Hz. 49 by default, below `record`'s 99: a live view runs
+    /// for long and shows stacks in aggregate.
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 49,
-          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+          value_parser = super::args::hz)]
     pub freq: u32,
     /// Only show these processes (repeat, or separate with commas or spaces).
     #[arg(short = 'p', long = "pid", value_name = "PID", num_args = 1.., value_delimiter = ',')]

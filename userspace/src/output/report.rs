@@ -33,6 +33,22 @@ pub struct ReportOptions {
     pub sort: Option<String>,
     /// At most this many rows; `None`: 25 in a table, all in JSON and CSV.
     pub limit: Option<usize>,
+    /// Only these processes (tgid); empty: all.
+    pub pids: Vec<u32>,
+}
+
+impl ReportOptions {
+    /// `rows` without the processes `pids` leaves out.
+    fn kept<'a>(&self, rows: &'a [ProcessRow]) -> std::borrow::Cow<'a, [ProcessRow]> {
+        if self.pids.is_empty() {
+            return rows.into();
+        }
+        rows.iter()
+            .filter(|r| self.pids.contains(&r.pid))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into()
+    }
 }
 
 /// Why a report could not be rendered.
@@ -141,7 +157,8 @@ fn whole(args: &ReportOptions, rec: &Recording, cfg: &Config) -> Result<Vec<u8>,
     let analysis = analysis::analyze(rec, cfg);
     let input = rec.window();
     let names = pipeline::recorded_cgroup_names(rec);
-    let rows = pipeline::rows(&input, &analysis, &rec.threads, &names);
+    let all = pipeline::rows(&input, &analysis, &rec.threads, &names);
+    let rows = args.kept(&all);
     let totals = analysis.totals();
     let mut out = Vec::new();
     if args.format == Format::Json && args.by != By::Function {
@@ -155,7 +172,7 @@ fn whole(args: &ReportOptions, rec: &Recording, cfg: &Config) -> Result<Vec<u8>,
         out.extend(format!("{value:#}\n").into_bytes());
         return Ok(out);
     }
-    let report = report(args.by, &rows, &totals, rec, &analysis, None);
+    let report = report(args, &rows, &totals, rec, &analysis, None);
     table::render(&report, &render_options(args), args.format, &mut out)
         .map_err(ReportError::Render)?;
     Ok(out)
@@ -182,7 +199,7 @@ fn windowed(
                         start_ns: w.start_ns(),
                         end_ns: w.end_ns(),
                         totals: &w.totals,
-                        processes: &w.processes,
+                        processes: &args.kept(&w.processes),
                     })
                 })
                 .collect::<Result<_, _>>()?;
@@ -197,7 +214,8 @@ fn windowed(
         }
         Format::Csv => {
             for (i, w) in windows.iter().enumerate() {
-                let report = report(args.by, &w.processes, &w.totals, rec, &w.analysis, None);
+                let rows = args.kept(&w.processes);
+                let report = report(args, &rows, &w.totals, rec, &w.analysis, None);
                 let mut text = Vec::new();
                 table::render(&report, &render_options(args), Format::Csv, &mut text)
                     .map_err(ReportError::Render)?;
@@ -221,9 +239,10 @@ fn windowed(
                 if i > 0 {
                     out.push(b'\n');
                 }
+                let rows = args.kept(&w.processes);
                 let report = report(
-                    args.by,
-                    &w.processes,
+                    args,
+                    &rows,
                     &w.totals,
                     rec,
                     &w.analysis,
@@ -260,13 +279,14 @@ fn render_options(args: &ReportOptions) -> RenderOptions {
 /// The table rows of `--by` over one window's process rows, with the title, notes and the
 /// idle/unknown/total rows. `window` is the window's place in the recording, seconds.
 fn report(
-    by: By,
+    opts: &ReportOptions,
     rows: &[ProcessRow],
     totals: &Totals,
     rec: &Recording,
     a: &Analysis,
     window: Option<(f64, f64)>,
 ) -> Report {
+    let by = opts.by;
     let attr = &a.attribution;
     let domains = analysis::domains(a);
     let names: Vec<String> = domains
@@ -420,13 +440,26 @@ fn report(
             )
         }
         By::Function => {
-            let profile = analysis::profile(rec, a, &Filter::default());
+            let filter = Filter {
+                pids: opts.pids.clone(),
+                comms: Vec::new(),
+            };
+            let profile = analysis::profile(rec, a, &filter);
             let mut r = functions::by_function(&profile, &names);
             r.title = title;
             r.notes = notes;
             r.notes.push(
                 "self = samples whose leaf is the function; total = anywhere on the stack".into(),
             );
+            // Thread energy no sample carried is not a function: it is shown under the
+            // ranked functions, never among them.
+            let (residual, functions): (Vec<ReportRow>, Vec<ReportRow>) =
+                r.rows.into_iter().partition(|row| {
+                    matches!(&row.key, RowKey::Function { name, .. }
+                        if name == crate::profile::NO_STACK_SAMPLE)
+                });
+            r.rows = functions;
+            r.footer = residual;
             return r;
         }
     };
@@ -461,7 +494,15 @@ mod tests {
         );
         let a = analysis::analyze(&rec, &cfg);
         let rows = pipeline::rows(&rec.window(), &a, &rec.threads, &|id| id.to_string());
-        let report = report(by, &rows, &a.totals(), &rec, &a, None);
+        let opts = ReportOptions {
+            by,
+            format,
+            window: None,
+            sort: None,
+            limit: None,
+            pids: Vec::new(),
+        };
+        let report = report(&opts, &rows, &a.totals(), &rec, &a, None);
         let opts = RenderOptions {
             sort: sort.map(String::from),
             limit: None,

@@ -31,7 +31,7 @@ pub enum By {
 pub enum Format {
     /// Aligned columns for a terminal.
     Table,
-    /// One JSON document (`meta` + `rows`).
+    /// One JSON document (what `report --help` lists).
     Json,
     /// Comma-separated values with a header line.
     Csv,
@@ -326,19 +326,25 @@ pub fn render(
         // Ties keep a stable, readable order: by the first column.
         rows.sort_by(|a, b| a[k].compare(&b[k]).then_with(|| a[0].ascending(&b[0])));
     }
+    let all = rows.len();
     rows.truncate(opts.limit.unwrap_or(usize::MAX));
+    let shown = rows.len();
     rows.extend(report.footer.iter().map(|r| cells(report, r)));
     match format {
-        Format::Table => table(report, &cols, &rows, out),
+        // A cut table says so under its ranked rows, and how to see the rest.
+        Format::Table => table(report, &cols, &rows, (shown, all), out),
         Format::Json => json_doc(report, &cols, &rows, out),
         Format::Csv => csv(report, &cols, &rows, out),
     }
 }
 
+/// `ranked`: how many of `rows` are ranked rows (the rest is the footer), of how many
+/// before the limit.
 fn table(
     report: &Report,
     cols: &[String],
     rows: &[Vec<Cell>],
+    ranked: (usize, usize),
     out: &mut dyn Write,
 ) -> Result<(), OutputError> {
     let tag = if report.estimated { " [estimated]" } else { "" };
@@ -378,8 +384,25 @@ fn table(
     // Numeric columns align right; summary rows hold blanks there, so ask any other row.
     let is_num = |i: usize| rows.iter().any(|r| !matches!(r[i], Cell::Text(_)));
     writeln!(out, "{}", line(&header, &is_num))?;
-    for r in &texts {
+    let (shown, all) = ranked;
+    let cut = (shown < all).then(|| {
+        format!(
+            "... {} more rows not shown (--limit {all} shows them all)",
+            all - shown
+        )
+    });
+    for (i, r) in texts.iter().enumerate() {
+        if i == shown
+            && let Some(cut) = &cut
+        {
+            writeln!(out, "{cut}")?;
+        }
         writeln!(out, "{}", line(r, &is_num))?;
+    }
+    if texts.len() == shown
+        && let Some(cut) = &cut
+    {
+        writeln!(out, "{cut}")?;
     }
     if report.estimated {
         writeln!(

@@ -154,7 +154,7 @@ fn thread_rows_without_energy_sort_by_cpu() {
 }
 
 #[test]
-fn cpu_columns_notes_and_footer_rows_stay_last() {
+fn cpu_columns_notes_a_cut_note_and_footer_rows_stay_last() {
     let mut r = report(true);
     r.duration_ns = 10_000_000_000;
     r.cpus = vec![0, 1];
@@ -186,6 +186,7 @@ energy-bpf on box, 10.0 s, model [estimated]
 energy: 10.000 J, 1.00 W; idle/static 0.000 J; 2 events lost
 PID  COMM       CPU_S  CPU_PCT  CPU0_PCT  CPU1_PCT  SAMPLES  PACKAGE_J      PACKAGE_CI95  POWER_W  SHARE_PCT
  42  burn, \"x\"  6.000     60.0      30.0      30.0      600      6.000    [5.400, 6.600]     0.60       60.0
+... 2 more rows not shown (--limit 3 shows them all)
   -  [total]                                                    10.000  [10.000, 10.000]     1.00      100.0
 energy is estimated (modelled, not measured); intervals are 95%
 ";
