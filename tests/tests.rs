@@ -63,6 +63,9 @@ mod run_counts;
 // Kubernetes: manifests pass strict schema validation; the agent as nobody with only the
 // DaemonSet's capabilities; pod names from a fake kubelet.
 mod k8s;
+// kustomize: `kubectl kustomize deploy/kubernetes` renders exactly the validated manifests;
+// the GPU overlay adds only its patch; namespace and image are kustomize fields.
+mod kustomize;
 // Pod, namespace and container names from a fake kubelet over HTTPS, real cgroups.
 mod k8s_names;
 // The agent in its own cgroup and mount namespaces with the DaemonSet's mounts and config.
