@@ -31,6 +31,9 @@ enum Command {
     /// Compare two versions: energy per function (or process) with 95% intervals and
     /// significance; differential flamegraph; CI gate.
     Diff(commands::diff::Args),
+    /// The estimated model's parameters here, or for a machine described by flags: the
+    /// power-table row, idle and full-load watts, the load curve and the error.
+    Model(commands::model::Args),
     /// Run one built-in roofline kernel (a known memory- or compute-bound workload).
     #[command(hide = true)]
     Kernel(commands::kernel::Args),
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => commands::calibrate::run(args),
         Command::Diff(args) => commands::diff::run(args),
         Command::Kernel(args) => commands::kernel::run(&args),
+        Command::Model(args) => commands::model::run(args),
     };
     match result {
         Ok(code) => code,

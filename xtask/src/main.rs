@@ -10,6 +10,8 @@
 //! - `test --slow-machine`: setup, then only the integration tests, with one CPU kept busy
 //!   by a pinned spinner: a test that assumes how fast the machine is fails here.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
+//! - `model-table build|check`: the estimated model's CPU power table from SPECpower
+//!   results, and its held-out check (docs/estimated-energy.md).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
 //! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README); setup is skipped
 //!   when `ENERGY_BPF_BIN` names a prebuilt binary.
@@ -18,6 +20,7 @@ use std::process::ExitCode;
 mod bench;
 mod cycles;
 mod fuzz;
+mod model_table;
 mod setup;
 mod slow;
 mod util;
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         Some("test") => setup::run().and_then(|()| test(&args[1..])),
         Some("fuzz") => setup::run().and_then(|()| fuzz::run(&args[1..])),
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
+        Some("model-table") => model_table::run(&args[1..]),
         // A prebuilt binary (`ENERGY_BPF_BIN`, e.g. on a machine without cargo or network):
         // nothing to build, so nothing to install; a bench checks its own tools.
         Some("bench") if std::env::var_os("ENERGY_BPF_BIN").is_some() => bench::run(&args[1..]),

@@ -263,6 +263,23 @@ pub(crate) struct EnergyFlags {
     /// per package; `#` comments).
     #[arg(long, value_name = "PATH")]
     pub(crate) model_config: Option<std::path::PathBuf>,
+    /// Estimated model: load curve (fitted: u^γ from SPECpower load points; linear).
+    #[arg(long, value_enum, default_value_t = ModelCurveFlag::Fitted)]
+    pub(crate) model_curve: ModelCurveFlag,
+    /// Root of procfs, where the model reads cpuinfo and meminfo (tests pass a fake tree;
+    /// hidden from --help).
+    #[arg(long, value_name = "DIR", default_value = "/proc", hide = true)]
+    pub(crate) proc_root: std::path::PathBuf,
+}
+
+/// `--model-curve`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ModelCurveFlag {
+    /// P_idle + (P_max − P_idle)·u^γ, γ fitted from SPECpower load points.
+    #[default]
+    Fitted,
+    /// P_idle + (P_max − P_idle)·u.
+    Linear,
 }
 
 impl Default for EnergyFlags {
@@ -276,6 +293,8 @@ impl Default for EnergyFlags {
             model_idle_w: d.model_idle_w,
             model_max_w: d.model_max_w,
             model_config: d.model_config,
+            model_curve: ModelCurveFlag::Fitted,
+            proc_root: d.proc_root,
         }
     }
 }
@@ -291,6 +310,11 @@ impl EnergyFlags {
             model_idle_w: self.model_idle_w,
             model_max_w: self.model_max_w,
             model_config: self.model_config.clone(),
+            model_curve: match self.model_curve {
+                ModelCurveFlag::Fitted => crate::energy::ModelCurve::Fitted,
+                ModelCurveFlag::Linear => crate::energy::ModelCurve::Linear,
+            },
+            proc_root: self.proc_root.clone(),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod calibrate;
 pub mod diff;
 pub mod flamegraph;
 pub mod kernel;
+pub mod model;
 pub mod record;
 pub mod report;
 mod roofline;

@@ -73,6 +73,21 @@ pub struct EnergyArgs {
     /// Estimated model parameters from a file of `key = value` lines (`idle_w`, `max_w`,
     /// per package; `#` comments).
     pub model_config: Option<PathBuf>,
+    /// Estimated model: the load curve (fitted from SPECpower load points, or linear).
+    pub model_curve: ModelCurve,
+    /// Root of procfs, where the model reads `cpuinfo` and `meminfo` (tests pass a fake
+    /// tree).
+    pub proc_root: PathBuf,
+}
+
+/// The estimated model's load curve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ModelCurve {
+    /// P = P_idle + (P_max − P_idle)·u^γ, γ from the power table.
+    #[default]
+    Fitted,
+    /// P = P_idle + (P_max − P_idle)·u.
+    Linear,
 }
 
 impl Default for EnergyArgs {
@@ -85,6 +100,8 @@ impl Default for EnergyArgs {
             model_idle_w: None,
             model_max_w: None,
             model_config: None,
+            model_curve: ModelCurve::Fitted,
+            proc_root: PathBuf::from("/proc"),
         }
     }
 }

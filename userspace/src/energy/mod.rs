@@ -12,7 +12,9 @@
 //!   (perf PMU > powercap > MSR > hwmon; NVML for GPUs), or the [`model`].
 //! - `counter`: wrap handling, merging of unchanged reads, flags for implausible ones.
 //! - `reader`: the reader thread ([`start`], [`EnergyReader`]).
-//! - [`model`]: P = P_idle + (P_max − P_idle)·u from the timeline's exact busy time.
+//! - [`model`]: P = P_idle + (P_max − P_idle)·u^γ from the timeline's exact busy time;
+//!   its default parameters from [`power_table`] (SPECpower-measured servers) for the
+//!   machine [`machine`] reads.
 //! - `fake` (behind `test-support`): fake sysfs/MSR trees and a counter emulator for tests.
 
 pub(crate) mod args;
@@ -24,10 +26,12 @@ pub(crate) mod detect;
 pub mod fake;
 mod host;
 mod hwmon;
+pub mod machine;
 pub mod model;
 mod msr;
 mod nvml;
 mod perf;
+pub mod power_table;
 mod powercap;
 pub(crate) mod reader;
 pub(crate) mod survey;
@@ -38,7 +42,7 @@ mod tests;
 
 use std::path::PathBuf;
 
-pub use args::{EnergyArgs, SourceKind};
+pub use args::{EnergyArgs, ModelCurve, SourceKind};
 pub use reader::{EnergyReader, readings_for, start};
 
 use crate::pb::v1 as pb;

@@ -1,27 +1,26 @@
 //! The estimated model for machines with no energy counter (VMs, like ours: see
-//! docs/ARCHITECTURE.md, "Estimated energy" and "Our machines"): per package P = P_idle + (P_max − P_idle)·u, with u the exact
-//! busy share of the package's CPUs from the switch timeline. Every source it makes has
-//! `estimated = true` and says where its parameters came from (`model_origin`).
+//! docs/estimated-energy.md): per package P = P_idle + (P_max − P_idle)·u^γ, with u the
+//! exact busy share of the package's CPUs from the switch timeline and γ the load curve's
+//! shape (1 with `--model-curve linear`). Every source it makes has `estimated = true` and
+//! says where its parameters came from (`model_origin`, `model_row`, `model_error_pct`).
 //!
 //! Parameters, per package, first match wins: `--model-idle-w`/`--model-max-w`; a config
 //! file (`--model-config`) of `key = value` lines — `idle_w`, `max_w`, `#` comments, `[..]`
-//! section lines ignored, so a TOML `[model]` table works; else a default from the CPU
-//! count: `DEFAULT_IDLE_W_PER_CPU` and `DEFAULT_MAX_W_PER_CPU` per logical CPU of the
-//! package. The default is a rough share of a typical server/laptop package (idle ≈ 25% of
-//! max, constant power π0 ≠ measured idle power: seed 002); calibrate for real numbers.
+//! section lines ignored, so a TOML `[model]` table works; else the power table's estimate
+//! for this machine ([`super::machine`]): the wall power of the machine, or of a VM's
+//! share of its host (vCPUs over host threads), split over packages by their CPUs. The
+//! table's figures are wall (`platform`) power, not a RAPL package: the zone keeps the
+//! package domain so attribution still splits per package, and its name says platform.
+//! `calibrate` results, applied later as the static power, win over all of these.
 //!
 //! [`readings`] is pure: the same timeline always gives the same readings, so `report` and
 //! `top` recompute them and a recording can be re-reported with other parameters.
 
 use std::path::Path;
 
-use super::{EnergyArgs, EnergyError, SourceKind, source_desc};
+use super::{EnergyArgs, EnergyError, ModelCurve, SourceKind, machine, source_desc};
 use crate::{pb::v1 as pb, timeline::Timeline};
 
-/// Default idle power per logical CPU, watts.
-pub(crate) const DEFAULT_IDLE_W_PER_CPU: f64 = 1.0;
-/// Default full-load power per logical CPU, watts.
-pub(crate) const DEFAULT_MAX_W_PER_CPU: f64 = 4.0;
 /// Interval of modelled readings when the caller has no other choice, ns.
 pub const DEFAULT_INTERVAL_NS: u64 = 10_000_000;
 
@@ -89,35 +88,60 @@ pub fn sources(
         }
         None => None,
     };
+    let file = config.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
+    let given = |flag: Option<f64>, file: Option<f64>| flag.or(file);
+    // The table is read only when a parameter is left to it.
+    let need_table = given(args.model_idle_w, file.idle_w).is_none()
+        || given(args.model_max_w, file.max_w).is_none();
+    let estimate = if need_table {
+        let table = machine::table()?;
+        let here = machine::read(&args.proc_root, &args.sysfs_root)?;
+        Some((machine::estimate(table, &here), table.curve_gamma))
+    } else {
+        None
+    };
+    let gamma = match (args.model_curve, &estimate) {
+        (ModelCurve::Linear, _) => 1.0,
+        (ModelCurve::Fitted, Some((_, g))) => *g,
+        (ModelCurve::Fitted, None) => machine::table()?.curve_gamma,
+    };
     let mut packages: Vec<u32> = cpus.iter().map(|c| c.package).collect();
     packages.sort_unstable();
     packages.dedup();
     if packages.is_empty() {
         packages.push(0);
     }
+    let total_cpus = cpus.len().max(1);
     let mut out = Vec::new();
     for (i, package) in packages.into_iter().enumerate() {
         let n = cpus.iter().filter(|c| c.package == package).count().max(1);
-        let pick = |flag: Option<f64>, file: Option<f64>, per_cpu: f64, key: &str| {
+        let fraction = n as f64 / total_cpus.max(n) as f64;
+        let pick = |flag: Option<f64>, file: Option<f64>, table_w: Option<f64>, key: &str| {
             if let Some(w) = flag {
-                (w, format!("{key} from --model-{}", key.replace('_', "-")))
-            } else if let (Some(w), Some((_, path))) = (file, &config) {
-                (w, format!("{key} from {}", path.display()))
-            } else {
                 (
-                    per_cpu * n as f64,
-                    format!("{key} default {per_cpu} W x {n} CPUs"),
+                    w,
+                    format!(
+                        "{key} from --model-{} (wins over the table)",
+                        key.replace('_', "-")
+                    ),
+                )
+            } else if let (Some(w), Some((_, path))) = (file, &config) {
+                (
+                    w,
+                    format!("{key} from {} (wins over the table)", path.display()),
+                )
+            } else {
+                let w = table_w.unwrap_or(0.0) * fraction;
+                (
+                    w,
+                    format!("{key} {w:.2} W from the power table ({n} of {total_cpus} CPUs)"),
                 )
             }
         };
-        let file = config.as_ref().map(|(c, _)| c.clone()).unwrap_or_default();
-        let (idle, idle_origin) = pick(
-            args.model_idle_w,
-            file.idle_w,
-            DEFAULT_IDLE_W_PER_CPU,
-            "idle_w",
-        );
-        let (max, max_origin) = pick(args.model_max_w, file.max_w, DEFAULT_MAX_W_PER_CPU, "max_w");
+        let table_idle = estimate.as_ref().map(|(e, _)| e.idle_w);
+        let table_full = estimate.as_ref().map(|(e, _)| e.full_w);
+        let (idle, idle_origin) = pick(args.model_idle_w, file.idle_w, table_idle, "idle_w");
+        let (max, max_origin) = pick(args.model_max_w, file.max_w, table_full, "max_w");
         if !(idle.is_finite() && max.is_finite() && idle >= 0.0 && max >= idle) {
             return Err(EnergyError::Model(format!(
                 "need 0 <= idle_w <= max_w, got idle_w = {idle} ({idle_origin}), max_w = {max} ({max_origin})"
@@ -127,13 +151,19 @@ pub fn sources(
             SourceKind::Model,
             pb::EnergyDomain::Package,
             package,
-            format!("model package-{package} (estimated)"),
+            format!("model platform share, package-{package} (estimated)"),
         );
         source.id = first_id + i as u32;
         source.estimated = true;
         source.model_idle_w = idle;
         source.model_max_w = max;
-        source.model_origin = format!("{idle_origin}; {max_origin}");
+        source.model_curve_gamma = gamma;
+        source.model_origin = format!("{idle_origin}; {max_origin}; curve u^{gamma:.3}");
+        if let Some((e, _)) = &estimate {
+            source.model_row = e.row.clone();
+            source.model_error_pct = e.error_pct;
+            source.model_origin.push_str(&format!("; {}", e.scope));
+        }
         out.push(source);
     }
     Ok(out)
@@ -237,8 +267,16 @@ pub fn readings(
             let busy = busy.get(k).copied().unwrap_or(0);
             // W × ns = 1e-3 µJ.
             let dynamic_w = source.model_max_w - source.model_idle_w;
-            energy[i] +=
-                (source.model_idle_w * (b - a) as f64 + dynamic_w * busy as f64 / n) * 1e-3;
+            let span = (b - a) as f64;
+            let gamma = source.model_curve_gamma;
+            // Linear (γ = 1, or 0 in recordings from before the curve): the exact integral
+            // ∫ u dt = busy/n. Otherwise u^γ of the step's mean busy share u.
+            let dynamic_ns = if gamma == 0.0 || gamma == 1.0 || span == 0.0 {
+                busy as f64 / n
+            } else {
+                span * (busy as f64 / n / span).clamp(0.0, 1.0).powf(gamma)
+            };
+            energy[i] += (source.model_idle_w * span + dynamic_w * dynamic_ns) * 1e-3;
             out.push(pb::EnergyReading {
                 source_id: source.id,
                 ts_ns: b,
@@ -316,6 +354,23 @@ mod tests {
     }
 
     #[test]
+    fn a_curve_bends_the_dynamic_part_only() {
+        // CPU 0 busy, CPU 1 idle for 100 ms: u = 0.5 in every step.
+        let cpus = crate::energy::fake::cpus(1, 2);
+        let timeline = Timeline::build(0, 100 * MS, &[0, 1], &[switch(0, 0, 0, 42)]);
+        let watts = |gamma: f64| {
+            let mut s = model_source(10.0, 30.0);
+            s.model_curve_gamma = gamma;
+            let got = readings(&timeline, &cpus, &[s], 10 * MS);
+            got.last().map_or(0.0, |r| r.energy_uj) / 1e6 / 0.1
+        };
+        // 0 (older recordings) and 1 are linear; γ = 2 gives 10 + 20·0.25.
+        assert!((watts(0.0) - 20.0).abs() < 1e-9, "{}", watts(0.0));
+        assert!((watts(1.0) - 20.0).abs() < 1e-9, "{}", watts(1.0));
+        assert!((watts(2.0) - 15.0).abs() < 1e-9, "{}", watts(2.0));
+    }
+
+    #[test]
     fn a_window_of_centuries_makes_a_bounded_number_of_readings() {
         // A damaged end time once made this loop allocate 24 GB.
         let cpus = crate::energy::fake::cpus(1, 2);
@@ -350,21 +405,52 @@ mod tests {
     #[test]
     fn parameters_from_flags_file_or_default() {
         let cpus = crate::energy::fake::cpus(2, 1);
-        let def = sources(&EnergyArgs::default(), &cpus, 1).expect("default");
+        let machine_dir = tempfile::tempdir().expect("tempdir");
+        let proc_root = crate::energy::fake::machine(
+            machine_dir.path(),
+            "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz",
+            ("GenuineIntel", 6, 106, 6),
+            2,
+            true,
+            Some(("Amazon EC2", "c6i.large")),
+        )
+        .expect("fake machine");
+        let here = EnergyArgs {
+            proc_root,
+            sysfs_root: machine_dir.path().to_owned(),
+            ..Default::default()
+        };
+        let def = sources(&here, &cpus, 1).expect("default");
         assert_eq!(def.len(), 2);
-        assert_eq!(
-            (
-                def[1].id,
-                def[1].package,
-                def[1].model_idle_w,
-                def[1].model_max_w
-            ),
-            (2, 1, 1.0, 4.0)
+        // The table's estimate for this VM, split over the packages by their CPUs.
+        let table = machine::table().expect("table");
+        let m = machine::read(&here.proc_root, &here.sysfs_root).expect("machine");
+        let e = machine::estimate(table, &m);
+        assert_eq!((def[1].id, def[1].package), (2, 1));
+        assert!(
+            (def[1].model_idle_w - e.idle_w / 2.0).abs() < 1e-9,
+            "{def:?}"
         );
         assert!(
-            def[0].estimated && def[0].model_origin.contains("default"),
+            (def[1].model_max_w - e.full_w / 2.0).abs() < 1e-9,
+            "{def:?}"
+        );
+        assert!(
+            def[0].estimated
+                && def[0].model_origin.contains("power table")
+                && def[0].model_row.contains("Ice Lake-SP")
+                && def[0].model_error_pct > 0.0
+                && def[0].model_curve_gamma == table.curve_gamma,
             "{:?}",
             def[0]
+        );
+        let linear = EnergyArgs {
+            model_curve: ModelCurve::Linear,
+            ..here.clone()
+        };
+        assert_eq!(
+            sources(&linear, &cpus, 1).expect("linear")[0].model_curve_gamma,
+            1.0
         );
 
         let tmp = tempfile::tempdir().expect("tempdir");
@@ -373,7 +459,7 @@ mod tests {
         let args = EnergyArgs {
             model_config: Some(path.clone()),
             model_max_w: Some(80.0),
-            ..Default::default()
+            ..here.clone()
         };
         let got = sources(&args, &cpus[..1], 1).expect("config");
         assert_eq!((got[0].model_idle_w, got[0].model_max_w), (12.5, 80.0));

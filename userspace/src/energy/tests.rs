@@ -426,9 +426,11 @@ fn no_counter_gives_model_sources_and_no_readings() {
         .collect();
     assert_eq!(model.len(), 2);
     assert!(
-        model
-            .iter()
-            .all(|s| s.estimated && s.model_max_w == 8.0 && s.model_idle_w == 2.0)
+        model.iter().all(|s| s.estimated
+            && s.model_max_w > s.model_idle_w
+            && s.model_idle_w > 0.0
+            && !s.model_row.is_empty()),
+        "the power table's estimate for this machine: {model:?}"
     );
     // (On a GPU machine NVML sources read; the model never does.)
     assert!(

@@ -347,3 +347,45 @@ pub fn topology(
     }
     Ok(out)
 }
+
+/// A fake machine for the estimated model: `proc/cpuinfo` (x86 layout, `cpus` logical CPUs
+/// of `cpu_name`, vendor/family/model/stepping, the `hypervisor` flag when `guest`) and
+/// `proc/meminfo` under `root`, and, when given, DMI `sys_vendor`/`product_name` under
+/// `root/class/dmi/id` (so `root` doubles as the sysfs root). Returns the proc root.
+pub fn machine(
+    root: &Path,
+    cpu_name: &str,
+    id: (&str, u32, u32, u32),
+    cpus: u32,
+    guest: bool,
+    dmi: Option<(&str, &str)>,
+) -> io::Result<PathBuf> {
+    let proc_root = root.join("proc");
+    fs::create_dir_all(&proc_root)?;
+    let (vendor, family, model, stepping) = id;
+    let flags = if guest {
+        "fpu vme sse sse2 hypervisor avx2"
+    } else {
+        "fpu vme sse sse2 avx2"
+    };
+    let text: String = (0..cpus)
+        .map(|n| {
+            format!(
+                "processor\t: {n}\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n\
+                 model name\t: {cpu_name}\nstepping\t: {stepping}\nphysical id\t: 0\nflags\t\t: {flags}\n\n"
+            )
+        })
+        .collect();
+    fs::write(proc_root.join("cpuinfo"), text)?;
+    fs::write(
+        proc_root.join("meminfo"),
+        "MemTotal:       16000000 kB\nMemFree:         8000000 kB\n",
+    )?;
+    if let Some((sys_vendor, product)) = dmi {
+        let dir = root.join("class/dmi/id");
+        fs::create_dir_all(&dir)?;
+        fs::write(dir.join("sys_vendor"), format!("{sys_vendor}\n"))?;
+        fs::write(dir.join("product_name"), format!("{product}\n"))?;
+    }
+    Ok(proc_root)
+}
