@@ -24,6 +24,9 @@ mod files;
 // The command line as a new user meets it: a typo keeps the last recording, nonsense values
 // refused, the help's JSON fields checked against output, no SVG on a terminal.
 mod cli;
+// The documentation stays true: links resolve, README's commands use real flags and run,
+// the agent's metrics reference matches a real /metrics.
+mod docs;
 // Energy readings from fake RAPL trees through the real record path.
 mod energy;
 // Attribution end to end: emulated RAPL driven by real CPU time, real probes.

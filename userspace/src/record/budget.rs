@@ -24,7 +24,7 @@ pub const BASE: u64 = 48 << 20;
 /// size, and a context-switch storm to 18 (a 56-byte `SwitchEvent` from about 3 bytes of
 /// columns): those must all read, whole. The reader keeps switch events packed once a
 /// chunk is checked ([`super::SwitchLog`]), so that peak lasts one chunk, and every command
-/// stays within 200 MiB + 20 × the file size, storms included (README, "Reading is bounded").
+/// stays within 200 MiB + 20 × the file size, storms included (docs/how-it-works.md, "Reading is bounded").
 pub const PER_INPUT_BYTE: u64 = 20;
 
 /// Most decoded bytes per byte of one record (past [`RECORD_SLACK`]). Real records stay

@@ -4,7 +4,7 @@
 //! but one decoded `SwitchEvent` takes 56: held decoded, the events of an 8 s storm alone
 //! took 18 times the file. [`SwitchLog`] keeps each batch as its encoded columns and hands
 //! the events out one batch at a time, so readers need only one batch decoded at once
-//! (the memory bound in `README.md`, "Reading is bounded").
+//! (the memory bound in `docs/how-it-works.md`, "Reading is bounded").
 
 use std::collections::BTreeMap;
 
