@@ -212,6 +212,12 @@ fn pinned_process_absolute_joules_without_static_power_or_calibration() {
     if !require_root("pinned_process_absolute_joules_without_static_power_or_calibration") {
         return;
     }
+    if !crate::util::unless_cpu_taken(
+        "pinned_process_absolute_joules_without_static_power_or_calibration",
+        "static power is identified only from idle time on the package, and a spinner leaves none",
+    ) {
+        return;
+    }
     const STATIC: f64 = 6.0;
     const PER_CPU: f64 = 10.0;
     let _guard = crate::util::exclusive();

@@ -115,6 +115,12 @@ fn calibrate_load_measures_the_power_curve_core_first() {
     if !require_root("calibrate_load_measures_the_power_curve_core_first") {
         return;
     }
+    if !crate::util::unless_cpu_taken(
+        "calibrate_load_measures_the_power_curve_core_first",
+        "calibrate refuses a machine that is not quiet, by design",
+    ) {
+        return;
+    }
     let _guard = crate::util::exclusive();
     let fake = crate::util::smt_pair_package();
     let (dir, sysfs) = (&fake.dir, &fake.sysfs);

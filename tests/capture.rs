@@ -16,6 +16,13 @@ fn busy_loop_owns_its_cpu_and_sleeper_barely_runs() {
     let busy = Workload::spawn("while :; do :; done", Some(0));
     let sleeper = Workload::spawn("while :; do sleep 0.2; done", Some(1));
     crate::util::wait_running(busy.pid(), 100_000_000);
+    // The truth: the share of wall time the kernel gave the busy loop while `record` ran
+    // (probe loading included). Alone on CPU 0 that is ~100%; on a loaded machine less,
+    // and the recording must show what it got, not what it would get alone.
+    let (wall0, on_cpu0) = (
+        std::time::Instant::now(),
+        crate::util::on_cpu_ns(busy.pid()),
+    );
     let out = run(&[
         "record",
         "-F",
@@ -26,6 +33,8 @@ fn busy_loop_owns_its_cpu_and_sleeper_barely_runs() {
         file.to_str().expect("path"),
     ]);
     assert!(out.status.success(), "record failed: {}", text(&out));
+    let got =
+        (crate::util::on_cpu_ns(busy.pid()) - on_cpu0) as f64 / wall0.elapsed().as_nanos() as f64;
     let report = report_json(&file);
     let duration_ns = report["duration_ns"].as_u64().expect("duration_ns");
     assert!(
@@ -37,10 +46,17 @@ fn busy_loop_owns_its_cpu_and_sleeper_barely_runs() {
         .unwrap_or_else(|| panic!("busy loop {} missing: {report:#}", busy.pid()));
     let busy_ns = b["cpu_ns"].as_u64().expect("cpu_ns");
     let share = busy_ns as f64 / duration_ns as f64;
+    eprintln!(
+        "busy loop: {:.1}% of CPU 0 recorded, {:.1}% measured by the kernel",
+        share * 100.0,
+        got * 100.0
+    );
     assert!(
-        share >= 0.95,
-        "busy loop pinned to CPU 0 got {:.1}% of it",
-        share * 100.0
+        share >= 0.95 * got,
+        "busy loop pinned to CPU 0 got {:.1}% of it in the recording, {:.1}% by the kernel's \
+         account",
+        share * 100.0,
+        got * 100.0
     );
     assert!(
         share <= 1.001,
@@ -49,10 +65,12 @@ fn busy_loop_owns_its_cpu_and_sleeper_barely_runs() {
     );
 
     let samples = b["samples"].as_u64().expect("samples") as f64;
-    let expected = HZ as f64 * duration_ns as f64 / 1e9;
+    // cpu-clock samples the task on the CPU: one per 1/HZ s of its CPU time.
+    let expected = HZ as f64 * busy_ns as f64 / 1e9;
     assert!(
         (samples - expected).abs() <= 0.05 * expected,
-        "busy loop has {samples} samples, expected {expected:.0} ± 5% at {HZ} Hz"
+        "busy loop has {samples} samples, expected {expected:.0} ± 5% at {HZ} Hz for \
+         {busy_ns} ns on CPU"
     );
 
     // The sleeper's shell wakes 5 times a second for a fork+exec of sleep: well under 1%.

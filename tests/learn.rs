@@ -116,6 +116,12 @@ fn agent_learns_static_power_and_keeps_it_across_restarts() {
     if !util::require_root("agent_learns_static_power_and_keeps_it_across_restarts") {
         return;
     }
+    if !util::unless_cpu_taken(
+        "agent_learns_static_power_and_keeps_it_across_restarts",
+        "static power is learned only from idle time on the package, and a spinner leaves none",
+    ) {
+        return;
+    }
     let _guard = util::exclusive();
     let fake = util::two_cpu_package();
     let (dir, sysfs) = (&fake.dir, &fake.sysfs);

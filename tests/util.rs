@@ -357,15 +357,36 @@ pub fn until(cap: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
 /// `/proc/PID/schedstat`): a workload spawned in the background is running, however long
 /// this machine takes to start it. Panics after 30 s, naming the process.
 pub fn wait_running(pid: u32, ns: u64) {
-    let on_cpu = || {
-        std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let on_cpu = || on_cpu_ns(pid);
     assert!(
         until(std::time::Duration::from_secs(30), || on_cpu() >= ns),
         "workload {pid} ran only {} ns of CPU in 30 s (wanted {ns} ns before measuring)",
         on_cpu()
     );
+}
+
+/// Nanoseconds process `pid`'s main thread has been on a CPU (`/proc/PID/schedstat`), 0
+/// once it is gone.
+pub fn on_cpu_ns(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// The CPU `cargo xtask test --slow-machine` keeps busy with a spinner, if any.
+pub fn busy_cpu() -> Option<u32> {
+    std::env::var("ENERGY_BPF_TEST_BUSY_CPU").ok()?.parse().ok()
+}
+
+/// Skips a test under `--slow-machine` that cannot hold with a CPU taken, printing why;
+/// true when it should run.
+pub fn unless_cpu_taken(test: &str, why: &str) -> bool {
+    match busy_cpu() {
+        Some(cpu) => {
+            eprintln!("SKIPPED {test}: CPU {cpu} is kept busy (--slow-machine): {why}");
+            false
+        }
+        None => true,
+    }
 }
