@@ -457,7 +457,7 @@ fn a_context_switch_storm_reads_whole() {
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let prog = crate::util::gcc(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/pingpong.c"),
+        &crate::util::workload("pingpong.c"),
         &dir.path().join("pingpong"),
         &["-O2"],
     );

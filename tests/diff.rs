@@ -14,7 +14,7 @@ use crate::util::{bin, exclusive, require_root, text};
 
 /// Builds `ab.c`; its second argument sets `hot()`'s work in percent of `steady()`'s.
 fn build_ab(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/ab.c");
+    let src = crate::util::workload("ab.c");
     let out = dir.join("ab");
     crate::util::gcc(
         &src,

@@ -9,28 +9,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{report_json, report_json_with, require_root, run, text};
+use crate::util::{report_json, report_json_with, require_root, run, text, workload};
 
 /// Collapsed stacks of process `pid` (`comm;frame;...` → weight) in `domain`.
 fn collapsed(file: &Path, pid: u32, domain: &str) -> HashMap<String, u64> {
-    let pid = pid.to_string();
-    let out = run(&[
-        "flamegraph",
-        "--format",
-        "collapsed",
-        "--domain",
-        domain,
-        "--pid",
-        &pid,
-        file.to_str().expect("path"),
-    ]);
-    assert!(out.status.success(), "flamegraph failed: {}", text(&out));
-    let mut stacks = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let (stack, n) = line.rsplit_once(' ').expect("collapsed line");
-        *stacks.entry(stack.to_owned()).or_insert(0) += n.parse::<u64>().expect("weight");
-    }
-    stacks
+    crate::util::collapsed(file, &["--domain", domain, "--pid", &pid.to_string()])
 }
 
 /// Weight of stacks with a frame for which `frame` holds, and the total.
@@ -86,12 +69,6 @@ fn time_ratio(stdout: &[u8]) -> Option<f64> {
     let mut it = line.split_whitespace().map(str::parse::<f64>);
     let (heavy, light) = (it.next()?.ok()?, it.next()?.ok()?);
     (light > 0.0).then(|| heavy / light)
-}
-
-fn workload(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/workloads")
-        .join(name)
 }
 
 /// Checks the two hot JIT functions of `pid` in `file`: names from the recording alone,

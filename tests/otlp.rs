@@ -357,7 +357,7 @@ fn the_agent_exports_python_function_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let got = dir.path().join("received");
     std::fs::create_dir(&got).expect("mkdir");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_hot.py");
+    let script = crate::util::workload("py_hot.py");
     let src = std::fs::read_to_string(&script).expect("workload");
     let train_line = src
         .lines()

@@ -21,7 +21,7 @@ pub const BURN_FUNCTIONS: [&str; 2] = ["hot_heavy", "hot_light"];
 
 /// Builds `tests/workloads/burn.c` with frame pointers and DWARF into `dir`.
 pub fn build_burn(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/burn.c");
+    let src = crate::util::workload("burn.c");
     let out = dir.join("burn");
     crate::util::gcc(
         &src,

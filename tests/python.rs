@@ -40,28 +40,13 @@ fn interpreters() -> Vec<(String, std::path::PathBuf)> {
 }
 
 fn workload() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_split.py")
+    crate::util::workload("py_split.py")
 }
 
 /// Collapsed stacks (`comm;frame;...` → weight) of process `pid` in `file`, energy as
 /// weight.
 fn collapsed(file: &Path, pid: u32) -> HashMap<String, u64> {
-    let pid = pid.to_string();
-    let out = run(&[
-        "flamegraph",
-        "--format",
-        "collapsed",
-        "--pid",
-        &pid,
-        file.to_str().expect("path"),
-    ]);
-    assert!(out.status.success(), "flamegraph failed: {}", text(&out));
-    let mut stacks = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let (stack, n) = line.rsplit_once(' ').expect("collapsed line");
-        *stacks.entry(stack.to_owned()).or_insert(0) += n.parse::<u64>().expect("weight");
-    }
-    stacks
+    crate::util::collapsed(file, &["--pid", &pid.to_string()])
 }
 
 /// heavy_work's thread CPU time over light_work's, from the workload's last line
@@ -204,7 +189,7 @@ fn top_names_the_hot_python_function_of_each_thread() {
         return;
     }
     let _guard = crate::util::exclusive();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_hot.py");
+    let script = crate::util::workload("py_hot.py");
     let src = std::fs::read_to_string(&script).expect("workload");
     let line = |marker: &str| {
         src.lines()
@@ -292,7 +277,7 @@ fn probe_diagnostics_are_logged_only_with_the_flag() {
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("deep.ebpr");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/py_deep.py");
+    let script = crate::util::workload("py_deep.py");
     let record = |flags: &[&str]| {
         let mut args = vec!["record", "--energy-source", "model", "-F", "99"];
         args.extend_from_slice(flags);

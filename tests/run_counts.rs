@@ -16,7 +16,7 @@ use crate::util::{bin, exclusive, require_root, run, text};
 
 /// `tests/workloads/faults.c`: one thread alternating page faults and pure arithmetic.
 fn build_faults(dir: &Path) -> std::path::PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/faults.c");
+    let src = crate::util::workload("faults.c");
     let out = dir.join("faults");
     crate::util::gcc(&src, &out, &["-O1", "-g", "-fno-omit-frame-pointer"])
 }

@@ -6,7 +6,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use energy_bpf::{
     analysis::{self, ModelOverride},
@@ -216,7 +215,7 @@ fn stored_names_equal_live_ones_and_outlive_the_binary() {
     }
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/workloads/burn.c");
+    let src = crate::util::workload("burn.c");
     let burn = crate::util::gcc(
         &src,
         &dir.path().join("burn-copy"),

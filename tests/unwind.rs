@@ -4,25 +4,11 @@
 
 use std::{collections::HashMap, path::Path, process::Command};
 
-use crate::util::{report_json, require_root, run, text};
+use crate::util::{report_json, require_root, run, text, workload};
 
 /// Collapsed stacks (`comm;frame;...` → weight) of `file`, CPU time as weight.
 fn collapsed(file: &Path) -> HashMap<String, u64> {
-    let out = run(&[
-        "flamegraph",
-        "--format",
-        "collapsed",
-        "--domain",
-        "cpu-time",
-        file.to_str().expect("path"),
-    ]);
-    assert!(out.status.success(), "flamegraph failed: {}", text(&out));
-    let mut stacks = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let (stack, n) = line.rsplit_once(' ').expect("collapsed line");
-        *stacks.entry(stack.to_owned()).or_insert(0) += n.parse::<u64>().expect("weight");
-    }
-    stacks
+    crate::util::collapsed(file, &["--domain", "cpu-time"])
 }
 
 /// Share of `comm`'s weight whose stack has a frame for which `frame` holds.
@@ -88,12 +74,6 @@ fn build(cmd: &mut Command, what: &str) {
         "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn workload(name: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/workloads")
-        .join(name)
 }
 
 #[test]

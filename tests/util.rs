@@ -390,3 +390,26 @@ pub fn unless_cpu_taken(test: &str, why: &str) -> bool {
         None => true,
     }
 }
+
+/// A file of `tests/workloads/`.
+pub fn workload(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/workloads")
+        .join(name)
+}
+
+/// Collapsed stacks (`comm;frame;...` → weight) of `flamegraph --format collapsed ARGS
+/// FILE`, summed per stack.
+pub fn collapsed(file: &Path, args: &[&str]) -> std::collections::HashMap<String, u64> {
+    let mut all = vec!["flamegraph", "--format", "collapsed"];
+    all.extend_from_slice(args);
+    all.push(file.to_str().expect("utf-8 path"));
+    let out = run(&all);
+    assert!(out.status.success(), "flamegraph failed: {}", text(&out));
+    let mut stacks = std::collections::HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (stack, n) = line.rsplit_once(' ').expect("collapsed line");
+        *stacks.entry(stack.to_owned()).or_insert(0) += n.parse::<u64>().expect("weight");
+    }
+    stacks
+}
