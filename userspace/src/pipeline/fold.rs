@@ -40,7 +40,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use crate::{
     energy,
     pb::v1::{Cpu, EnergyReading, SwitchEvent},
-    timeline::{Run, RunStore, Threads, Timeline, UNKNOWN_TID},
+    timeline::{Run, RunStore, Threads, Timeline, UNKNOWN_TID, clip},
 };
 
 /// A run not yet folded: its part of `[start_ns, end_ns)` and the switch that ended it.
@@ -574,14 +574,4 @@ fn place(
     if let Some(last) = open {
         out.push(threads, &last);
     }
-}
-
-/// The part of `count` (over `[began, ended)`) in `[from, to)`, the rate even over the run
-/// (as the exact timeline clips it).
-fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
-    let (full, part) = (ended.saturating_sub(began), to.saturating_sub(from));
-    if part >= full || full == 0 {
-        return count;
-    }
-    (u128::from(count) * u128::from(part) / u128::from(full)) as u64
 }

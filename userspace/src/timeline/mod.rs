@@ -382,7 +382,8 @@ impl CpuRuns {
 
 /// The part of `count` (over the run `[began, ended)`) that falls in `[from, to)`, assuming
 /// the rate was even over the run.
-fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
+/// The pipeline's folded runs clip counts the same way.
+pub(crate) fn clip(count: u64, began: u64, ended: u64, from: u64, to: u64) -> u64 {
     let (full, part) = (ended.saturating_sub(began), to.saturating_sub(from));
     if part >= full || full == 0 {
         return count;
