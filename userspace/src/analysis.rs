@@ -44,6 +44,11 @@ pub fn config(rec: &Recording, options: Options, model: &ModelOverride) -> Confi
                     s.model_max_w = w;
                     s.model_origin = "report --model-max-w".into();
                 }
+                // Given watts are no longer the table's: its row and error no longer apply.
+                if model.idle_w.is_some() || model.max_w.is_some() {
+                    s.model_row.clear();
+                    s.model_error_pct = 0.0;
+                }
             }
             s
         })
@@ -67,11 +72,14 @@ pub fn analyze(rec: &Recording, cfg: &Config) -> Analysis {
     pipeline::analyze(&rec.window(), cfg, &threads)
 }
 
-/// [`source_label`] followed by ` (estimated)` when any source is modelled: for text a
-/// person reads next to the numbers.
+/// [`source_label`] followed by ` (estimated)` when any source is modelled, with the power
+/// table's row when the model's parameters came from it (` (estimated: Intel Xeon … →
+/// Ice Lake-SP, …, ±12%)`): for text a person reads next to the numbers.
 pub(crate) fn source_description(sources: &[EnergySource]) -> String {
     let label = source_label(sources);
-    if sources.iter().any(|s| s.estimated) {
+    if let Some(row) = crate::energy::model::row_label(sources) {
+        format!("{label} (estimated: {row})")
+    } else if sources.iter().any(|s| s.estimated) {
         format!("{label} (estimated)")
     } else {
         label
@@ -123,6 +131,8 @@ pub fn sample_values<'a>(
         })
         .collect();
     out.estimated = attr.estimated;
+    out.model_row = crate::energy::model::row_label(&analysis.sources).unwrap_or_default();
+    out.model_error_pct = crate::energy::model::row_error_pct(&analysis.sources).unwrap_or(0.0);
     let idle_j = attr.headline_uj(&attr.idle) * 1e-6;
     out.source = if idle_j > 0.0 {
         // Idle/static energy belongs to no stack; say how much the picture leaves out.

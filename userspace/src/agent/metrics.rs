@@ -193,13 +193,17 @@ impl Metrics {
             } else {
                 zone.to_string()
             };
-            s.source_info
-                .get_or_create(&vec![
-                    ("source", src.kind.clone()),
-                    ("zone", zone),
-                    ("estimated", model::is_model(src).to_string()),
-                ])
-                .set(1);
+            let mut labels = vec![
+                ("source", src.kind.clone()),
+                ("zone", zone),
+                ("estimated", model::is_model(src).to_string()),
+            ];
+            // The power-table row behind a modelled source, and its error (docs/estimated-energy.md).
+            if model::is_model(src) && !src.model_row.is_empty() {
+                labels.push(("model_row", src.model_row.clone()));
+                labels.push(("model_error", format!("{:.1}", src.model_error_pct)));
+            }
+            s.source_info.get_or_create(&labels).set(1);
         }
         s.publish();
     }

@@ -161,7 +161,14 @@ pub(super) fn run_source(
         .unwrap_or_default();
     class_tgid.sort_unstable();
     let class_tgid: Vec<u32> = class_tgid.into_iter().map(|(_, t)| t).collect();
-    let relative_error = uncertainty::relative_error(&report, &class_tgid, opts.idle);
+    let relative_error = uncertainty::with_model_error(
+        uncertainty::relative_error(&report, &class_tgid, opts.idle),
+        if source.estimated {
+            source.model_error_pct
+        } else {
+            0.0
+        },
+    );
     SourceOutcome {
         report,
         sample_uj,

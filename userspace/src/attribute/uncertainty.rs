@@ -8,7 +8,9 @@
 //! `r = se / P`, `var(δE_k / E_k) = (1 − s_k)² r_k² + Σ_{j≠k} s_j² r_j²`. Static power
 //! estimated from the recording moves `δS × duration` between the idle row and every
 //! process by share (`--idle separate`). Given, calibrated and model static power count as
-//! exact: their error is the user's or the calibration's, not this recording's.
+//! exact: their error is the user's or the calibration's, not this recording's. The
+//! estimated model's parameters from the power table carry that table row's error
+//! ([`with_model_error`]), which every class of the source shares.
 
 use std::collections::HashMap;
 
@@ -107,4 +109,40 @@ pub fn relative_error(
     }
     out.other = total_rel(reg.classes.len().saturating_sub(1));
     out
+}
+/// `rel` widened by the estimated model's own error, `model_error_pct`: the median absolute
+/// error of the power table's row (energy/power_table.rs). The model's error moves the
+/// whole source's energy, so every class carries it, independent of the split's own error
+/// (added in quadrature). A median absolute error m of a normal error is 0.6745 σ, so
+/// σ = m / 0.6745. 0 (a measured source, a model set by flags, older recordings) leaves
+/// `rel` as it is.
+pub fn with_model_error(mut rel: RelativeError, model_error_pct: f64) -> RelativeError {
+    if !(model_error_pct.is_finite() && model_error_pct > 0.0) {
+        return rel;
+    }
+    let sigma = model_error_pct / 100.0 / 0.6745;
+    let widen = |r: f64| (r * r + sigma * sigma).sqrt();
+    rel.other = widen(rel.other);
+    for r in rel.by_tgid.values_mut() {
+        *r = widen(*r);
+    }
+    rel
+}
+
+#[cfg(test)]
+mod model_error_tests {
+    use super::*;
+
+    #[test]
+    fn the_model_error_widens_every_class_in_quadrature() {
+        let rel = RelativeError {
+            by_tgid: HashMap::from([(7, 0.03)]),
+            other: 0.0,
+        };
+        assert_eq!(with_model_error(rel.clone(), 0.0), rel);
+        let wide = with_model_error(rel, 12.0);
+        let sigma = 0.12 / 0.6745;
+        assert!((wide.other - sigma).abs() < 1e-12, "{wide:?}");
+        assert!((wide.of(7) - (0.03f64.powi(2) + sigma * sigma).sqrt()).abs() < 1e-12);
+    }
 }

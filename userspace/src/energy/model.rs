@@ -169,6 +169,29 @@ pub fn sources(
     Ok(out)
 }
 
+/// The power-table rows behind the model sources among `sources`, as outputs label them
+/// (`Intel Xeon Platinum 8375C → Ice Lake-SP, …, ±12%`; distinct rows joined by `; `), or
+/// `None` when no model source came from the table (flags, a config file, older
+/// recordings).
+pub fn row_label(sources: &[pb::EnergySource]) -> Option<String> {
+    let mut rows: Vec<&str> = sources
+        .iter()
+        .filter(|s| is_model(s) && !s.model_row.is_empty())
+        .map(|s| s.model_row.as_str())
+        .collect();
+    rows.dedup();
+    (!rows.is_empty()).then(|| rows.join("; "))
+}
+
+/// The largest error of the table rows behind the model sources, % (`None`: no row).
+pub fn row_error_pct(sources: &[pb::EnergySource]) -> Option<f64> {
+    sources
+        .iter()
+        .filter(|s| is_model(s) && !s.model_row.is_empty())
+        .map(|s| s.model_error_pct)
+        .max_by(f64::total_cmp)
+}
+
 /// Whether a source is a model source.
 pub(crate) fn is_model(source: &pb::EnergySource) -> bool {
     source.kind == SourceKind::Model.as_str()

@@ -285,6 +285,9 @@ fn rollup(profile: &Profile, domains: &[String], totals: bool) -> Report {
         cpus: Vec::new(),
         duration_ns: 0,
         footer: Vec::new(),
+        model_row: Some(profile.meta.model_row.clone())
+            .filter(|r| !r.is_empty())
+            .map(|r| (r, profile.meta.model_error_pct)),
     }
 }
 

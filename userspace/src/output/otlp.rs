@@ -271,6 +271,17 @@ pub fn request(
             dict.attribute("energy.zone", Value::StringValue(zone.to_string())),
             dict.attribute("energy.estimated", Value::BoolValue(profile.meta.estimated)),
         ];
+        // The estimated model's power-table row and its error (docs/estimated-energy.md).
+        if !profile.meta.model_row.is_empty() {
+            p.attribute_indices.push(dict.attribute(
+                "energy.model_row",
+                Value::StringValue(profile.meta.model_row.clone()),
+            ));
+            p.attribute_indices.push(dict.attribute(
+                "energy.model_error",
+                Value::DoubleValue(profile.meta.model_error_pct),
+            ));
+        }
         // Round the running total, not each value: the profile's sum is the total rounded
         // once, however many samples it has.
         let mut sum = 0.0f64;

@@ -473,6 +473,12 @@ fn report(
         cpus,
         duration_ns: totals.duration_ns,
         footer,
+        model_row: crate::energy::model::row_label(&a.sources).map(|r| {
+            (
+                r,
+                crate::energy::model::row_error_pct(&a.sources).unwrap_or(0.0),
+            )
+        }),
     }
 }
 

@@ -127,6 +127,7 @@ pub(crate) fn profile() -> Profile {
             start_unix_ns: 1_700_000_000_000_000_000,
             lost_events: 0,
             unwind: "user stacks: 3 by unwind tables (75.0%), 1 by frame pointers".into(),
+            ..ProfileMeta::default()
         },
         value_types: vec![
             ValueType::new("samples", "count"),

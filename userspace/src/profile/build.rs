@@ -282,6 +282,8 @@ fn build_with(
             duration_ns: rec.duration_ns,
             estimated: weights.estimated,
             source: weights.source.clone(),
+            model_row: weights.model_row.clone(),
+            model_error_pct: weights.model_error_pct,
             sample_hz: rec.sample_hz,
             start_unix_ns: rec.start_unix_ns,
             lost_events: rec.lost_events,

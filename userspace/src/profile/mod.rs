@@ -143,6 +143,10 @@ pub struct ProfileMeta {
     pub lost_events: u64,
     /// How user stacks were walked (`UnwindCounts::label`), empty without samples.
     pub unwind: String,
+    /// The estimated model's power-table row, when its parameters came from the table.
+    pub model_row: String,
+    /// That row's error, % (0: none).
+    pub model_error_pct: f64,
 }
 
 /// A symbolized, weighted profile.
@@ -204,6 +208,10 @@ pub struct SampleValues {
     pub estimated: bool,
     /// Energy source description for titles.
     pub source: String,
+    /// The estimated model's power-table row, when its parameters came from the table.
+    pub model_row: String,
+    /// That row's error, % (0: none).
+    pub model_error_pct: f64,
 }
 
 impl SampleValues {
@@ -217,6 +225,8 @@ impl SampleValues {
             residuals: Vec::new(),
             estimated: false,
             source: "cpu time".to_string(),
+            model_row: String::new(),
+            model_error_pct: 0.0,
         }
     }
 

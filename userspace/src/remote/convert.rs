@@ -35,6 +35,7 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
         sample_hz: s.header.sample_hz,
         lost_events: s.header.lost_events,
         cpus: s.header.cpus,
+        model_row: s.header.model_row.clone().unwrap_or_default(),
         totals: Some(wire::Totals {
             duration_ns: s.totals.duration_ns,
             unknown_ns: s.totals.unknown_ns,
@@ -90,6 +91,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, RemoteError> {
             sample_hz: f.sample_hz,
             lost_events: f.lost_events,
             cpus: f.cpus,
+            model_row: Some(f.model_row.clone()).filter(|r| !r.is_empty()),
         },
         totals: Totals {
             duration_ns: t.duration_ns,

@@ -114,6 +114,7 @@ mod tests {
                 sample_hz: 49,
                 lost_events: 3,
                 cpus: 2,
+                model_row: None,
             },
             rows: vec![
                 ProcessRow {
@@ -250,5 +251,23 @@ mod tests {
         assert!(lines[4].contains("Energy J (estimated)"), "{}", lines[4]);
         let busy: Vec<&str> = lines[5].split_whitespace().collect();
         assert_eq!(busy[..3], ["1234", "~20.00", "~100.2"]);
+    }
+
+    #[test]
+    fn a_table_modelled_frame_names_its_row() {
+        let mut snap = snapshot(true);
+        let row = "Intel Xeon Platinum 8375C → Ice Lake-SP (no servers before the table's cut-off) → Intel server, 299 servers, ±12%";
+        snap.header.model_row = Some(row.into());
+        let mut state = State::new(Vec::new());
+        state.push_snapshot(snap);
+        let mut out = Vec::new();
+        write_frame(&mut out, &state).expect("writing to a Vec cannot fail");
+        let text = String::from_utf8(out).expect("frames are UTF-8");
+        assert!(
+            text.lines()
+                .next()
+                .is_some_and(|l| l.contains(&format!("source: model (estimated: {row})"))),
+            "{text}"
+        );
     }
 }

@@ -78,6 +78,7 @@ pub fn snapshot(estimated: bool) -> Snapshot {
             sample_hz: 49,
             lost_events: 7,
             cpus: 2,
+            model_row: None,
         },
         rows: four_processes(),
     }

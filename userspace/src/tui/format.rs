@@ -69,7 +69,11 @@ pub fn summary_line(state: &State) -> String {
         None => line.push_str(" - waiting for the first interval"),
         Some(s) => {
             let h = &s.header;
-            let tag = if h.estimated { " (estimated)" } else { "" };
+            let tag = match (&h.model_row, h.estimated) {
+                (Some(row), _) => format!(" (estimated: {row})"),
+                (None, true) => " (estimated)".to_string(),
+                (None, false) => String::new(),
+            };
             line.push_str(&format!(
                 " - source: {}{tag} - sampling {} Hz - lost events {} - {} CPUs - interval {:.2} s",
                 h.source, h.sample_hz, h.lost_events, h.cpus, s.interval_s

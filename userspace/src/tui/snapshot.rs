@@ -58,6 +58,7 @@ impl Snapshot {
                 sample_hz,
                 lost_events: crate::record::lost_events(l),
                 cpus: w.analysis.timeline.cpus.len() as u32,
+                model_row: crate::energy::model::row_label(&w.analysis.sources),
             },
             totals: w.totals.clone(),
             rows: w.processes.clone(),
@@ -85,6 +86,8 @@ pub struct Header {
     pub lost_events: u64,
     /// Number of online CPUs.
     pub cpus: u32,
+    /// The power-table row of the estimated model, when its parameters came from it.
+    pub model_row: Option<String>,
 }
 
 /// Power of one energy domain over the interval.

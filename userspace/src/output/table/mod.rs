@@ -124,6 +124,9 @@ pub struct Report {
     pub duration_ns: u64,
     /// Rows printed after the sorted and limited ones, unsorted (idle, totals).
     pub footer: Vec<ReportRow>,
+    /// The estimated model's power-table row and its error (%), when its parameters came
+    /// from the table: JSON `model_row` and `model_error` (absent otherwise).
+    pub model_row: Option<(String, f64)>,
 }
 
 /// Sorting and truncation.
@@ -435,13 +438,17 @@ fn json_doc(
             Value::Object(obj)
         })
         .collect();
-    let doc = json!({
+    let mut doc = json!({
         "title": report.title,
         "estimated": report.estimated,
         "domains": report.domains,
         "notes": report.notes,
         "rows": rows,
     });
+    if let (Some((row, error)), Some(obj)) = (&report.model_row, doc.as_object_mut()) {
+        obj.insert("model_row".into(), json!(row));
+        obj.insert("model_error".into(), json!(error));
+    }
     serde_json::to_writer_pretty(&mut *out, &doc)?;
     writeln!(out)?;
     Ok(())

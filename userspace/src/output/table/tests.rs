@@ -32,6 +32,7 @@ fn report(estimated: bool) -> Report {
         cpus: Vec::new(),
         duration_ns: 0,
         footer: Vec::new(),
+        model_row: None,
     }
 }
 
@@ -148,6 +149,7 @@ fn thread_rows_without_energy_sort_by_cpu() {
         cpus: Vec::new(),
         duration_ns: 0,
         footer: Vec::new(),
+        model_row: None,
     };
     let text = render_str(&r, &RenderOptions::default(), Format::Csv);
     assert_eq!(text, "pid,tid,comm,cpu_s,samples\n1,3,b,2,20\n1,2,a,1,10\n");
@@ -196,4 +198,26 @@ energy is estimated (modelled, not measured); intervals are 95%
         csv.lines().last(),
         Some("-,[total],,,,,,10,10,10,1,100,true")
     );
+}
+
+#[test]
+fn json_carries_the_model_row_only_when_there_is_one() {
+    let text = render_str(&report(true), &RenderOptions::default(), Format::Json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert!(
+        v.get("model_row").is_none() && v.get("model_error").is_none(),
+        "{v}"
+    );
+    let mut r = report(true);
+    r.model_row = Some((
+        "Intel Xeon Platinum 8280 → Cascade Lake-SP, 46 servers, ±9%".into(),
+        9.0,
+    ));
+    let text = render_str(&r, &RenderOptions::default(), Format::Json);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(
+        v["model_row"],
+        "Intel Xeon Platinum 8280 → Cascade Lake-SP, 46 servers, ±9%"
+    );
+    assert_eq!(v["model_error"], 9.0);
 }
