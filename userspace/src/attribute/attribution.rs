@@ -295,6 +295,89 @@ pub fn headline_domains(present: &[EnergyDomain]) -> Vec<EnergyDomain> {
     out
 }
 
+impl SourceAttribution {
+    /// The lines saying which static power this source used and where it came from, plus
+    /// the unidentified and collinear warnings: the header lines of reports, `top` and
+    /// other text outputs. None for a GPU, whose idle power is its own row.
+    pub fn static_notes(&self) -> Vec<String> {
+        let s = self;
+        let mut lines = Vec::new();
+        if s.domain == EnergyDomain::Gpu {
+            return lines;
+        }
+        let detail = match &s.static_origin {
+            StaticOrigin::Calibrated { date, file } if file.is_empty() => {
+                format!("calibrated {date}, from the recording")
+            }
+            StaticOrigin::Calibrated { date, file } => format!("calibrated {date}, {file}"),
+            StaticOrigin::Learned {
+                intervals,
+                span_s,
+                fit,
+            } => format!(
+                "learned from {intervals} quiet intervals over {}, 95% interval {:.2}–{:.2} W",
+                span_text(*span_s),
+                fit.ci_low_w.max(0.0),
+                fit.ci_high_w
+            ),
+            StaticOrigin::Extrapolated { fit } => format!(
+                "extrapolated to zero load, 95% interval {:.2}–{:.2} W",
+                fit.ci_low_w.max(0.0),
+                fit.ci_high_w
+            ),
+            other => other.kind().replace('_', " "),
+        };
+        let clamped = s
+            .static_clamped_from_w
+            .map(|w| format!("; {w:.2} W asked, above the quietest interval"))
+            .unwrap_or_default();
+        lines.push(format!(
+            "static power {}: {:.2} W ({detail}{clamped})",
+            s.name, s.static_w
+        ));
+        lines.extend(s.static_origin.warning());
+        lines.extend(collinear_warning(s));
+        lines
+    }
+}
+
+/// The warning when the regression found classes whose watts it cannot tell apart: they
+/// always ran together (classes never mix), so only their combined power is known.
+fn collinear_warning(s: &SourceAttribution) -> Option<String> {
+    let reg = s.regression.as_ref()?;
+    let names: Vec<String> = reg
+        .classes
+        .iter()
+        .filter(|c| c.fit.not_identifiable == Some(NotIdentifiable::Collinear))
+        .map(|c| match c.label {
+            ClassLabel::Process(pid) => format!("pid {pid}"),
+            ClassLabel::Other => "other processes".into(),
+        })
+        .collect();
+    (!names.is_empty()).then(|| {
+        format!(
+            "per-class watts not identifiable on {} for {}: they always ran together (the \
+             classes never mix), so they share one fitted power per CPU-second; run them \
+             apart for part of the recording to tell their watts apart",
+            s.name,
+            names.join(", ")
+        )
+    })
+}
+
+/// A time span in words: `40 s`, `12 min`, `3.5 h`, `2.0 d`.
+fn span_text(secs: f64) -> String {
+    if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else if secs < 172_800.0 {
+        format!("{:.1} h", secs / 3600.0)
+    } else {
+        format!("{:.1} d", secs / 86_400.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -186,7 +186,11 @@ fn classes_that_never_mix_are_named_in_a_warning() {
         ..Options::default()
     };
     let attr = attribute_sim(&out, &opts);
-    let lines = static_power::describe(&attr.sources);
+    let lines = attr
+        .sources
+        .iter()
+        .flat_map(super::SourceAttribution::static_notes)
+        .collect::<Vec<_>>();
     assert!(
         lines
             .iter()

@@ -145,7 +145,11 @@ fn every_cpu_busy_is_right_with_learned_static_power_and_calibration_wins() {
     assert_eq!(s.static_w, 6.0);
     let e = worst(&out, &attr);
     assert!(e < 0.05, "worst {:.1}%", e * 100.0);
-    let lines = static_power::describe(&attr.sources);
+    let lines = attr
+        .sources
+        .iter()
+        .flat_map(super::SourceAttribution::static_notes)
+        .collect::<Vec<_>>();
     assert!(
         lines[0].contains("learned from 40 quiet intervals over 2.0 h"),
         "{lines:?}"

@@ -322,7 +322,11 @@ fn report(
     ];
     let mut notes = notes;
     notes.extend(python_notes(rec));
-    notes.extend(crate::attribute::static_power::describe(&attr.sources));
+    notes.extend(
+        attr.sources
+            .iter()
+            .flat_map(crate::attribute::SourceAttribution::static_notes),
+    );
     // Whole threads and processes carry no sampling error (attribute::ci), so a process's
     // interval is its headline interval (`ci_j`) scaled to each domain.
     let cells = |e: &pipeline::DomainJoules, ci: Option<[f64; 2]>| -> Vec<EnergyCell> {
