@@ -169,6 +169,7 @@ fn whole(args: &ReportOptions, rec: &Recording, cfg: &Config) -> Result<Vec<u8>,
             processes: &rows,
         })?;
         merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
+        merge(&mut value, model_facts(&analysis.sources));
         out.extend(format!("{value:#}\n").into_bytes());
         return Ok(out);
     }
@@ -210,6 +211,7 @@ fn windowed(
                 "windows": docs,
             });
             merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
+            merge(&mut value, model_facts(&cfg.sources));
             out.extend(format!("{value:#}\n").into_bytes());
         }
         Format::Csv => {
@@ -259,6 +261,19 @@ fn windowed(
 fn window_secs(rec: &Recording, w: &pipeline::Window) -> (f64, f64) {
     let s = |t: u64| t.saturating_sub(rec.start_ns()) as f64 / 1e9;
     (s(w.start_ns()), s(w.end_ns()))
+}
+
+/// `model_row` and `model_error` of the estimated model's power-table row, when its
+/// parameters came from the table (nothing otherwise: reports of older recordings keep
+/// their keys).
+fn model_facts(sources: &[crate::pb::v1::EnergySource]) -> serde_json::Value {
+    match crate::energy::model::row_label(sources) {
+        Some(row) => serde_json::json!({
+            "model_row": row,
+            "model_error": crate::energy::model::row_error_pct(sources).unwrap_or(0.0),
+        }),
+        None => serde_json::json!({}),
+    }
 }
 
 fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
