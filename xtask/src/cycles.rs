@@ -14,6 +14,11 @@
 //!
 //! The strongly connected components (Tarjan) with more than one file are the cycles;
 //! any of them fails the check, which prints each one with the lines that close it.
+//!
+//! Inside a folder the facade is looked through: a path that names an item a `mod.rs`
+//! imports from one of its children (`super::Item` where `mod.rs` has `pub use
+//! child::Item`) is an edge to that child's file, and a cycle among the files of one
+//! folder fails the check too. Doc links are comments and do not count.
 
 mod graph;
 mod lex;
@@ -30,12 +35,28 @@ pub fn run() -> util::Result {
     let files = load(&src)?;
     let graph = Graph::build(&files, "lib.rs")?;
     let cycles = graph.cycles();
-    if cycles.is_empty() {
+    let folder_cycles = graph.folder_cycles();
+    if cycles.is_empty() && folder_cycles.is_empty() {
         eprintln!(
-            "xtask: import cycles: none among {} files of userspace/src",
+            "xtask: import cycles: none among {} files of userspace/src, none inside a folder",
             graph.files.len()
         );
         return Ok(());
+    }
+    if cycles.is_empty() {
+        let mut text = format!(
+            "{} file-level cycle(s) inside a folder of userspace/src (paths followed through \
+             mod.rs re-exports to the file that defines the item):\n",
+            folder_cycles.len()
+        );
+        for cycle in &folder_cycles {
+            text.push_str(&format!("  cycle: {}\n", cycle.join(" <-> ")));
+            for edge in graph.file_edges_within(cycle) {
+                text.push_str(&format!("    {edge}\n"));
+            }
+        }
+        text.push_str("move the shared items to a file both can import, so one side no longer names the other");
+        return Err(text);
     }
     let mut text = format!(
         "{} import cycle(s) between files in userspace/src:\n",
@@ -134,6 +155,25 @@ mod tests {
             ("d/x.rs", "pub struct X(super::D);\n"),
         ]);
         assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_cycle_through_a_facade_inside_a_folder_is_found() {
+        let files = tree(&[
+            ("lib.rs", "pub mod d;\n"),
+            (
+                "d/mod.rs",
+                "mod x;\nmod y;\npub use x::X;\npub use y::{Y, helper as h};\n",
+            ),
+            ("d/x.rs", "pub struct X(pub super::Y);\n"),
+            ("d/y.rs", "pub struct Y;\npub fn helper(x: &super::X) {}\n"),
+        ]);
+        let graph = Graph::build(&files, "lib.rs").expect("builds");
+        assert!(
+            graph.cycles().is_empty(),
+            "the module-level check looks no deeper"
+        );
+        assert_eq!(graph.folder_cycles(), vec![vec!["d/x.rs", "d/y.rs"]]);
     }
 
     #[test]

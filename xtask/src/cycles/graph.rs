@@ -22,6 +22,13 @@ pub(super) struct Graph {
     /// Module path (`a::b`) → node.
     modules: HashMap<Vec<String>, usize>,
     edges: Vec<Edge>,
+    /// A module's imports of its own children's items (`use child::Item` in a `mod.rs`,
+    /// its facade): (module node, name) → the item's full path.
+    facades: HashMap<(usize, String), Vec<String>>,
+    /// The edges with each path followed through facades to the file that defines the
+    /// item: `super::Item` from `a/x.rs` reaches `a/y.rs` when `a/mod.rs` has `pub use
+    /// y::Item`. What the folder check counts.
+    file_edges: Vec<Edge>,
 }
 
 impl Graph {
@@ -30,6 +37,8 @@ impl Graph {
             files: Vec::new(),
             modules: HashMap::new(),
             edges: Vec::new(),
+            facades: HashMap::new(),
+            file_edges: Vec::new(),
         };
         let mut tokens = Vec::new();
         let mut paths = Vec::new();
@@ -98,15 +107,67 @@ impl Graph {
             paths.push(module);
         }
         for node in 0..graph.files.len() {
-            let edges = graph.references(node, &paths[node], &tokens[node]);
+            graph.collect_facade(node, &paths[node], &tokens[node]);
+        }
+        for node in 0..graph.files.len() {
+            let (edges, file_edges) = graph.references(node, &paths[node], &tokens[node]);
             graph.edges.extend(edges);
+            graph.file_edges.extend(file_edges);
         }
         Ok(graph)
     }
 
-    /// The edges out of one file.
-    fn references(&self, node: usize, module: &[String], toks: &[(Tok, usize)]) -> Vec<Edge> {
-        let mut edges = Vec::new();
+    /// Records the top-level `use child::…` imports of `node` whose first segment is one of
+    /// its child modules.
+    fn collect_facade(&mut self, node: usize, module: &[String], toks: &[(Tok, usize)]) {
+        let mut depth = 0usize;
+        let mut k = 0;
+        while k < toks.len() {
+            match &toks[k].0 {
+                Tok::Punct('{') => depth += 1,
+                Tok::Punct('}') => depth = depth.saturating_sub(1),
+                Tok::Ident(w) if w == "use" && depth == 0 => {
+                    let mut leaves = Vec::new();
+                    k += 1;
+                    use_tree(toks, &mut k, Vec::new(), &mut leaves);
+                    for (segments, alias) in leaves {
+                        let segments: Vec<String> =
+                            segments.into_iter().skip_while(|s| s == "self").collect();
+                        let Some(first) = segments.first() else {
+                            continue;
+                        };
+                        let mut child = module.to_vec();
+                        child.push(first.clone());
+                        if segments.len() < 2 || !self.modules.contains_key(&child) {
+                            continue;
+                        }
+                        let Some(name) = alias.or_else(|| segments.last().cloned()) else {
+                            continue;
+                        };
+                        if name == "*" || name == "self" {
+                            continue;
+                        }
+                        let mut full = module.to_vec();
+                        full.extend(segments);
+                        self.facades.insert((node, name), full);
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            k += 1;
+        }
+    }
+
+    /// The edges out of one file: to the modules its paths name, and to the files that
+    /// define the items (through facades).
+    fn references(
+        &self,
+        node: usize,
+        module: &[String],
+        toks: &[(Tok, usize)],
+    ) -> (Vec<Edge>, Vec<Edge>) {
+        let (mut edges, mut file_edges) = (Vec::new(), Vec::new());
         // Names bound to whole modules by `use`, and inline modules open at each depth.
         let mut aliases: HashMap<String, Vec<String>> = HashMap::new();
         let mut inline: Vec<(String, usize)> = Vec::new();
@@ -151,6 +212,7 @@ impl Graph {
                             aliases.insert(name, full.clone());
                         }
                         self.edge(node, &full, line, &segments, &mut edges);
+                        self.file_edge(node, &full, line, &segments, &mut file_edges);
                     }
                     continue;
                 }
@@ -176,6 +238,7 @@ impl Graph {
                         }
                         if let Some(full) = self.resolve(&here, &segments, &aliases) {
                             self.edge(node, &full, line, &segments, &mut edges);
+                            self.file_edge(node, &full, line, &segments, &mut file_edges);
                         }
                         k = j;
                         continue;
@@ -185,7 +248,7 @@ impl Graph {
             }
             k += 1;
         }
-        edges
+        (edges, file_edges)
     }
 
     /// The module path `segments` names from module `here`, or `None` for a path outside
@@ -243,13 +306,76 @@ impl Graph {
         }
     }
 
+    /// Records an edge from `node` to the file that defines what `full` names.
+    fn file_edge(
+        &self,
+        node: usize,
+        full: &[String],
+        line: usize,
+        segments: &[String],
+        edges: &mut Vec<Edge>,
+    ) {
+        if let Some(to) = self.defining_file(full)
+            && to != node
+        {
+            edges.push(Edge {
+                from: node,
+                to,
+                line,
+                path: segments.join("::"),
+            });
+        }
+    }
+
+    /// The file that defines what `full` names: the deepest file module prefixing it,
+    /// followed through facades (a few hops at most).
+    fn defining_file(&self, full: &[String]) -> Option<usize> {
+        let mut path = full.to_vec();
+        for _ in 0..8 {
+            let (n, at) = (0..=path.len())
+                .rev()
+                .find_map(|n| self.modules.get(&path[..n]).map(|&at| (n, at)))?;
+            match path
+                .get(n)
+                .and_then(|name| self.facades.get(&(at, name.clone())))
+            {
+                Some(item) => {
+                    let mut next = item.clone();
+                    next.extend(path[n + 1..].iter().cloned());
+                    path = next;
+                }
+                None => return Some(at),
+            }
+        }
+        None
+    }
+
     /// The strongly connected components of more than one file, each as sorted file
     /// names, in file order.
     pub(super) fn cycles(&self) -> Vec<Vec<String>> {
+        self.components(self.edges.iter())
+    }
+
+    /// The cycles between files of one folder, with every path followed to the file that
+    /// defines its item (see `file_edges`).
+    pub(super) fn folder_cycles(&self) -> Vec<Vec<String>> {
+        self.components(
+            self.file_edges
+                .iter()
+                .filter(|e| folder(&self.files[e.from]) == folder(&self.files[e.to])),
+        )
+    }
+
+    /// The edges of `file_edges` between the files of one folder cycle, as lines.
+    pub(super) fn file_edges_within(&self, cycle: &[String]) -> Vec<String> {
+        lines_within(self, &self.file_edges, cycle)
+    }
+
+    fn components<'a>(&self, edges: impl Iterator<Item = &'a Edge>) -> Vec<Vec<String>> {
         let n = self.files.len();
         let mut out: Vec<BTreeSet<usize>> = Vec::new();
         let mut adj = vec![BTreeSet::new(); n];
-        for e in &self.edges {
+        for e in edges {
             adj[e.from].insert(e.to);
         }
         // Tarjan's algorithm, iterative.
@@ -317,22 +443,31 @@ impl Graph {
 
     /// The edges between the files of one cycle, as `file:line names path` lines.
     pub(super) fn edges_within(&self, cycle: &[String]) -> Vec<String> {
-        let members: BTreeSet<&str> = cycle.iter().map(String::as_str).collect();
-        let mut lines: Vec<String> = self
-            .edges
-            .iter()
-            .filter(|e| {
-                members.contains(self.files[e.from].as_str())
-                    && members.contains(self.files[e.to].as_str())
-            })
-            .map(|e| {
-                format!(
-                    "{}:{} -> {} ({})",
-                    self.files[e.from], e.line, self.files[e.to], e.path
-                )
-            })
-            .collect();
-        lines.dedup();
-        lines
+        lines_within(self, &self.edges, cycle)
     }
+}
+
+/// The folder of a file path (`a/b/` of `a/b/c.rs`, empty at the root).
+fn folder(file: &str) -> &str {
+    file.rfind('/').map_or("", |slash| &file[..=slash])
+}
+
+/// The edges of `edges` between the files of `cycle`, as `file:line -> file (path)` lines.
+fn lines_within(graph: &Graph, edges: &[Edge], cycle: &[String]) -> Vec<String> {
+    let members: BTreeSet<&str> = cycle.iter().map(String::as_str).collect();
+    let mut lines: Vec<String> = edges
+        .iter()
+        .filter(|e| {
+            members.contains(graph.files[e.from].as_str())
+                && members.contains(graph.files[e.to].as_str())
+        })
+        .map(|e| {
+            format!(
+                "{}:{} -> {} ({})",
+                graph.files[e.from], e.line, graph.files[e.to], e.path
+            )
+        })
+        .collect();
+    lines.dedup();
+    lines
 }
