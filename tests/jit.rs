@@ -284,20 +284,32 @@ fn node_functions_are_named_from_its_perf_map_after_it_is_gone() {
         "__libc_start_call_main",
         "node",
     );
-    // The names keep the script's file and line.
+    // The names keep the script's file and line (where each function is defined).
+    let source = std::fs::read_to_string(&script).expect("burn.js");
+    let line_of = |f: &str| {
+        1 + source
+            .lines()
+            .position(|l| l.starts_with(&format!("function {f}(")))
+            .unwrap_or_else(|| panic!("burn.js defines {f}"))
+    };
+    let (heavy_at, light_at) = (
+        format!("hotHeavy (burn.js:{})", line_of("hotHeavy")),
+        format!("hotLight (burn.js:{})", line_of("hotLight")),
+    );
     let out = run(&["report", "--by", "function", file.to_str().expect("path")]);
     let table = text(&out);
     assert!(out.status.success(), "report --by function: {table}");
     assert!(
-        table.contains("hotHeavy (burn.js:8)") && table.contains("hotLight (burn.js:15)"),
-        "report --by function names the JS functions with file:line:\n{table}"
+        table.contains(&heavy_at) && table.contains(&light_at),
+        "report --by function names the JS functions with file:line ({heavy_at}, \
+         {light_at}):\n{table}"
     );
     // The busy thread shows its busiest JS function.
     let out = run(&["report", "--by", "thread", file.to_str().expect("path")]);
     let table = text(&out);
     assert!(out.status.success(), "report --by thread: {table}");
     assert!(
-        table.contains("node [hotHeavy (burn.js:8)]"),
+        table.contains(&format!("node [{heavy_at}]")),
         "report --by thread names node's busiest JS function:\n{table}"
     );
 }
