@@ -84,6 +84,20 @@ fn positive(v: f64, what: &str) -> anyhow::Result<f64> {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let format = args.format;
+    let out = build(args)?;
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&out).context("encoding JSON")?
+        ),
+        Format::Text => print!("{}", text(&out)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the command prints, for `args`.
+fn build(args: Args) -> anyhow::Result<Output> {
     let energy = args.energy.config();
     let table = machine::table()?;
     let here = args.cpu.is_none();
@@ -124,7 +138,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             if energy.model_max_w.is_some() || energy.model_config.is_some() {
                 estimate.full_w = s.model_max_w;
             }
-            overridden_by = Some(s.model_origin.clone());
+            // Only what the flags and the file set; the rest of the origin is the table's.
+            let given: Vec<&str> = s
+                .model_origin
+                .split("; ")
+                .filter(|part| part.contains("wins over the table"))
+                .collect();
+            overridden_by = Some(given.join("; "));
         }
     }
     let curve = match energy.model_curve {
@@ -140,7 +160,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let out = Output {
+    Ok(Output {
         idle_w: estimate.idle_w,
         full_w: estimate.full_w,
         curve,
@@ -154,15 +174,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         table: table.provenance.clone(),
         note: "a measured source (see `sources`), --model-idle-w/--model-max-w, --model-config and \
                a `calibrate` result (--calibration) win over the table",
-    };
-    match args.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&out).context("encoding JSON")?
-        ),
-        Format::Text => print!("{}", text(&out)),
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 fn text(o: &Output) -> String {
@@ -189,4 +201,85 @@ fn text(o: &Output) -> String {
         s.push_str(&format!("  table {p}\n"));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn build_from(argv: &[&str]) -> Output {
+        let cli = Cli::try_parse_from(std::iter::once("model").chain(argv.iter().copied()))
+            .expect("flags parse");
+        build(cli.args).expect("model")
+    }
+
+    #[test]
+    fn a_described_machine_gets_its_row_and_whole_machine_watts() {
+        let o = build_from(&[
+            "--cpu",
+            "Intel Xeon Platinum 8280",
+            "--threads",
+            "112",
+            "--chips",
+            "2",
+            "--memory-gb",
+            "192",
+        ]);
+        assert!(
+            o.row
+                .starts_with("Intel Xeon Platinum 8280 → Cascade Lake-SP, "),
+            "{}",
+            o.row
+        );
+        // SPECpower measured 410-414 W at full load and 48 W idle for this server in 2020.
+        assert!((350.0..500.0).contains(&o.full_w), "{}", o.full_w);
+        assert!(o.idle_w > 0.0 && o.idle_w < o.full_w / 3.0, "{}", o.idle_w);
+        assert!(o.error_pct > 0.0 && o.overridden_by.is_none());
+        let text = text(&o);
+        assert!(
+            text.starts_with("estimated (Intel Xeon Platinum 8280 → Cascade Lake-SP"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn given_watts_win_and_say_so() {
+        let o = build_from(&[
+            "--cpu",
+            "AMD EPYC 7763",
+            "--threads",
+            "256",
+            "--chips",
+            "2",
+            "--model-max-w",
+            "500",
+            "--model-curve",
+            "linear",
+        ]);
+        assert_eq!(o.full_w, 500.0);
+        assert!(
+            o.overridden_by
+                .as_deref()
+                .is_some_and(|b| b.contains("--model-max-w"))
+        );
+        assert_eq!(o.curve, Curve::Linear);
+        assert!(o.row.contains("Zen 3 (Milan) (no servers"), "{}", o.row);
+    }
+
+    #[test]
+    fn nonsense_flags_are_refused() {
+        let cli = Cli::try_parse_from(["model", "--cpu", "x", "--threads=-3"]).expect("parse");
+        assert!(build(cli.args).is_err());
+        assert!(
+            Cli::try_parse_from(["model", "--threads", "3"]).is_err(),
+            "--threads needs --cpu"
+        );
+    }
 }
