@@ -90,6 +90,22 @@ impl WeightSums {
     }
 }
 
+/// A 95% interval `[lo, hi]` around `joules` widened by the estimated model's error (the
+/// power table row's median absolute error, %; 0 leaves it): that error moves every
+/// function's energy alike, independent of sampling, so the half-widths add in quadrature
+/// (σ = median / 0.6745, as `attribute::uncertainty::with_model_error`).
+fn with_model_error(joules: f64, lo: f64, hi: f64, model_error_pct: f64) -> (f64, f64) {
+    if !(model_error_pct.is_finite() && model_error_pct > 0.0) {
+        return (lo, hi);
+    }
+    let half = Z95 * joules.abs() * model_error_pct / 100.0 / 0.6745;
+    let widen = |h: f64| (h * h + half * half).sqrt();
+    (
+        (joules - widen(joules - lo)).max(0.0),
+        joules + widen(hi - joules),
+    )
+}
+
 struct Acc {
     module: String,
     cpu_ns: f64,
@@ -241,8 +257,11 @@ fn rollup(profile: &Profile, domains: &[String], totals: bool) -> Report {
     let secs = profile.meta.duration_ns as f64 / 1e9;
     let cell = |ws: &WeightSums| {
         let (ci_low, ci_high) = ws.interval(total_samples);
+        let joules = ws.total();
+        let (ci_low, ci_high) =
+            with_model_error(joules, ci_low, ci_high, profile.meta.model_error_pct);
         EnergyCell {
-            joules: ws.total(),
+            joules,
             ci_low,
             ci_high,
         }
@@ -353,6 +372,15 @@ mod tests {
         let (lo, hi) = wilson(0, 50, Z95);
         assert_eq!(lo, 0.0);
         assert!(hi > 0.0 && hi < 0.1);
+    }
+
+    #[test]
+    fn the_model_error_widens_a_function_interval() {
+        assert_eq!(with_model_error(10.0, 9.0, 11.0, 0.0), (9.0, 11.0));
+        let (lo, hi) = with_model_error(10.0, 9.0, 11.0, 12.0);
+        let half = Z95 * 10.0 * 0.12 / 0.6745;
+        let w = (1.0 + half * half).sqrt();
+        assert!((lo - (10.0 - w)).abs() < 1e-12 && (hi - (10.0 + w)).abs() < 1e-12);
     }
 
     #[test]
