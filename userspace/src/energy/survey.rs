@@ -98,6 +98,11 @@ struct ModelPackage {
     idle_w: f64,
     max_w: f64,
     origin: String,
+    /// The power-table row and its error, % (empty, 0: parameters not from the table).
+    model_row: String,
+    model_error: f64,
+    /// Load curve exponent γ (1: linear).
+    curve_gamma: f64,
 }
 
 /// Probes every energy source kind under `args`' roots, measures each counter's update
@@ -145,6 +150,9 @@ pub fn survey(args: &EnergyArgs) -> Result<Survey, SurveyError> {
                 idle_w: s.model_idle_w,
                 max_w: s.model_max_w,
                 origin: s.model_origin.clone(),
+                model_row: s.model_row.clone(),
+                model_error: s.model_error_pct,
+                curve_gamma: s.model_curve_gamma,
             })
             .collect(),
         how_to_set: model::HOW_TO_SET.to_owned(),
@@ -295,15 +303,18 @@ pub fn text(r: &Survey) -> String {
             out,
             "\n{what} on this machine: the ESTIMATED model is used for CPU packages \
              (every number it gives is labelled estimated).\n  \
-             P = P_idle + (P_max - P_idle) x utilisation, utilisation = exact busy time of the \
-             package's CPUs"
+             P = P_idle + (P_max - P_idle) x utilisation^gamma, utilisation = exact busy time \
+             of the package's CPUs (docs/estimated-energy.md; `energy-bpf model` shows the rest)"
         );
         for p in &m.packages {
             let _ = writeln!(
                 out,
-                "  package {}: P_idle {:.1} W, P_max {:.1} W  ({})",
-                p.package, p.idle_w, p.max_w, p.origin
+                "  package {}: P_idle {:.1} W, P_max {:.1} W, gamma {:.3}  ({})",
+                p.package, p.idle_w, p.max_w, p.curve_gamma, p.origin
             );
+            if !p.model_row.is_empty() {
+                let _ = writeln!(out, "    estimated ({})", p.model_row);
+            }
         }
         let _ = writeln!(out, "  To calibrate: {}.", m.how_to_set);
     }
