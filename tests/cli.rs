@@ -343,3 +343,50 @@ fn one_name_for_a_pid_filter_and_for_the_table_format() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("in `top`, `-i` is the same beat"), "{help}");
 }
+
+#[test]
+fn man_pages_and_completions_come_from_the_cli() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (man, completions) = (dir.path().join("man"), dir.path().join("completions"));
+    let out = run(&[
+        "assets",
+        "--man",
+        path(&man),
+        "--completions",
+        path(&completions),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let help = String::from_utf8_lossy(&run(&["--help"]).stdout).into_owned();
+    // Every subcommand --help lists has its page, and its page its flags.
+    let subs: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|s| *s != "help")
+        .collect();
+    assert!(subs.contains(&"record") && subs.len() >= 8, "{subs:?}");
+    for sub in &subs {
+        let page = man.join(format!("energy-bpf-{sub}.1"));
+        let text =
+            std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        assert!(text.contains(".TH"), "{sub}: not a man page");
+    }
+    let record = std::fs::read_to_string(man.join("energy-bpf-record.1")).expect("record.1");
+    assert!(
+        record.contains("duration") && record.contains("freq"),
+        "{record}"
+    );
+    assert!(
+        !record.contains("sysfs\\-root") && !record.contains("sysfs-root"),
+        "hidden flags stay out of the man page"
+    );
+    for file in ["energy-bpf.bash", "_energy-bpf", "energy-bpf.fish"] {
+        let text = std::fs::read_to_string(completions.join(file)).expect(file);
+        assert!(
+            text.contains("record") && text.contains("duration"),
+            "{file}"
+        );
+    }
+}

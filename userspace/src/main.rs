@@ -37,6 +37,9 @@ enum Command {
     /// Run one built-in roofline kernel (a known memory- or compute-bound workload).
     #[command(hide = true)]
     Kernel(commands::kernel::Args),
+    /// Write man pages and shell completions (for packages).
+    #[command(hide = true)]
+    Assets(commands::assets::Args),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +69,9 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => commands::calibrate::run(args),
         Command::Diff(args) => commands::diff::run(args),
         Command::Kernel(args) => commands::kernel::run(&args),
+        Command::Assets(args) => {
+            commands::assets::run(&args, <Cli as clap::CommandFactory>::command())
+        }
         Command::Model(args) => commands::model::run(args),
     };
     match result {

@@ -13,12 +13,15 @@
 //! - `model-table build|check`: the estimated model's CPU power table from SPECpower
 //!   results, and its held-out check (docs/estimated-energy.md).
 //! - `run ARGS...`: setup, build release, run `energy-bpf ARGS...` (e.g. `run top`).
+//! - `deb [--install-test]`: a Debian package in `target/deb/`; with `--install-test`,
+//!   installed into a debootstrapped Debian root and checked there.
 //! - `bench overhead|accuracy|outputs|top|agent`: benchmarks (see README); setup is skipped
 //!   when `ENERGY_BPF_BIN` names a prebuilt binary.
 use std::process::ExitCode;
 
 mod bench;
 mod cycles;
+mod deb;
 mod fuzz;
 mod model_table;
 mod setup;
@@ -37,12 +40,13 @@ fn main() -> ExitCode {
         Some("fuzz") => setup::run().and_then(|()| fuzz::run(&args[1..])),
         Some("run") => setup::run().and_then(|()| run(&args[1..])),
         Some("model-table") => model_table::run(&args[1..]),
+        Some("deb") => setup::run().and_then(|()| deb::run(&args[1..])),
         // A prebuilt binary (`ENERGY_BPF_BIN`, e.g. on a machine without cargo or network):
         // nothing to build, so nothing to install; a bench checks its own tools.
         Some("bench") if std::env::var_os("ENERGY_BPF_BIN").is_some() => bench::run(&args[1..]),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | cycles | test [--slow-machine] | fuzz [SECS] | run ARGS... | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
+            "usage: cargo xtask setup | cycles | test [--slow-machine] | fuzz [SECS] | run ARGS... | deb [--install-test] | bench overhead|python|accuracy|outputs|diff|top|agent|server|agent-scale"
                 .into(),
         ),
     };

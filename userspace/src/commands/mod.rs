@@ -2,6 +2,7 @@
 //! Each is a thin shell over the library modules.
 
 pub mod agent;
+pub mod assets;
 pub(crate) mod args;
 pub mod calibrate;
 pub mod diff;
