@@ -2,8 +2,8 @@
 //! Each is a thin shell over the library modules.
 
 pub mod agent;
-pub mod assets;
 pub(crate) mod args;
+pub mod assets;
 pub mod calibrate;
 pub mod diff;
 pub mod flamegraph;
