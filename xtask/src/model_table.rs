@@ -12,8 +12,9 @@
 //!   on the same servers beside it.
 use std::{collections::BTreeMap, path::PathBuf, process::Command};
 
+// The same file the binary compiles: the fit written here is the one the model reads.
 #[path = "../../userspace/src/energy/power_table.rs"]
-#[allow(dead_code)]
+#[allow(dead_code)] // the lookup half of the module is the binary's, not this task's
 mod power_table;
 
 use power_table::{
