@@ -38,7 +38,7 @@ pub struct Args {
     /// default when stdout is not a terminal).
     #[arg(short = 'b', long)]
     pub(crate) batch: bool,
-    /// With `--batch`: plain text or one JSON document per frame.
+    /// With `--batch`: plain-text tables or one JSON document per frame.
     #[arg(long, value_enum, default_value_t = BatchFormat::Text)]
     pub(crate) format: BatchFormat,
     /// Play this recording through the view instead of capturing: one frame per `-i`
