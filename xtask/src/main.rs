@@ -5,8 +5,8 @@
 //!   is present.
 //! - `cycles`: fail when files of `userspace/src` import each other in a cycle.
 //! - `test`: setup, then format check, the import-cycle check, clippy, the whole test suite (the eBPF
-//!   integration tests run for real: they need root, which CI has), and each fuzz target
-//!   for a short fixed time.
+//!   integration tests run for real: they need root, which CI has), `model-table check`,
+//!   and each fuzz target for a short fixed time.
 //! - `test --slow-machine`: setup, then only the integration tests, with one CPU kept busy
 //!   by a pinned spinner: a test that assumes how fast the machine is fails here.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
@@ -91,6 +91,9 @@ fn test(extra: &[String]) -> util::Result {
     args.extend(host);
     args.extend(extra.iter().map(String::as_str));
     util::cargo(&args)?;
+    // The estimated model's table is what its build makes, and its held-out error is
+    // within target (the real binary, on servers the table never saw).
+    model_table::run(&["check".to_string()])?;
     // Every decoder of outside bytes, fuzzed briefly: the seeds replay, then some search.
     fuzz::run_all(fuzz::TEST_SECS)
 }
