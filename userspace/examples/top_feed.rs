@@ -73,6 +73,7 @@ fn header(total_w: f64, freq: u32, source: &str) -> Header {
         sample_hz: freq,
         lost_events: 0,
         cpus: cpus(),
+        model_row: None,
     }
 }
 
