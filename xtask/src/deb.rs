@@ -20,7 +20,12 @@ pub fn run(args: &[String]) -> Result {
     let install_test = match args {
         [] => false,
         [a] if a == "--install-test" => true,
-        _ => return Err("usage: cargo xtask deb [--install-test]".into()),
+        // What `cargo xtask test` runs, on the debug build.
+        [a] if a == "--test" => {
+            util::cargo(&["build", "--locked", "-p", "energy-bpf"])?;
+            return test_package(&util::root().join("target/debug/energy-bpf"));
+        }
+        _ => return Err("usage: cargo xtask deb [--install-test | --test]".into()),
     };
     util::cargo(&["build", "--release", "--locked", "-p", "energy-bpf"])?;
     let root = util::root();
@@ -33,6 +38,46 @@ pub fn run(args: &[String]) -> Result {
         self::install_test(&deb, &root.join("target/deb"))?;
         println!("xtask: install test passed");
     }
+    Ok(())
+}
+
+/// This machine's Debian release (`bookworm`), which the test root is made of.
+fn suite() -> String {
+    util::output("sh", &["-c", ". /etc/os-release && echo $VERSION_CODENAME"])
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "bookworm".into())
+}
+
+/// The package test of `cargo xtask test`: the package built around `bin` (the suite's
+/// debug build: the layout is what is tested, not the optimiser), `lintian` on it, and the
+/// install test. Skipped, saying why, only where Debian's archive cannot be reached
+/// (debootstrap needs it).
+pub fn test_package(bin: &Path) -> Result {
+    let out = util::root().join("target/deb-test");
+    let deb = build(bin, &out)?;
+    if util::output("lintian", &["--version"]).is_none() {
+        util::status(Command::new("apt-get").args(["install", "-y", "lintian"]))?;
+    }
+    util::status(
+        Command::new("lintian")
+            .args(["--fail-on", "error,warning"])
+            .arg(&deb),
+    )?;
+    let release = format!("http://deb.debian.org/debian/dists/{}/Release", suite());
+    if !out
+        .join(format!("debootstrap-{}/usr/bin/dpkg", suite()))
+        .exists()
+        && util::output("curl", &["-sfI", "-m", "20", &release]).is_none()
+    {
+        eprintln!(
+            "xtask: SKIPPED the package install test: Debian's archive (deb.debian.org) is \
+             not reachable, and debootstrap needs it"
+        );
+        return Ok(());
+    }
+    install_test(&deb, &out)?;
+    eprintln!("xtask: package test passed: lintian clean, installed, verified and removed");
     Ok(())
 }
 
@@ -66,7 +111,8 @@ fn version(bin: &Path) -> Result<String> {
         .ok_or_else(|| format!("no version in `{out}`"))
 }
 
-/// Lays the package's files out under `out/root` and packs them; returns the .deb.
+/// Lays the package's files out under `out/root` and packs them; returns the .deb. It
+/// depends on procps for the unit's `ExecReload=/bin/kill`.
 fn build(bin: &Path, out: &Path) -> Result<PathBuf> {
     let version = version(bin)?;
     let arch = util::output("dpkg", &["--print-architecture"])
@@ -138,6 +184,30 @@ fn build(bin: &Path, out: &Path) -> Result<PathBuf> {
         0o644,
     )?;
 
+    // The copyright file (machine-readable, DEP-5), a changelog, and the lintian
+    // overrides, each with its reason.
+    let doc = stage.join("usr/share/doc/energy-bpf");
+    write(&doc.join("copyright"), COPYRIGHT, 0o644)?;
+    write(
+        &doc.join("changelog"),
+        &format!(
+            "energy-bpf ({version}) unstable; urgency=medium\n\n  * Release {version}; the \
+             project's history is in its git log.\n\n -- {MAINTAINER}  Sat, 28 Nov 2026 00:00:00 \
+             +0000\n"
+        ),
+        0o644,
+    )?;
+    util::status(
+        Command::new("gzip")
+            .args(["-9nf"])
+            .arg(doc.join("changelog")),
+    )?;
+    write(
+        &stage.join("usr/share/lintian/overrides/energy-bpf"),
+        LINTIAN_OVERRIDES,
+        0o644,
+    )?;
+
     let installed_kib = util::output("du", &["-sk", &stage.display().to_string()])
         .and_then(|o| o.split_whitespace().next().map(str::to_string))
         .unwrap_or_else(|| "0".into());
@@ -145,9 +215,9 @@ fn build(bin: &Path, out: &Path) -> Result<PathBuf> {
         "Package: energy-bpf\n\
          Version: {version}\n\
          Architecture: {arch}\n\
-         Maintainer: energy-bpf developers <energy-bpf@invalid>\n\
+         Maintainer: {MAINTAINER}\n\
          Installed-Size: {installed_kib}\n\
-         Depends: libc6, libgcc-s1\n\
+         Depends: libc6, libgcc-s1, procps\n\
          Recommends: systemd\n\
          Section: utils\n\
          Priority: optional\n\
@@ -178,16 +248,30 @@ fn build(bin: &Path, out: &Path) -> Result<PathBuf> {
     Ok(deb)
 }
 
-/// Creates the group whose members may read the agent's socket; tells systemd about the
-/// unit without starting it (the agent needs a decision: `systemctl enable --now`).
+/// The package's maintainer field. The project has no mail domain of its own yet (see
+/// `LINTIAN_OVERRIDES`).
+const MAINTAINER: &str = "energy-bpf developers <energy-bpf@invalid>";
+
+/// Creates the group whose members may read the agent's socket, and enables the unit
+/// without starting it (the agent loads eBPF on every CPU: starting it is the admin's
+/// decision, `systemctl start energy-bpf-agent`). `deb-systemd-helper` works in a chroot
+/// and without a running systemd.
 const POSTINST: &str = "#!/bin/sh
 set -e
 if [ \"$1\" = configure ]; then
     if ! getent group energy-bpf >/dev/null; then
         groupadd --system energy-bpf
     fi
+    if command -v deb-systemd-helper >/dev/null; then
+        if deb-systemd-helper --quiet was-enabled energy-bpf-agent.service; then
+            deb-systemd-helper enable energy-bpf-agent.service >/dev/null || true
+        else
+            deb-systemd-helper update-state energy-bpf-agent.service >/dev/null || true
+            deb-systemd-helper enable energy-bpf-agent.service >/dev/null || true
+        fi
+    fi
     if [ -d /run/systemd/system ]; then
-        systemctl daemon-reload || true
+        systemctl --system daemon-reload >/dev/null || true
     fi
 fi
 exit 0
@@ -196,23 +280,72 @@ exit 0
 /// Stops the agent before its binary goes away.
 const PRERM: &str = "#!/bin/sh
 set -e
-if [ \"$1\" = remove ] && [ -d /run/systemd/system ]; then
-    systemctl stop energy-bpf-agent.service || true
+if [ \"$1\" = remove ] && [ -d /run/systemd/system ] && command -v deb-systemd-invoke >/dev/null; then
+    deb-systemd-invoke stop energy-bpf-agent.service >/dev/null || true
 fi
 exit 0
 ";
 
-/// Forgets the unit after removal; a purge also removes the agent's state. The group stays
-/// (Debian leaves system groups in place: files may still carry its id).
+/// Forgets the unit after removal; a purge also removes its enablement and the agent's
+/// state. The group stays (Debian leaves system groups in place: files may still carry
+/// its id).
 const POSTRM: &str = "#!/bin/sh
 set -e
 if [ -d /run/systemd/system ]; then
-    systemctl daemon-reload || true
+    systemctl --system daemon-reload >/dev/null || true
+fi
+if [ \"$1\" = remove ] && command -v deb-systemd-helper >/dev/null; then
+    deb-systemd-helper mask energy-bpf-agent.service >/dev/null || true
 fi
 if [ \"$1\" = purge ]; then
+    if command -v deb-systemd-helper >/dev/null; then
+        deb-systemd-helper purge energy-bpf-agent.service >/dev/null || true
+        deb-systemd-helper unmask energy-bpf-agent.service >/dev/null || true
+    fi
     rm -rf /var/lib/energy-bpf
 fi
 exit 0
+";
+
+/// `usr/share/doc/energy-bpf/copyright`, machine-readable (DEP-5).
+const COPYRIGHT: &str = "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: energy-bpf
+Source: https://example.invalid/energy-bpf
+
+Files: *
+Copyright: 2026 energy-bpf developers
+License: MIT or Apache-2.0
+
+License: MIT
+ Permission is hereby granted, free of charge, to any person obtaining a copy
+ of this software and associated documentation files (the \"Software\"), to deal
+ in the Software without restriction, including without limitation the rights
+ to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+ copies of the Software, and to permit persons to whom the Software is
+ furnished to do so, subject to the following conditions:
+ .
+ The above copyright notice and this permission notice shall be included in all
+ copies or substantial portions of the Software.
+ .
+ THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+ IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+ FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+ AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+ LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+ OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+ SOFTWARE.
+
+License: Apache-2.0
+ On Debian systems, the full text of the Apache License, Version 2.0 is in
+ /usr/share/common-licenses/Apache-2.0.
+";
+
+/// Lintian tags the package overrides, each with why.
+const LINTIAN_OVERRIDES: &str =
+    "# The project has no mail domain of its own yet; the address is deliberately in .invalid
+# (RFC 2606) so that no mail goes to someone else's domain.
+energy-bpf: bogus-mail-host Maintainer *
+energy-bpf: bogus-mail-host-in-debian-changelog *
 ";
 
 /// Runs `cmd` in the Debian root `root`.
@@ -245,19 +378,20 @@ fn check(ok: bool, what: &str) -> Result {
 
 /// Installs `deb` into a minbase Debian root and checks it (see the module's doc).
 fn install_test(deb: &Path, out: &Path) -> Result {
-    let suite = util::output("sh", &["-c", ". /etc/os-release && echo $VERSION_CODENAME"])
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "bookworm".into());
+    let suite = suite();
     let root = out.join(format!("debootstrap-{suite}"));
-    if !root.join("usr/bin/dpkg").exists() {
+    // man-db for `man -w`, systemd for `systemd-analyze verify` inside the root.
+    if !["usr/bin/dpkg", "usr/bin/man", "usr/bin/systemd-analyze"]
+        .iter()
+        .all(|f| root.join(f).exists())
+    {
         if util::output("debootstrap", &["--version"]).is_none() {
             util::status(Command::new("apt-get").args(["install", "-y", "debootstrap"]))?;
         }
         let _ = std::fs::remove_dir_all(&root);
         util::status(
             Command::new("debootstrap")
-                .args(["--variant=minbase", &suite])
+                .args(["--variant=minbase", "--include=man-db,systemd", &suite])
                 .arg(&root),
         )?;
     }
@@ -265,7 +399,8 @@ fn install_test(deb: &Path, out: &Path) -> Result {
     let _ = chroot(&root, &["dpkg", "--purge", "energy-bpf"]);
     let _ = chroot(&root, &["groupdel", "energy-bpf"]);
     std::fs::copy(deb, root.join("tmp/energy-bpf.deb")).map_err(|e| e.to_string())?;
-    chroot(&root, &["dpkg", "-i", "/tmp/energy-bpf.deb"])?;
+    // As a user installs a downloaded package: apt resolves its dependencies.
+    chroot(&root, &["apt-get", "install", "-y", "/tmp/energy-bpf.deb"])?;
 
     let version = chroot(&root, &["energy-bpf", "--version"])?;
     check(
@@ -289,6 +424,24 @@ fn install_test(deb: &Path, out: &Path) -> Result {
     chroot(
         &root,
         &["gzip", "-t", "/usr/share/man/man1/energy-bpf-record.1.gz"],
+    )?;
+    let page = chroot(&root, &["man", "-w", "energy-bpf-record"])?;
+    check(
+        page.trim() == "/usr/share/man/man1/energy-bpf-record.1.gz",
+        &format!("man -w energy-bpf-record finds the page (got {page:?})"),
+    )?;
+    chroot(
+        &root,
+        &[
+            "systemd-analyze",
+            "verify",
+            "/lib/systemd/system/energy-bpf-agent.service",
+        ],
+    )?;
+    check(
+        root.join("etc/systemd/system/multi-user.target.wants/energy-bpf-agent.service")
+            .is_symlink(),
+        "the unit is enabled (not started: no systemd runs in the root)",
     )?;
     let unit = std::fs::read_to_string(root.join("lib/systemd/system/energy-bpf-agent.service"))
         .map_err(|e| e.to_string())?;
@@ -320,10 +473,31 @@ fn install_test(deb: &Path, out: &Path) -> Result {
         "a local change to agent.toml survives a reinstall",
     )?;
 
+    // dpkg -r leaves nothing of the package but its conffile; a purge removes that too.
+    let listed = chroot(&root, &["dpkg", "-L", "energy-bpf"])?;
+    chroot(&root, &["dpkg", "-r", "energy-bpf"])?;
+    let left: Vec<&str> = listed
+        .lines()
+        .filter(|f| {
+            let path = root.join(f.trim_start_matches('/'));
+            // Files and links to files (not /lib, a link to a directory here).
+            (path.is_file() || path.is_symlink()) && !path.is_dir()
+        })
+        .collect();
+    check(
+        left == ["/etc/energy-bpf/agent.toml"],
+        &format!("dpkg -r leaves only the conffile (left: {left:?})"),
+    )?;
     chroot(&root, &["dpkg", "--purge", "energy-bpf"])?;
     check(
         !root.join("usr/bin/energy-bpf").exists() && !conf.exists(),
         "a purge removes the binary and the conffile",
+    )?;
+    check(
+        !root
+            .join("etc/systemd/system/multi-user.target.wants/energy-bpf-agent.service")
+            .exists(),
+        "a purge removes the unit's enablement",
     )?;
     Ok(())
 }

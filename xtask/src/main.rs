@@ -6,7 +6,8 @@
 //! - `cycles`: fail when files of `userspace/src` import each other in a cycle.
 //! - `test`: setup, then format check, the import-cycle check, clippy, the whole test suite (the eBPF
 //!   integration tests run for real: they need root, which CI has), `model-table check`,
-//!   and each fuzz target for a short fixed time.
+//!   the Debian package test (`deb::test_package`), and each fuzz target for a short
+//!   fixed time.
 //! - `test --slow-machine`: setup, then only the integration tests, with one CPU kept busy
 //!   by a pinned spinner: a test that assumes how fast the machine is fails here.
 //! - `fuzz [SECS]`: setup, then run every cargo-fuzz target for SECS seconds (default 60).
@@ -94,6 +95,8 @@ fn test(extra: &[String]) -> util::Result {
     // The estimated model's table is what its build makes, and its held-out error is
     // within target (the real binary, on servers the table never saw).
     model_table::run(&["check".to_string()])?;
+    // The Debian package: lintian, then installed, verified and removed in a Debian root.
+    deb::test_package(&util::root().join("target/debug/energy-bpf"))?;
     // Every decoder of outside bytes, fuzzed briefly: the seeds replay, then some search.
     fuzz::run_all(fuzz::TEST_SECS)
 }
