@@ -327,3 +327,53 @@ fn the_metrics_reference_lists_exactly_what_the_agent_serves() {
         "docs/agent.md says these are always present, /metrics lacks them: {absent:?}"
     );
 }
+
+/// Every subcommand's `--help` ends with three to five real examples of that subcommand,
+/// and every flag in them is one of its flags.
+#[test]
+fn every_subcommand_help_ends_with_examples_whose_flags_exist() {
+    let subs = [
+        "record",
+        "report",
+        "sources",
+        "top",
+        "flamegraph",
+        "agent",
+        "calibrate",
+        "diff",
+        "model",
+    ];
+    for sub in subs {
+        let out = run(&[sub, "--help"]);
+        assert!(out.status.success(), "{sub} --help: {}", text(&out));
+        let help = String::from_utf8_lossy(&out.stdout);
+        let examples: Vec<&str> = help
+            .split("\nExamples:\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{sub} --help has no examples:\n{help}"))
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert!(
+            (3..=5).contains(&examples.len()),
+            "{sub} --help: {} examples: {examples:?}",
+            examples.len()
+        );
+        for example in examples {
+            let found = invocations(example);
+            assert!(
+                found.len() == 1 && found[0].0 == sub,
+                "{sub} --help: `{example}` is not an example of {sub}"
+            );
+            for flag in &found[0].1 {
+                let listed = if flag.starts_with("--") {
+                    help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n"))
+                } else {
+                    help.contains(&format!("{flag}, "))
+                };
+                assert!(listed, "{sub} --help: `{example}`: no {flag}");
+            }
+        }
+    }
+}
