@@ -13,14 +13,8 @@ use crate::energy::{
     model, survey,
 };
 
-/// Output format.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Format {
-    /// Human-readable text.
-    Text,
-    /// One JSON document.
-    Json,
-}
+// Text or JSON, as `sources` prints.
+use super::sources::Format;
 
 /// Arguments of `energy-bpf model`.
 #[derive(clap::Args, Debug)]

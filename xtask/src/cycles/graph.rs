@@ -294,16 +294,7 @@ impl Graph {
         let target = (0..=full.len())
             .rev()
             .find_map(|n| self.modules.get(&full[..n]).copied());
-        if let Some(to) = target
-            && to != node
-        {
-            edges.push(Edge {
-                from: node,
-                to,
-                line,
-                path: segments.join("::"),
-            });
-        }
+        push(edges, node, target, line, segments);
     }
 
     /// Records an edge from `node` to the file that defines what `full` names.
@@ -315,16 +306,7 @@ impl Graph {
         segments: &[String],
         edges: &mut Vec<Edge>,
     ) {
-        if let Some(to) = self.defining_file(full)
-            && to != node
-        {
-            edges.push(Edge {
-                from: node,
-                to,
-                line,
-                path: segments.join("::"),
-            });
-        }
+        push(edges, node, self.defining_file(full), line, segments);
     }
 
     /// The file that defines what `full` names: the deepest file module prefixing it,
@@ -444,6 +426,20 @@ impl Graph {
     /// The edges between the files of one cycle, as `file:line names path` lines.
     pub(super) fn edges_within(&self, cycle: &[String]) -> Vec<String> {
         lines_within(self, &self.edges, cycle)
+    }
+}
+
+/// An edge from `from` to `to`, if that is another file.
+fn push(edges: &mut Vec<Edge>, from: usize, to: Option<usize>, line: usize, segments: &[String]) {
+    if let Some(to) = to
+        && to != from
+    {
+        edges.push(Edge {
+            from,
+            to,
+            line,
+            path: segments.join("::"),
+        });
     }
 }
 
