@@ -96,14 +96,13 @@ pub fn sources(
     let estimate = if need_table {
         let table = machine::table()?;
         let here = machine::read(&args.proc_root, &args.sysfs_root)?;
-        Some((machine::estimate(table, &here), table.curve_gamma))
+        Some(machine::estimate(table, &here))
     } else {
         None
     };
-    let gamma = match (args.model_curve, &estimate) {
-        (ModelCurve::Linear, _) => 1.0,
-        (ModelCurve::Fitted, Some((_, g))) => *g,
-        (ModelCurve::Fitted, None) => machine::table()?.curve_gamma,
+    let gamma = match args.model_curve {
+        ModelCurve::Linear => 1.0,
+        ModelCurve::Fitted => machine::table()?.curve_gamma,
     };
     let mut packages: Vec<u32> = cpus.iter().map(|c| c.package).collect();
     packages.sort_unstable();
@@ -138,8 +137,8 @@ pub fn sources(
                 )
             }
         };
-        let table_idle = estimate.as_ref().map(|(e, _)| e.idle_w);
-        let table_full = estimate.as_ref().map(|(e, _)| e.full_w);
+        let table_idle = estimate.as_ref().map(|e| e.idle_w);
+        let table_full = estimate.as_ref().map(|e| e.full_w);
         let (idle, idle_origin) = pick(args.model_idle_w, file.idle_w, table_idle, "idle_w");
         let (max, max_origin) = pick(args.model_max_w, file.max_w, table_full, "max_w");
         if !(idle.is_finite() && max.is_finite() && idle >= 0.0 && max >= idle) {
@@ -159,7 +158,7 @@ pub fn sources(
         source.model_max_w = max;
         source.model_curve_gamma = gamma;
         source.model_origin = format!("{idle_origin}; {max_origin}; curve u^{gamma:.3}");
-        if let Some((e, _)) = &estimate {
+        if let Some(e) = &estimate {
             source.model_row = e.row.clone();
             source.model_error_pct = e.error_pct;
             source.model_origin.push_str(&format!("; {}", e.scope));

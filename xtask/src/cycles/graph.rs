@@ -211,8 +211,7 @@ impl Graph {
                         {
                             aliases.insert(name, full.clone());
                         }
-                        self.edge(node, &full, line, &segments, &mut edges);
-                        self.file_edge(node, &full, line, &segments, &mut file_edges);
+                        self.refer(node, &full, line, &segments, (&mut edges, &mut file_edges));
                     }
                     continue;
                 }
@@ -237,8 +236,7 @@ impl Graph {
                             }
                         }
                         if let Some(full) = self.resolve(&here, &segments, &aliases) {
-                            self.edge(node, &full, line, &segments, &mut edges);
-                            self.file_edge(node, &full, line, &segments, &mut file_edges);
+                            self.refer(node, &full, line, &segments, (&mut edges, &mut file_edges));
                         }
                         k = j;
                         continue;
@@ -282,31 +280,19 @@ impl Graph {
         Some(base)
     }
 
-    /// Records an edge from `node` to the deepest file module that prefixes `full`.
-    fn edge(
-        &self,
-        node: usize,
-        full: &[String],
-        line: usize,
-        segments: &[String],
-        edges: &mut Vec<Edge>,
-    ) {
-        let target = (0..=full.len())
-            .rev()
-            .find_map(|n| self.modules.get(&full[..n]).copied());
-        push(edges, node, target, line, segments);
+    /// Records what `node` names at `line` (`segments`, resolved to `full`): an edge to
+    /// the deepest file module that prefixes it, and one to the file that defines the item.
+    fn refer(&self, node: usize, full: &[String], line: usize, segments: &[String], out: Out) {
+        let module = self.deepest(full).map(|(_, at)| at);
+        push(out.0, node, module, line, segments);
+        push(out.1, node, self.defining_file(full), line, segments);
     }
 
-    /// Records an edge from `node` to the file that defines what `full` names.
-    fn file_edge(
-        &self,
-        node: usize,
-        full: &[String],
-        line: usize,
-        segments: &[String],
-        edges: &mut Vec<Edge>,
-    ) {
-        push(edges, node, self.defining_file(full), line, segments);
+    /// The deepest file module that prefixes `path`: how many segments it spans, its node.
+    fn deepest(&self, path: &[String]) -> Option<(usize, usize)> {
+        (0..=path.len())
+            .rev()
+            .find_map(|n| self.modules.get(&path[..n]).map(|&at| (n, at)))
     }
 
     /// The file that defines what `full` names: the deepest file module prefixing it,
@@ -314,9 +300,7 @@ impl Graph {
     fn defining_file(&self, full: &[String]) -> Option<usize> {
         let mut path = full.to_vec();
         for _ in 0..8 {
-            let (n, at) = (0..=path.len())
-                .rev()
-                .find_map(|n| self.modules.get(&path[..n]).map(|&at| (n, at)))?;
+            let (n, at) = self.deepest(&path)?;
             match path
                 .get(n)
                 .and_then(|name| self.facades.get(&(at, name.clone())))
@@ -428,6 +412,9 @@ impl Graph {
         lines_within(self, &self.edges, cycle)
     }
 }
+
+/// The two edge lists a reference adds to: by module, and by defining file.
+type Out<'a> = (&'a mut Vec<Edge>, &'a mut Vec<Edge>);
 
 /// An edge from `from` to `to`, if that is another file.
 fn push(edges: &mut Vec<Edge>, from: usize, to: Option<usize>, line: usize, segments: &[String]) {
