@@ -24,6 +24,7 @@ mod bench;
 mod cycles;
 mod deb;
 mod fuzz;
+mod guest_kernel;
 mod model_table;
 mod setup;
 mod slow;

@@ -52,6 +52,21 @@ const APT: &[(&str, &str, &str)] = &[
         "/usr/bin/javac",
         "the JIT test names Java methods from the JVM's perf map",
     ),
+    (
+        "qemu-system-x86",
+        "/usr/bin/qemu-system-x86_64",
+        "the virtual-machine test boots a real guest (TCG: nested KVM hangs on our machines)",
+    ),
+    (
+        "busybox-static",
+        "/bin/busybox",
+        "the virtual-machine test's initramfs is a static busybox",
+    ),
+    (
+        "cpio",
+        "/usr/bin/cpio",
+        "the virtual-machine test packs its initramfs with cpio",
+    ),
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -79,7 +94,8 @@ pub fn run() -> Result {
     pip()?;
     nightly()?;
     bpf_linker()?;
-    cargo_fuzz()
+    cargo_fuzz()?;
+    crate::guest_kernel::ensure()
 }
 
 fn cargo_fuzz() -> Result {
