@@ -35,6 +35,7 @@ pub(crate) mod agent;
 pub mod analysis;
 pub mod attribute;
 pub mod calibration;
+pub mod carbon;
 pub mod capture;
 pub mod clock;
 pub mod commands;

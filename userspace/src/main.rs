@@ -44,6 +44,10 @@ enum Command {
     #[command(after_long_help = EXAMPLES_MODEL)]
     Model(commands::model::Args),
     /// Run one built-in roofline kernel (a known memory- or compute-bound workload).
+    /// Software Carbon Intensity (ISO/IEC 21031) of recordings: (E·I + M) per run,
+    /// request or second, per command or container and in total, as JSON.
+    #[command(after_long_help = EXAMPLES_SCI)]
+    Sci(commands::sci::Args),
     #[command(hide = true)]
     Kernel(commands::kernel::Args),
     /// Write man pages and shell completions (for packages).
@@ -63,7 +67,8 @@ const EXAMPLES_REPORT: &str = "Examples:
   energy-bpf report x.ebpr --format json
   energy-bpf report x.ebpr --by function --limit 50
   energy-bpf report x.ebpr --window 1 --format csv
-  energy-bpf report /var/lib/energy-bpf/recordings --from=-15m";
+  energy-bpf report /var/lib/energy-bpf/recordings --from=-15m
+  energy-bpf report x.ebpr --window 60 --format json --carbon-zone FR --pue 1.2";
 const EXAMPLES_SOURCES: &str = "Examples:
   energy-bpf sources
   energy-bpf sources --format json
@@ -96,6 +101,11 @@ const EXAMPLES_MODEL: &str = "Examples:
   energy-bpf model
   energy-bpf model --format json
   energy-bpf model --cpu \"Intel Xeon Platinum 8375C\" --threads 128 --chips 2 --memory-gb 512";
+const EXAMPLES_SCI: &str = "Examples:
+  energy-bpf sci base.ebpr --carbon-zone FR
+  energy-bpf sci base.ebpr --carbon-intensity 350 --embodied-g-per-hour 12
+  energy-bpf sci a.ebpr b.ebpr --per request --unit-count 10000 --carbon-zone aws:eu-west-3
+  energy-bpf sci base.ebpr --carbon-series grid.csv --embodied auto --instance-type aws:m5.large";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -128,6 +138,7 @@ fn main() -> ExitCode {
             commands::assets::run(&args, <Cli as clap::CommandFactory>::command())
         }
         Command::Model(args) => commands::model::run(args),
+        Command::Sci(args) => commands::sci::run(args),
     };
     match result {
         Ok(code) => code,

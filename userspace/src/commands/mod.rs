@@ -13,5 +13,6 @@ pub mod record;
 pub mod report;
 mod roofline;
 mod run_counters;
+pub mod sci;
 pub mod sources;
 pub mod top;

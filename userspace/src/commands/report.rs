@@ -67,6 +67,9 @@ pub struct Args {
     /// `record --activity-events instructions,cycles,llc-misses`.
     #[arg(long)]
     pub(crate) roofline: bool,
+    /// Grams of CO2e beside the joules.
+    #[command(flatten)]
+    pub(crate) carbon: crate::carbon::cli::CarbonArgs,
 }
 
 fn parse_window(text: &str) -> Result<f64, String> {
@@ -135,7 +138,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         limit: args.limit,
         pids: args.pids.clone(),
     };
-    let text = report::render(&rec, &cfg, &opts)?;
+    let mut carbon = args.carbon.carbon()?;
+    let text = report::render_carbon(&rec, &cfg, &opts, carbon.as_mut())?;
     stdout
         .write_all(&text)
         .context("cannot write to standard output")?;

@@ -307,6 +307,7 @@ fn rollup(profile: &Profile, domains: &[String], totals: bool) -> Report {
         model_row: Some(profile.meta.model_row.clone())
             .filter(|r| !r.is_empty())
             .map(|r| (r, profile.meta.model_error_pct)),
+        co2e_g_per_j: None,
     }
 }
 

@@ -67,11 +67,63 @@ pub enum ReportError {
     Json(#[from] serde_json::Error),
 }
 
-/// The report of `rec` analysed with `cfg`, as `opts.format` prints it.
-pub fn render(rec: &Recording, cfg: &Config, opts: &ReportOptions) -> Result<Vec<u8>, ReportError> {
+/// The report of `rec` analysed with `cfg`, as `opts.format` prints it; with `carbon`,
+/// grams of CO2e beside the joules at the intensities it gives for each window's time
+/// (docs/carbon.md).
+pub fn render_carbon(
+    rec: &Recording,
+    cfg: &Config,
+    opts: &ReportOptions,
+    mut carbon: Option<&mut crate::carbon::Carbon>,
+) -> Result<Vec<u8>, ReportError> {
+    let mut intensity = |start_ns: u64, end_ns: u64| {
+        let unix = |t: u64| rec.header.start_unix_ns + t.saturating_sub(rec.start_ns());
+        carbon.as_mut().map(|c| c.over(unix(start_ns), unix(end_ns)))
+    };
     match opts.window {
-        Some(secs) => windowed(opts, rec, cfg, secs),
-        None => whole(opts, rec, cfg),
+        Some(secs) => windowed(opts, rec, cfg, secs, &mut intensity),
+        None => whole(opts, rec, cfg, &mut intensity),
+    }
+}
+
+/// An intensity for a window's bounds (CLOCK_MONOTONIC ns), when carbon is shown.
+type IntensityAt<'a> = dyn FnMut(u64, u64) -> Option<crate::carbon::Intensity> + 'a;
+
+/// Adds grams to a window's JSON: `carbon` (the intensity, its source and the window's
+/// grams) and `co2e_g` on every process and thread (its share of the measured energy).
+fn add_carbon(value: &mut serde_json::Value, i: &crate::carbon::Intensity, totals: &Totals) {
+    let grams = |share: f64| i.grams(share * totals.total_j);
+    if let Some(procs) = value.get_mut("processes").and_then(|p| p.as_array_mut()) {
+        for p in procs {
+            let share = p["share"].as_f64().unwrap_or(0.0);
+            p["co2e_g"] = grams(share).into();
+            if let Some(threads) = p.get_mut("threads").and_then(|t| t.as_array_mut()) {
+                for t in threads {
+                    let share = t["share"].as_f64().unwrap_or(0.0);
+                    t["co2e_g"] = grams(share).into();
+                }
+            }
+        }
+    }
+    value["carbon"] = serde_json::json!({
+        "g_per_kwh": i.g_per_kwh,
+        "source": i.source,
+        "pue": i.pue,
+        "fallback": i.fallback,
+        "co2e_g": i.grams(totals.total_j),
+        "idle_co2e_g": i.grams(totals.idle_j.max(0.0)),
+    });
+}
+
+/// The table's `co2e_g` column and the note saying which intensity made it.
+fn carbon_column(report: &mut Report, i: Option<&crate::carbon::Intensity>, totals: &Totals) {
+    if let Some(i) = i {
+        report.co2e_g_per_j = Some(i.g_per_joule());
+        report.notes.push(format!(
+            "carbon: {:.6} gCO2e at {}",
+            i.grams(totals.total_j),
+            i.describe()
+        ));
     }
 }
 
@@ -153,13 +205,19 @@ struct WindowDoc<'a> {
     pub processes: &'a [ProcessRow],
 }
 
-fn whole(args: &ReportOptions, rec: &Recording, cfg: &Config) -> Result<Vec<u8>, ReportError> {
+fn whole(
+    args: &ReportOptions,
+    rec: &Recording,
+    cfg: &Config,
+    intensity: &mut IntensityAt<'_>,
+) -> Result<Vec<u8>, ReportError> {
     let analysis = analysis::analyze(rec, cfg);
     let input = rec.window();
     let names = pipeline::recorded_cgroup_names(rec);
     let all = pipeline::rows(&input, &analysis, &rec.threads, &names);
     let rows = args.kept(&all);
     let totals = analysis.totals();
+    let carbon = intensity(input.start_ns, input.end_ns);
     let mut out = Vec::new();
     if args.format == Format::Json && args.by != By::Function {
         let mut value = serde_json::to_value(WindowDoc {
@@ -170,10 +228,14 @@ fn whole(args: &ReportOptions, rec: &Recording, cfg: &Config) -> Result<Vec<u8>,
         })?;
         merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
         merge(&mut value, model_facts(&analysis.sources));
+        if let Some(i) = &carbon {
+            add_carbon(&mut value, i, &totals);
+        }
         out.extend(format!("{value:#}\n").into_bytes());
         return Ok(out);
     }
-    let report = report(args, &rows, &totals, rec, &analysis, None);
+    let mut report = report(args, &rows, &totals, rec, &analysis, None);
+    carbon_column(&mut report, carbon.as_ref(), &totals);
     table::render(&report, &render_options(args), args.format, &mut out)
         .map_err(ReportError::Render)?;
     Ok(out)
@@ -184,26 +246,36 @@ fn windowed(
     rec: &Recording,
     cfg: &Config,
     secs: f64,
+    intensity: &mut IntensityAt<'_>,
 ) -> Result<Vec<u8>, ReportError> {
     if args.by == By::Function {
         return Err(ReportError::WindowByFunction);
     }
     let windows: Vec<pipeline::Window> =
         pipeline::windows(rec, cfg.clone(), std::time::Duration::from_secs_f64(secs)).collect();
+    let carbon: Vec<Option<crate::carbon::Intensity>> = windows
+        .iter()
+        .map(|w| intensity(w.start_ns(), w.end_ns()))
+        .collect();
     let mut out = Vec::new();
     match args.format {
         Format::Json => {
             let docs: Vec<serde_json::Value> = windows
                 .iter()
-                .map(|w| {
-                    serde_json::to_value(WindowDoc {
+                .zip(&carbon)
+                .map(|(w, c)| {
+                    let mut v = serde_json::to_value(WindowDoc {
                         start_ns: w.start_ns(),
                         end_ns: w.end_ns(),
                         totals: &w.totals,
                         processes: &args.kept(&w.processes),
-                    })
+                    })?;
+                    if let Some(i) = c {
+                        add_carbon(&mut v, i, &w.totals);
+                    }
+                    Ok(v)
                 })
-                .collect::<Result<_, _>>()?;
+                .collect::<Result<_, serde_json::Error>>()?;
             let mut value = serde_json::json!({
                 "window_s": secs,
                 "start_ns": rec.start_ns(),
@@ -217,7 +289,12 @@ fn windowed(
         Format::Csv => {
             for (i, w) in windows.iter().enumerate() {
                 let rows = args.kept(&w.processes);
-                let report = report(args, &rows, &w.totals, rec, &w.analysis, None);
+                let mut report = report(args, &rows, &w.totals, rec, &w.analysis, None);
+                carbon_column(&mut report, carbon[i].as_ref(), &w.totals);
+                let g = carbon[i]
+                    .as_ref()
+                    .map(|c| (",g_per_kwh", format!(",{}", c.g_per_kwh)));
+                let (g_head, g_cell) = g.unwrap_or_default();
                 let mut text = Vec::new();
                 table::render(&report, &render_options(args), Format::Csv, &mut text)
                     .map_err(ReportError::Render)?;
@@ -227,11 +304,12 @@ fn windowed(
                     if n == 0 {
                         if i == 0 {
                             out.extend(
-                                format!("window_start_s,window_end_s,{line}\n").into_bytes(),
+                                format!("window_start_s,window_end_s{g_head},{line}\n")
+                                    .into_bytes(),
                             );
                         }
                     } else {
-                        out.extend(format!("{t0:.3},{t1:.3},{line}\n").into_bytes());
+                        out.extend(format!("{t0:.3},{t1:.3}{g_cell},{line}\n").into_bytes());
                     }
                 }
             }
@@ -242,7 +320,7 @@ fn windowed(
                     out.push(b'\n');
                 }
                 let rows = args.kept(&w.processes);
-                let report = report(
+                let mut report = report(
                     args,
                     &rows,
                     &w.totals,
@@ -250,6 +328,7 @@ fn windowed(
                     &w.analysis,
                     Some(window_secs(rec, w)),
                 );
+                carbon_column(&mut report, carbon[i].as_ref(), &w.totals);
                 table::render(&report, &render_options(args), Format::Table, &mut out)
                     .map_err(ReportError::Render)?;
             }
@@ -498,6 +577,7 @@ fn report(
                 crate::energy::model::row_error_pct(&a.sources).unwrap_or(0.0),
             )
         }),
+        co2e_g_per_j: None,
     }
 }
 

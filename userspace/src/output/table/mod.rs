@@ -127,6 +127,9 @@ pub struct Report {
     /// The estimated model's power-table row and its error (%), when its parameters came
     /// from the table: JSON `model_row` and `model_error` (absent otherwise).
     pub model_row: Option<(String, f64)>,
+    /// Grams of CO2e per joule of the intensity in force (PUE included), when carbon is
+    /// shown: a `co2e_g` column after the energy ones (the notes say which intensity).
+    pub co2e_g_per_j: Option<f64>,
 }
 
 /// Sorting and truncation.
@@ -213,6 +216,9 @@ fn columns(report: &Report) -> Vec<String> {
     if !report.domains.is_empty() {
         cols.extend(["power_w".to_string(), "share_pct".to_string()]);
     }
+    if report.co2e_g_per_j.is_some() {
+        cols.push("co2e_g".to_string());
+    }
     cols
 }
 
@@ -286,6 +292,16 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
     if !report.domains.is_empty() {
         c.push(Cell::Num(row.power_w, 2));
         c.push(Cell::Num(row.share * 100.0, 1));
+    }
+    if let Some(g_per_j) = report.co2e_g_per_j {
+        // The row's headline energy: a function's self energy of the first domain, else
+        // its average power over the report's duration.
+        let joules = if report.by == By::Function {
+            row.energy.first().map_or(0.0, |e| e.joules)
+        } else {
+            row.power_w * report.duration_ns as f64 / 1e9
+        };
+        c.push(Cell::Num(joules * g_per_j, 6));
     }
     c
 }

@@ -33,6 +33,7 @@ fn report(estimated: bool) -> Report {
         duration_ns: 0,
         footer: Vec::new(),
         model_row: None,
+        co2e_g_per_j: None,
     }
 }
 
@@ -150,6 +151,7 @@ fn thread_rows_without_energy_sort_by_cpu() {
         duration_ns: 0,
         footer: Vec::new(),
         model_row: None,
+        co2e_g_per_j: None,
     };
     let text = render_str(&r, &RenderOptions::default(), Format::Csv);
     assert_eq!(text, "pid,tid,comm,cpu_s,samples\n1,3,b,2,20\n1,2,a,1,10\n");
