@@ -60,6 +60,7 @@ pub mod testing;
 pub mod timeline;
 pub mod tui;
 pub mod unwind;
+pub(crate) mod vm;
 
 /// Generated protobuf types.
 pub mod pb {
