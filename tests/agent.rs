@@ -457,3 +457,59 @@ fn top_without_root_reads_the_agent_socket_with_the_group_and_is_refused_without
         "a clear line without the group:\n{text}"
     );
 }
+
+/// `agent --record-dir`: the recorder writes rotating files that `report` reads, and a
+/// SIGTERM closes the last one with a trailer (it does not read as cut short).
+#[test]
+fn agent_record_dir_writes_recordings_that_report_reads_whole() {
+    if !util::require_root("agent_record_dir_writes_recordings_that_report_reads_whole") {
+        return;
+    }
+    let _serial = util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let recs = dir.path().join("recordings");
+    let recs_arg = recs.to_str().expect("path");
+    let busy = Workload::spawn("while :; do :; done", None);
+    util::wait_running(busy.pid(), 50_000_000);
+    let (mut agent, _addr, _log) = spawn_agent(dir.path(), &["--record-dir", recs_arg]);
+    let sized = |min: u64| {
+        std::fs::read_dir(&recs)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum::<u64>()
+            })
+            .unwrap_or(0)
+            >= min
+    };
+    assert!(
+        util::until(Duration::from_secs(60), || sized(64 << 10)),
+        "the agent wrote under 64 KiB of recordings in 60 s"
+    );
+    // SAFETY: kill(2) with a valid pid and signal has no memory effects.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let status = agent.0.wait().expect("wait for the agent");
+    assert!(status.success(), "agent exited with {status}");
+    let files: Vec<_> = std::fs::read_dir(&recs)
+        .expect("recordings")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(!files.is_empty(), "no recording in {}", recs.display());
+    for file in &files {
+        let json = util::report_json(file);
+        assert_eq!(
+            json["truncated"],
+            Value::Bool(false),
+            "{} reads as cut short",
+            file.display()
+        );
+    }
+    let all = util::report_json(&recs);
+    assert!(
+        util::process(&all, busy.pid()).is_some(),
+        "the busy process is not in the report of {}",
+        recs.display()
+    );
+}

@@ -19,7 +19,8 @@ pub(crate) mod otlp;
 pub(crate) mod outputs;
 pub(crate) mod selfstat;
 pub(crate) mod settings;
-pub(crate) mod sink;
+// The seam lives below its users, with the capture: `record` pushes into it too.
+pub(crate) use crate::capture::sink;
 
 use std::sync::{Arc, mpsc};
 
@@ -125,9 +126,8 @@ pub fn extra_sinks(
             retain: record.retain,
             ..Default::default()
         };
-        sinks.push(Box::new(outputs::RecordSink::new(
-            record.dir.clone(),
-            rotation,
+        sinks.push(Box::new(crate::record::Recorder::new(
+            crate::record::Target::Rotating(record.dir.clone(), rotation),
         )));
     }
     if let Some(otlp) = &settings.otlp {

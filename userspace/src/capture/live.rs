@@ -38,6 +38,57 @@ pub struct LiveOptions {
     pub read_mappings: MappingReader,
 }
 
+impl LiveOptions {
+    /// The switch timeline and the energy counters only: stacks sampled at 1 Hz with frame
+    /// pointers, no activity counter, no run counters, no targets, no mappings read (what
+    /// `calibrate` and `calibrate --roofline` measure with). The other methods add to it.
+    pub fn timeline(energy: EnergyArgs) -> Self {
+        Self {
+            sample_hz: 1,
+            activity: ActivityEvent::None,
+            unwind: UnwindMode::Fp,
+            sample_ring_bytes: None,
+            run_events: Vec::new(),
+            energy,
+            targets: Targets::default(),
+            read_mappings: |_, _| Ok(Vec::new()),
+        }
+    }
+
+    /// Stacks sampled at `hz` per CPU, user stacks walked as `unwind`, each new target's
+    /// executable mappings (with build-ids) read so its stacks can be named.
+    pub fn stacks(mut self, hz: u64, unwind: UnwindMode) -> Self {
+        self.sample_hz = hz;
+        self.unwind = unwind;
+        self.read_mappings = crate::symbolize::process_mappings;
+        self
+    }
+
+    /// Runs weighed by this activity counter.
+    pub fn activity(mut self, activity: ActivityEvent) -> Self {
+        self.activity = activity;
+        self
+    }
+
+    /// Only these processes' stacks are kept (scheduling is always system-wide).
+    pub fn targets(mut self, targets: Targets) -> Self {
+        self.targets = targets;
+        self
+    }
+
+    /// Run counters (`record --activity-events`).
+    pub fn run_events(mut self, events: Vec<super::run_counts::RunEvent>) -> Self {
+        self.run_events = events;
+        self
+    }
+
+    /// The stack-sample ring buffer's size (`None`: the probes' default).
+    pub fn sample_ring(mut self, bytes: Option<u32>) -> Self {
+        self.sample_ring_bytes = bytes;
+        self
+    }
+}
+
 /// Why a live capture could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {

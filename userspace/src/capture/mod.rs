@@ -20,6 +20,7 @@ pub(crate) mod python;
 pub(crate) mod run_counts;
 pub(crate) mod runs;
 pub(crate) mod session;
+pub mod sink;
 pub(crate) mod unwinder;
 pub(crate) mod windowed;
 

@@ -1,5 +1,7 @@
-//! The seam every per-window consumer of the agent plugs into: the Prometheus metrics, the
-//! Unix-socket snapshot server and the rotating recorder all implement [`Sink`].
+//! The seam every consumer of a live capture plugs into: the recorder
+//! ([`crate::record::Recorder`], for `record` and `agent --record`), the Prometheus
+//! metrics and the Unix-socket snapshot server all implement [`Sink`]. It lives with the
+//! capture, below its users.
 //!
 //! Sinks run on the capture thread, in the order given, between two polls: a sink that
 //! does slow work (disk, clients) hands it to a thread or task of its own and reports its

@@ -84,6 +84,22 @@ impl UnwindStats {
     pub fn row_bytes(&self) -> u64 {
         self.row_capacity * std::mem::size_of::<UnwindRow>() as u64
     }
+
+    /// One line for the end of a recording: what was loaded, in how much kernel memory.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} processes, {} files, {} of {} rows ({:.1} of {} MiB of kernel memory), {} \
+             processes gone or unreadable before loading, {} ms spent loading",
+            self.processes,
+            self.files,
+            self.rows,
+            self.row_capacity,
+            self.rows as f64 * std::mem::size_of::<UnwindRow>() as f64 / 1048576.0,
+            self.row_bytes() >> 20,
+            self.failed,
+            self.load_ms
+        )
+    }
 }
 
 /// Loads the table walker, links it for its tail calls, and starts the loader of its

@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use super::{ActivityEvent, Live, LiveError, LiveOptions, host, session::Targets};
+use super::{ActivityEvent, Live, LiveError, LiveOptions, host};
 use crate::{
     attribute::{Learned, Options},
     clock,
@@ -48,16 +48,12 @@ pub struct Capture {
 impl Capture {
     /// Loads the probes, starts the energy reader and opens the first window now.
     pub fn start(cfg: &LiveConfig) -> Result<Self, LiveError> {
-        let mut live = Live::start(LiveOptions {
-            sample_hz: cfg.sample_hz,
-            activity: cfg.activity,
-            unwind: cfg.unwind,
-            sample_ring_bytes: cfg.sample_ring_bytes,
-            run_events: Vec::new(),
-            energy: cfg.energy.clone(),
-            targets: Targets::default(),
-            read_mappings: crate::symbolize::process_mappings,
-        })?;
+        let mut live = Live::start(
+            LiveOptions::timeline(cfg.energy.clone())
+                .stacks(cfg.sample_hz, cfg.unwind)
+                .activity(cfg.activity)
+                .sample_ring(cfg.sample_ring_bytes),
+        )?;
         let cpus = live.cpus().to_vec();
         let header = host::header(cpus.clone(), cfg.sample_hz as u32, Vec::new());
         let config = Config {

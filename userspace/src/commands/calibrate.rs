@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use crate::{
     attribute::calibrate,
     calibration::{self, CalibrationFile, SourceCalibration},
-    capture::{ActivityEvent, Live, LiveOptions, host, session::Targets},
+    capture::{Live, LiveOptions, host},
     pb::v1::{EnergyReading, SwitchEvent},
     timeline::Timeline,
 };
@@ -37,16 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     // A low sampling rate: stacks are not needed, only the switch timeline.
     // Only who ran matters here, not what each run did.
-    let mut live = Live::start(LiveOptions {
-        sample_hz: 1,
-        activity: ActivityEvent::None,
-        unwind: crate::capture::UnwindMode::Fp,
-        sample_ring_bytes: None,
-        run_events: Vec::new(),
-        energy: args.energy.config(),
-        targets: Targets::new([]),
-        read_mappings: |_, _| Ok(Vec::new()),
-    })?;
+    let mut live = Live::start(LiveOptions::timeline(args.energy.config()))?;
     let cpu_ids = live.cpu_ids().to_vec();
     let cpus = live.cpus().to_vec();
     let sources = live.sources();
@@ -64,35 +55,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.duration
     );
     live.drain_for(step, &mut switches, &mut readings);
-    // Load steps: 1..N spinners, distinct physical cores first, then SMT siblings.
-    let order = if args.load {
-        calibrate::spin_order(&cpus)
+    let steps = if args.load {
+        load_steps(&mut live, &cpus, step, &mut switches, &mut readings)
     } else {
         Vec::new()
     };
-    // (busy CPUs, busy cores, start, end) of each step; the first 20% of a step settles.
-    let mut steps = Vec::new();
-    for n in 1..=order.len() {
-        let spun = &order[..n];
-        let cores = spun
-            .iter()
-            .map(|c| (c.package, c.core))
-            .collect::<std::collections::HashSet<_>>()
-            .len();
-        eprintln!(
-            "energy-bpf: load step: {n} busy CPU(s) on {cores} core(s) for {:.1} s",
-            args.duration
-        );
-        let stop = Arc::new(AtomicBool::new(false));
-        let spinners: Vec<_> = spun.iter().map(|c| spin(c.id, Arc::clone(&stop))).collect();
-        let from = crate::clock::monotonic_ns() + (step.as_nanos() / 5) as u64;
-        live.drain_for(step, &mut switches, &mut readings);
-        steps.push((n as u32, cores as u32, from, crate::clock::monotonic_ns()));
-        stop.store(true, Ordering::Relaxed);
-        for s in spinners {
-            let _ = s.join();
-        }
-    }
     let (last, _) = live.finish();
     switches.extend(last.switches);
     readings.extend(last.readings);
@@ -107,11 +74,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         crate::attribute::Options::default().regression_row_ns,
     )
     .context("calibration refused")?;
-    let (_, hostname) = host::uname();
-    let mut file = CalibrationFile::load_or_default(&args.calibration)?;
-    file.version = calibration::VERSION;
-    let date = calibration::rfc3339(crate::clock::realtime_ns());
-    let host_cal = file.hosts.entry(hostname.clone()).or_default();
     for m in &mut measured {
         if let Some(source) = sources
             .iter()
@@ -130,37 +92,92 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     for m in &measured {
-        println!(
-            "{}: static {:.3} W ({}; {:.1}% busy{})",
-            m.name,
-            m.static_w,
-            m.method,
-            m.busy_share * 100.0,
-            m.per_busy_cpu_w
-                .map(|w| format!("; {w:.2} W per busy CPU"))
-                .unwrap_or_default()
+        print(m);
+    }
+    save(&args, &measured, (end_ns - start_ns) as f64 / 1e9)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Load steps: 1..N spinners, distinct physical cores first, then SMT siblings; returns
+/// (busy CPUs, busy cores, start, end) of each step (the first 20% of a step settles).
+fn load_steps(
+    live: &mut Live,
+    cpus: &[crate::pb::v1::Cpu],
+    step: Duration,
+    switches: &mut Vec<SwitchEvent>,
+    readings: &mut Vec<EnergyReading>,
+) -> Vec<(u32, u32, u64, u64)> {
+    let order = calibrate::spin_order(cpus);
+    let mut steps = Vec::new();
+    for n in 1..=order.len() {
+        let spun = &order[..n];
+        let cores = spun
+            .iter()
+            .map(|c| (c.package, c.core))
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        eprintln!(
+            "energy-bpf: load step: {n} busy CPU(s) on {cores} core(s) for {:.1} s",
+            step.as_secs_f64()
         );
-        let mut before = m.static_w;
-        for s in &m.load_curve {
-            println!(
-                "  {} busy CPU(s) on {} core(s): {:.3} W ({:+.3} W for this step)",
-                s.busy_cpus,
-                s.busy_cores,
-                s.watts,
-                s.watts - before
-            );
-            before = s.watts;
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners: Vec<_> = spun.iter().map(|c| spin(c.id, Arc::clone(&stop))).collect();
+        let from = crate::clock::monotonic_ns() + (step.as_nanos() / 5) as u64;
+        live.drain_for(step, switches, readings);
+        steps.push((n as u32, cores as u32, from, crate::clock::monotonic_ns()));
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            let _ = s.join();
         }
+    }
+    steps
+}
+
+/// Prints one source's static power and load curve.
+fn print(m: &calibrate::Measured) {
+    println!(
+        "{}: static {:.3} W ({}; {:.1}% busy{})",
+        m.name,
+        m.static_w,
+        m.method,
+        m.busy_share * 100.0,
+        m.per_busy_cpu_w
+            .map(|w| format!("; {w:.2} W per busy CPU"))
+            .unwrap_or_default()
+    );
+    let mut before = m.static_w;
+    for s in &m.load_curve {
+        println!(
+            "  {} busy CPU(s) on {} core(s): {:.3} W ({:+.3} W for this step)",
+            s.busy_cpus,
+            s.busy_cores,
+            s.watts,
+            s.watts - before
+        );
+        before = s.watts;
+    }
+}
+
+/// Stores the measurements for this host in the calibration file, keeping each source's
+/// roofline.
+fn save(args: &Args, measured: &[calibrate::Measured], duration_s: f64) -> anyhow::Result<()> {
+    let (_, hostname) = host::uname();
+    let mut file = CalibrationFile::load_or_default(&args.calibration)?;
+    file.version = calibration::VERSION;
+    let date = calibration::rfc3339(crate::clock::realtime_ns());
+    let host_cal = file.hosts.entry(hostname.clone()).or_default();
+    for m in measured {
+        let roofline = host_cal
+            .sources
+            .get(&m.key)
+            .and_then(|s| s.roofline.clone());
         host_cal.sources.insert(
             m.key.clone(),
             SourceCalibration {
                 date: date.clone(),
-                duration_s: (end_ns - start_ns) as f64 / 1e9,
+                duration_s,
                 measured: m.clone(),
-                roofline: host_cal
-                    .sources
-                    .get(&m.key)
-                    .and_then(|s| s.roofline.clone()),
+                roofline,
             },
         );
     }
@@ -169,7 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "calibration for {hostname} written to {}",
         args.calibration.display()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// A thread that spins on `cpu` until `stop`.

@@ -180,28 +180,7 @@ fn read_side(args: &Args, paths: &[PathBuf]) -> anyhow::Result<Vec<Input>> {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let by = match args.by {
-        ByArg::Function => By::Function,
-        ByArg::Process => By::Process,
-        ByArg::Command => By::Command,
-        ByArg::Thread => By::Thread,
-        ByArg::Container => By::Container,
-    };
-    let flame = matches!(args.format, Format::Svg | Format::Collapsed);
-    // The flamegraph draws the new side's stacks; the collapsed stacks are both sides'.
-    let stacks = match args.format {
-        Format::Svg => diff::StacksOf::New,
-        Format::Collapsed => diff::StacksOf::Both,
-        _ => diff::StacksOf::Neither,
-    };
-    if flame && by != By::Function {
-        bail!("--format svg and collapsed draw stacks: use them with --by function");
-    }
-    if let Some(p) = args.fail_above
-        && !(p.is_finite() && p >= 0.0)
-    {
-        bail!("--fail-above takes a percentage >= 0, got {p}");
-    }
+    let (by, stacks) = shape(&args)?;
     let (base_paths, new_paths) = sides(&args)?;
     // The sides are independent: read them at once, then analyse them at once while the
     // names both need are resolved together (the diff of two 60 s recordings takes about as
@@ -243,28 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
              open that in a browser"
         );
     }
-    let mut text = Vec::new();
-    match args.format {
-        Format::Table => diff::render::table(
-            &d,
-            Some(args.limit.unwrap_or(DEFAULT_TABLE_ROWS)),
-            &mut text,
-        )?,
-        Format::Json => diff::render::json(&d, verdict.as_ref(), &mut text)?,
-        Format::Csv => diff::render::csv(&d, &mut text)?,
-        Format::Collapsed => diff::flame::collapsed(
-            &diff::flame::mean_stacks(&base, args.per, false),
-            &diff::flame::mean_stacks(&new, args.per, true),
-            &mut text,
-        )?,
-        Format::Svg => diff::flame::svg(
-            &d,
-            &diff::flame::mean_stacks(&new, args.per, true),
-            args.width,
-            &mut text,
-        )
-        .context("cannot draw the differential flamegraph")?,
-    }
+    let text = render(&args, &d, (&base, &new), verdict.as_ref())?;
     write_out(args.output.as_deref(), &text)?;
     let Some(v) = verdict else {
         return Ok(ExitCode::SUCCESS);
@@ -279,6 +237,63 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The grouping and which side's stacks to draw, refusing flags that do not go together.
+fn shape(args: &Args) -> anyhow::Result<(By, diff::StacksOf)> {
+    let by = match args.by {
+        ByArg::Function => By::Function,
+        ByArg::Process => By::Process,
+        ByArg::Command => By::Command,
+        ByArg::Thread => By::Thread,
+        ByArg::Container => By::Container,
+    };
+    let flame = matches!(args.format, Format::Svg | Format::Collapsed);
+    // The flamegraph draws the new side's stacks; the collapsed stacks are both sides'.
+    let stacks = match args.format {
+        Format::Svg => diff::StacksOf::New,
+        Format::Collapsed => diff::StacksOf::Both,
+        _ => diff::StacksOf::Neither,
+    };
+    if flame && by != By::Function {
+        bail!("--format svg and collapsed draw stacks: use them with --by function");
+    }
+    if let Some(p) = args.fail_above
+        && !(p.is_finite() && p >= 0.0)
+    {
+        bail!("--fail-above takes a percentage >= 0, got {p}");
+    }
+    Ok((by, stacks))
+}
+
+/// The comparison in the asked format.
+fn render(
+    args: &Args,
+    d: &diff::Diff,
+    (base, new): (&diff::Side, &diff::Side),
+    verdict: Option<&gate::Verdict>,
+) -> anyhow::Result<Vec<u8>> {
+    let mut text = Vec::new();
+    match args.format {
+        Format::Table => {
+            diff::render::table(d, Some(args.limit.unwrap_or(DEFAULT_TABLE_ROWS)), &mut text)?
+        }
+        Format::Json => diff::render::json(d, verdict, &mut text)?,
+        Format::Csv => diff::render::csv(d, &mut text)?,
+        Format::Collapsed => diff::flame::collapsed(
+            &diff::flame::mean_stacks(base, args.per, false),
+            &diff::flame::mean_stacks(new, args.per, true),
+            &mut text,
+        )?,
+        Format::Svg => diff::flame::svg(
+            d,
+            &diff::flame::mean_stacks(new, args.per, true),
+            args.width,
+            &mut text,
+        )
+        .context("cannot draw the differential flamegraph")?,
+    }
+    Ok(text)
 }
 
 fn write_out(path: Option<&std::path::Path>, bytes: &[u8]) -> anyhow::Result<()> {

@@ -125,23 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let profile = analysis::profile(&rec, &analysis, &filter);
 
-    let value = match args.domain {
-        Some(d) => d.value_name(),
-        None if profile.value_index("energy_package").is_some() => "energy_package",
-        None => profile::CPU,
-    };
-    if profile.value_index(value).is_none() {
-        bail!(
-            "{} has no {value} values; pick another --domain (this recording has: {})",
-            args.file.display(),
-            profile
-                .value_types
-                .iter()
-                .map(|v| v.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
+    let value = value_of(&args, &profile)?;
     let mut sink: Box<dyn ProfileSink> = match args.format {
         Format::Svg => Box::new(svg::Svg {
             value: value.to_string(),
@@ -174,10 +158,42 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.file.display()
         );
     }
+    write(&args, sink.as_mut(), &profile)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The value the frames' widths show: `--domain`, else package energy, else CPU time.
+fn value_of(args: &Args, profile: &profile::Profile) -> anyhow::Result<&'static str> {
+    let value = match args.domain {
+        Some(d) => d.value_name(),
+        None if profile.value_index("energy_package").is_some() => "energy_package",
+        None => profile::CPU,
+    };
+    if profile.value_index(value).is_none() {
+        bail!(
+            "{} has no {value} values; pick another --domain (this recording has: {})",
+            args.file.display(),
+            profile
+                .value_types
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(value)
+}
+
+/// Writes the profile to `-o FILE`, or to standard output where the format is text.
+fn write(
+    args: &Args,
+    sink: &mut dyn ProfileSink,
+    profile: &profile::Profile,
+) -> anyhow::Result<()> {
     match &args.output {
         Some(path) => {
             let mut file = create_private(path)?;
-            sink.write_profile(&profile, &mut file)
+            sink.write_profile(profile, &mut file)
                 .with_context(|| format!("cannot write {}", path.display()))?;
             file.flush()
                 .with_context(|| format!("cannot write {}", path.display()))?;
@@ -200,12 +216,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 }
             }
             let mut out = std::io::BufWriter::new(stdout.lock());
-            sink.write_profile(&profile, &mut out)
+            sink.write_profile(profile, &mut out)
                 .context("cannot write to standard output")?;
             out.flush().context("cannot write to standard output")?;
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Creates (or truncates) `path` readable by its owner only: profiles name processes and

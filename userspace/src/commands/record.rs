@@ -7,11 +7,7 @@
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread,
+    sync::{Arc, atomic::AtomicBool},
     time::{Duration, Instant},
 };
 
@@ -19,11 +15,8 @@ use anyhow::Context as _;
 
 use crate::{
     capture::{Live, LiveOptions, host, runs::Runs, session::Targets},
-    pb::v1::{Header, Trailer},
-    record::{
-        WriteError, Writer,
-        early::{self, Kept},
-    },
+    pb::v1::Header,
+    record::{Finished, Recorder, Target},
 };
 
 /// Arguments of `energy-bpf record`.
@@ -84,39 +77,129 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
+    check(&args)?;
+    crate::capture::probe_log::enable(args.unwind.debug_probes);
+    // Mappings with build-ids, so symbolization finds the same binary after it is gone.
+    let mut live = Live::start(
+        LiveOptions::timeline(args.energy.config())
+            .stacks(args.freq, args.unwind.mode)
+            .activity(args.activity.event)
+            .targets(Targets::new(args.pids.iter().copied()))
+            .run_events(
+                args.activity_events
+                    .as_ref()
+                    .map(|e| e.0.clone())
+                    .unwrap_or_default(),
+            ),
+    )?;
+    let header = header(&args, &live)?;
+    // The command starts before the output is touched: a typo in it leaves the previous
+    // recording as it was. Its events wait in the ring buffers until the first drain.
+    let mut runs = Runs::new(&args.command, args.repeat);
+    if let Some(r) = runs.as_mut() {
+        r.start(&mut live)?;
+    }
+    let mut recorder = match open(&args.output, &header) {
+        Ok(recorder) => recorder,
+        Err(err) => {
+            kill(&mut runs);
+            return Err(err);
+        }
+    };
+    announce(&args, &live, &header);
+    let deadline = args
+        .duration
+        .map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let tick = Duration::from_millis(args.drain_ms);
+    let ended = recorder.drain(&mut live, runs.as_mut(), tick, &stop, deadline);
+    kill(&mut runs);
+    let ended = ended?;
+    // A last sweep pins down who is on each CPU at the end of the window.
+    let (mut last, unwind_stats) = live.finish();
+    if let Some(u) = unwind_stats {
+        eprintln!("energy-bpf: unwind tables: {}", u.summary());
+    }
+    if let Some(r) = runs.as_mut() {
+        last.runs = r.take_done();
+    }
+    let lost = last
+        .losses
+        .map(|l| crate::record::lost_events(&l))
+        .unwrap_or(0);
+    let done = recorder.close(Some(last), &ended.reason)?;
+    summary(&args.output, &header, &done, &ended.reason, lost);
+    Ok(match ended.status {
+        Some(status) if !status.success() => {
+            ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8)
+        }
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// Says what is recorded, where, and how stacks are walked.
+fn announce(args: &Args, live: &Live, header: &Header) {
+    let unwind = if live.unwind_stats().is_some() {
+        "unwind tables, frame pointers where a PC has none"
+    } else {
+        "frame pointers"
+    };
+    eprintln!(
+        "energy-bpf: recording {} CPUs at {} Hz to {}, activity: {}, user stacks: {unwind} \
+         (Ctrl-C to stop)",
+        header.cpus.len(),
+        args.freq,
+        args.output.display(),
+        live.activity_event()
+            .map_or("none: split by time", |e| e.name()),
+    );
+}
+
+/// Says what the recording holds and what the recorder stored.
+fn summary(path: &Path, header: &Header, done: &Finished, reason: &str, lost: u64) {
+    if let Some((stored, took)) = &done.names {
+        eprintln!(
+            "energy-bpf: stored the names of {} addresses in {:.2} s{}",
+            stored.addresses,
+            took.as_secs_f64(),
+            if stored.skipped > 0 {
+                " (addresses past the first 2 Mi are left to reports to resolve)"
+            } else {
+                ""
+            }
+        );
+    }
+    eprintln!(
+        "energy-bpf: recorded {:.1} s to {} ({} KiB, stopped by {}, {lost} events lost)",
+        (done.end_ns - header.start_ns) as f64 / 1e9,
+        path.display(),
+        done.bytes / 1024,
+        reason,
+    );
+}
+
+/// Refuses what cannot work before any probe loads: `--repeat` without a command, a pid
+/// that does not exist, an output path that is a planted symlink.
+fn check(args: &Args) -> anyhow::Result<()> {
     if args.command.is_empty() && args.repeat > 1 {
         anyhow::bail!("--repeat needs a command to run: energy-bpf record --repeat N -- CMD");
     }
     if let Some(pid) = args
         .pids
         .iter()
-        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .find(|p| !Path::new(&format!("/proc/{p}")).exists())
     {
         anyhow::bail!("no process with pid {pid} (it may have exited); check the pid with `ps`");
     }
     // A bad output path is said before the probes and counters start (and warn).
     crate::output::file::refuse_symlink(&args.output)
-        .with_context(|| "choose a writable path with -o FILE".to_string())?;
-    crate::capture::probe_log::enable(args.unwind.debug_probes);
-    let mut live = Live::start(LiveOptions {
-        sample_hz: args.freq,
-        activity: args.activity.event,
-        unwind: args.unwind.mode,
-        sample_ring_bytes: None,
-        run_events: args
-            .activity_events
-            .as_ref()
-            .map(|events| events.0.clone())
-            .unwrap_or_default(),
-        energy: args.energy.config(),
-        targets: Targets::new(args.pids.iter().copied()),
-        // Build-ids too, so symbolization finds the same binary after it is gone.
-        read_mappings: crate::symbolize::process_mappings,
-    })?;
-    let activity_event = live.activity_event().map(|e| e.name());
-    let run_counters = super::run_counters::announce(&live);
-    let cpus = live.cpus().to_vec();
-    let mut header = host::header(cpus, args.freq as u32, args.pids.clone());
+        .with_context(|| "choose a writable path with -o FILE".to_string())
+}
+
+/// The recording's header: the host, the calibration in use, the activity and run
+/// counters the probes count.
+fn header(args: &Args, live: &Live) -> anyhow::Result<Header> {
+    let run_counters = super::run_counters::announce(live);
+    let mut header = host::header(live.cpus().to_vec(), args.freq as u32, args.pids.clone());
     let calibration = args
         .calibration
         .config()
@@ -129,177 +212,30 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     header.calibration = crate::calibration::to_header(&calibration);
-    header.activity_event = activity_event.unwrap_or_default().into();
+    header.activity_event = live
+        .activity_event()
+        .map(|e| e.name())
+        .unwrap_or_default()
+        .into();
     header.run_counters = run_counters;
-    // The command starts before the output is touched: a typo in it leaves the previous
-    // recording as it was. Its events wait in the ring buffers until the first drain.
-    let mut runs = Runs::new(&args.command, args.repeat);
-    if let Some(r) = runs.as_mut() {
-        r.start(&mut live)?;
-    }
-    let kept = match keep_previous(&args.output) {
-        Ok(kept) => kept,
-        Err(err) => {
-            kill(&mut runs);
-            return Err(err);
-        }
-    };
-    let mut writer = match Writer::create(&args.output, &header) {
-        Ok(w) => w,
-        Err(err) => {
-            kill(&mut runs);
-            return Err(anyhow::Error::new(err).context("choose a writable path with -o FILE"));
-        }
-    };
+    Ok(header)
+}
+
+/// Keeps the previous recording at `path` as `path.old`, then opens the new one.
+fn open(path: &Path, header: &Header) -> anyhow::Result<Recorder> {
+    let kept = keep_previous(path)?;
+    let mut recorder = Recorder::new(Target::File(path.to_path_buf()));
+    recorder
+        .open(header)
+        .map_err(|e| anyhow::Error::new(e).context("choose a writable path with -o FILE"))?;
     if let Some(old) = kept {
         eprintln!(
             "energy-bpf: the previous {} is kept as {}",
-            args.output.display(),
+            path.display(),
             old.display()
         );
     }
-    // Every address the samples hit, named once at the end.
-    let mut names = crate::symbolize::Collector::default();
-    let unwind = if live.unwind_stats().is_some() {
-        "unwind tables, frame pointers where a PC has none"
-    } else {
-        "frame pointers"
-    };
-    eprintln!(
-        "energy-bpf: recording {} CPUs at {} Hz to {}, activity: {}, user stacks: {unwind} \
-         (Ctrl-C to stop)",
-        header.cpus.len(),
-        args.freq,
-        args.output.display(),
-        activity_event.unwrap_or("none: split by time"),
-    );
-    let started = Instant::now();
-    let deadline = args
-        .duration
-        .map(|s| started + Duration::from_secs_f64(s.max(0.0)));
-    let tick = Duration::from_millis(args.drain_ms);
-    let mut child_status = None;
-    let stop_reason = loop {
-        let exited = match runs.as_mut() {
-            Some(r) => match r.tick(&mut live, tick) {
-                Ok(exited) => exited,
-                Err(err) => {
-                    r.kill();
-                    return Err(err.into());
-                }
-            },
-            None => {
-                thread::sleep(tick);
-                None
-            }
-        };
-        let mut chunk = live.poll();
-        if let Some(r) = runs.as_mut() {
-            chunk.runs = r.take_done();
-        }
-        for fault in live.new_faults() {
-            eprintln!("energy-bpf: warning: {fault}; recording goes on with the other sources");
-        }
-        names.add(&chunk);
-        if let Err(err) = writer.chunk(chunk) {
-            kill(&mut runs);
-            return Err(stopped_early(writer, err, &header, &args.output));
-        }
-        if stop.load(Ordering::Relaxed) {
-            break "signal".to_string();
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            break "duration".to_string();
-        }
-        if let Some(status) = exited {
-            child_status = Some(status);
-            break runs
-                .as_ref()
-                .map_or_else(String::new, |r| r.stop_reason(status));
-        }
-    };
-    kill(&mut runs);
-    // A last sweep pins down who is on each CPU at the end of the window.
-    let (mut last, unwind_stats) = live.finish();
-    if let Some(u) = unwind_stats {
-        eprintln!(
-            "energy-bpf: unwind tables: {} processes, {} files, {} of {} rows ({:.1} of {} MiB \
-             of kernel memory), {} processes gone or unreadable before loading, {} ms spent loading",
-            u.processes,
-            u.files,
-            u.rows,
-            u.row_capacity,
-            u.rows as f64 * 16.0 / 1048576.0,
-            u.row_bytes() >> 20,
-            u.failed,
-            u.load_ms
-        );
-    }
-    if let Some(r) = runs.as_mut() {
-        last.runs = r.take_done();
-    }
-    let losses = last.losses;
-    names.add(&last);
-    if let Err(err) = writer.chunk(last) {
-        return Err(stopped_early(writer, err, &header, &args.output));
-    }
-    let end_ns = crate::clock::monotonic_ns();
-    let naming = Instant::now();
-    match crate::symbolize::store(&names, &mut writer) {
-        Ok(stored) => eprintln!(
-            "energy-bpf: stored the names of {} addresses in {:.2} s{}",
-            stored.addresses,
-            naming.elapsed().as_secs_f64(),
-            if stored.skipped > 0 {
-                " (addresses past the first 2 Mi are left to reports to resolve)"
-            } else {
-                ""
-            }
-        ),
-        Err(err) => return Err(stopped_early(writer, err, &header, &args.output)),
-    }
-    let bytes = writer
-        .finish(Trailer {
-            end_ns,
-            stop_reason: stop_reason.clone(),
-            losses,
-        })
-        .context("finishing the recording")?;
-    let lost = losses.map(|l| crate::record::lost_events(&l)).unwrap_or(0);
-    eprintln!(
-        "energy-bpf: recorded {:.1} s to {} ({} KiB, stopped by {stop_reason}, {lost} events lost)",
-        (end_ns - header.start_ns) as f64 / 1e9,
-        args.output.display(),
-        bytes / 1024,
-    );
-    Ok(match child_status {
-        Some(status) if !status.success() => {
-            ExitCode::from(status.code().unwrap_or(1).clamp(1, 255) as u8)
-        }
-        _ => ExitCode::SUCCESS,
-    })
-}
-
-/// A write failed (disk full, I/O error): the recording is closed as well as it can be
-/// ([`crate::record::early`]) and the error says what the file keeps.
-fn stopped_early(writer: Writer, err: WriteError, header: &Header, path: &Path) -> anyhow::Error {
-    let why = if err.is_disk_full() {
-        "the disk is full"
-    } else {
-        "writing failed"
-    };
-    let kept = match early::close_after_error(writer, &err, header.start_ns) {
-        Kept::Closed { secs, bytes } => format!(
-            "{} keeps the first {secs:.1} s ({} KiB) and reads normally",
-            path.display(),
-            bytes / 1024
-        ),
-        Kept::CutShort => format!(
-            "{} keeps everything before this point (it reads as cut short)",
-            path.display()
-        ),
-    };
-    anyhow::Error::new(err).context(format!("recording stopped early because {why}; {kept}"))
+    Ok(recorder)
 }
 
 /// Moves a non-empty regular file at `path` to `path.old` (replacing an older one), so a

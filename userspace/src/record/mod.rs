@@ -18,6 +18,7 @@ pub(crate) mod early;
 pub mod frame;
 mod parallel;
 mod reader;
+mod recorder;
 pub(crate) mod rotate;
 pub(crate) mod run_counts;
 pub(crate) mod series;
@@ -32,6 +33,7 @@ pub(crate) use series::{TimeRange, read_path};
 pub(crate) use switch_log::{CpuOrders, SwitchLog};
 pub(crate) use unwind_counts::{UnwindCounts, stop_name};
 pub(crate) use validate::{MAX_CPUS, MAX_RUNS, MAX_SOURCES};
+pub use recorder::{Ended, Finished, RecordError, Recorder, Target};
 pub use writer::{WriteError, Writer};
 
 use std::collections::HashMap;
