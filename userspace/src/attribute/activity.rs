@@ -1,6 +1,6 @@
 //! Activity weights: dynamic energy inside an interval split by what the CPU did (cycles,
 //! instructions) rather than by how long a thread sat on it (docs/ARCHITECTURE.md,
-//! "Attribution"; seed 000's per-core activity, legacy Kepler's instructions).
+//! "Attribution"; TProf's per-core activity, legacy Kepler's instructions).
 //!
 //! The probe counts the activity event over every run (`Run::activity`). A run's weight per
 //! ns is its count per ns relative to the window's mean, so two threads at 1 GHz and 3 GHz

@@ -1,4 +1,4 @@
-//! Static power measured on a quiet machine (`energy-bpf calibrate`; seed 002's constant
+//! Static power measured on a quiet machine (`energy-bpf calibrate`; the energy roofline thesis's constant
 //! power π0, docs/ARCHITECTURE.md, "Attribution": static power). PURE: a function of a short timeline and its readings.
 //!
 //! The machine must be quiet (a bounded share of CPU time busy), but never is entirely:

@@ -1,14 +1,14 @@
 //! Confidence intervals for energy carried by a subset of stack samples (a function, a
 //! stack, a group of threads).
 //!
-//! ALEA (seed 001) estimates a block's energy as the sum of its samples' weights; its
+//! ALEA estimates a block's energy as the sum of its samples' weights; its
 //! variance is `≈ n·s²` of the per-sample weights `Y_j = w_j·1[j ∈ f]`. Our thread energies
 //! are exact (from the switch timeline), so the only sampling uncertainty is *which* of a
 //! thread's samples hit `f`: stratifying by thread, `Var = Σ_θ p̂_θ(1−p̂_θ) Σ_{j∈θ} w_j²`,
 //! which is ALEA's `n·s²` when weights are equal, and zero for a set of whole threads (a
 //! process, cgroup or command) — their energy carries no sampling error. Rare subsets
 //! (fewer than 10 hits or misses) use the Wilson interval, as the Wald interval fails there
-//! (seed 001 digest, "Observed 4").
+//! (ALEA digest, "Observed 4").
 
 use std::collections::HashMap;
 

@@ -8,7 +8,7 @@ pub type Matrix = Vec<Vec<f64>>;
 /// Minimises `½xᵀAx − bᵀx` subject to `x ≥ 0` for symmetric positive-definite `A`, by
 /// projected Gauss–Seidel (cyclic coordinate descent with clamping). For SPD `A` each sweep
 /// decreases the objective and the iteration converges to the bounded least-squares optimum;
-/// this is the "bounded least squares" of seed 003 on the normal equations.
+/// this is the "bounded least squares" of StarPU least squares on the normal equations.
 pub fn solve_nonneg(a: &Matrix, b: &[f64], start: &[f64]) -> Vec<f64> {
     let k = b.len();
     let mut x: Vec<f64> = start.iter().map(|v| v.max(0.0)).collect();

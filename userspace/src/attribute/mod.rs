@@ -6,9 +6,9 @@
 //!
 //! Pipeline per energy source: cut time into reading intervals (`interval`); per interval,
 //! set the static share aside and split the rest across the threads that ran on the
-//! source's CPUs by activity-weighted busy time (`split`, seed 000), optionally weighted by
-//! per-class watts fitted by regression (`regression`, seed 003); push each thread's
-//! energy onto its stack samples (`samples`, seed 001); aggregate with confidence
+//! source's CPUs by activity-weighted busy time (`split`, TProf), optionally weighted by
+//! per-class watts fitted by regression (`regression`, StarPU least squares); push each thread's
+//! energy onto its stack samples (`samples`, ALEA); aggregate with confidence
 //! intervals (`attribution`, `ci`). Conservation is the hard invariant: for every interval
 //! and domain, attributed + idle + unknown = measured.
 
@@ -123,7 +123,7 @@ pub struct Options {
     pub power_model: PowerModel,
     /// Regression classes: this many busiest processes per source, plus "other".
     pub regression_classes: usize,
-    /// Regression rows are intervals merged to at least this long, ns (seed 003: 50 ms), or
+    /// Regression rows are intervals merged to at least this long, ns (StarPU least squares: 50 ms), or
     /// to five counter updates where that is shorter (see `zero_load::FIT_UPDATES`).
     pub regression_row_ns: u64,
     /// Sliding window of the regression, ns, and the stride at which it is refitted.

@@ -1,10 +1,10 @@
-//! Per-class power by regression (seed 003, Risse et al.).
+//! Per-class power by regression (StarPU least squares, Risse et al.).
 //!
-//! Rows are measurement intervals (merged to ≥ ~50 ms, seed 003's minimum delay), columns the
+//! Rows are measurement intervals (merged to ≥ ~50 ms, StarPU least squares' minimum delay), columns the
 //! on-CPU seconds of each class (top-N processes by occupancy plus "other"), the target the
 //! dynamic energy `ΔE − P_static·Δt`. We solve `y ≈ Σ_k P_k T_k` for `P_k ≥ 0` by bounded
 //! least squares with ridge toward the equal-power prior, on columns standardised to unit
-//! RMS and with no free intercept: the digest of seed 003 measured ~127% error with an
+//! RMS and with no free intercept: the StarPU least-squares digest measured ~127% error with an
 //! intercept and a 40× difference between ms and s units for unstandardised ridge. Classes
 //! that cannot be told apart are flagged: < 1% occupancy or an ill-conditioned system keeps the
 //! prior; classes that always co-run share one fitted power (equal within the group, as the
@@ -29,7 +29,7 @@ pub struct Row {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NotIdentifiable {
-    /// Under the minimum share of busy time (seed 003 reports only states ≥ 1%).
+    /// Under the minimum share of busy time (StarPU least squares reports only states ≥ 1%).
     LowOccupancy,
     /// Its time moves with other classes' (always co-runs): variance inflation too high.
     Collinear,

@@ -1,6 +1,6 @@
 //! Pushing each thread's energy down onto its stack samples.
 //!
-//! ALEA (seed 001) gives each sample the weight `pow_i × period`, so a function's energy is
+//! ALEA gives each sample the weight `pow_i × period`, so a function's energy is
 //! the sum of its samples' weights. Here a thread's energy is known exactly per interval, so
 //! we only have to split it over the thread's samples: within a stack window (a run of
 //! consecutive intervals, ≥ `window_ns` long) each sample gets the thread's energy in the

@@ -1,4 +1,4 @@
-//! SMT: two hardware threads on one core do not draw twice the core's power (seed 000's
+//! SMT: two hardware threads on one core do not draw twice the core's power (TProf's
 //! per-core step). Energy goes to physical cores first, then among the siblings: while k
 //! siblings of a core are busy, each busy thread-ns weighs `(1 + extra·(k−1)) / k`, where
 //! `extra` is the power a second sibling adds as a share of one thread's (0: the core's

@@ -1,6 +1,6 @@
 //! Splitting one interval's energy of one domain across threads, idle and unknown.
 //!
-//! TProf (seed 000) apportions each package delta across cores by per-core activity; with
+//! TProf apportions each package delta across cores by per-core activity; with
 //! exact per-thread on-CPU time from the switch timeline this becomes (docs/ARCHITECTURE.md, "Attribution")
 //! `E_θ = E_dyn · Σ_c w_θ t_{c,θ} / Σ_c Σ_φ w_φ t_{c,φ}` over the domain's CPUs only, after
 //! the static share `min(ΔE, P_static·Δt)` is set aside (policy `separate`) or spread by busy
@@ -282,7 +282,7 @@ pub fn equal_power(_: Option<ThreadKey>) -> f64 {
     1.0
 }
 
-/// Splits a CPU-domain interval (TProf-style activity weighting, seed 000).
+/// Splits a CPU-domain interval (TProf-style activity weighting).
 pub fn split_cpu(
     energy_uj: f64,
     static_part_uj: f64,

@@ -346,7 +346,7 @@ fn mismatch(b: &side::Facts, n: &side::Facts) -> Vec<String> {
 
 fn method(nb: usize, nn: usize, by: By) -> String {
     let within = if by == By::Function {
-        "within a run, the sampling variance of the per-sample weights (seed 001)"
+        "within a run, the sampling variance of the per-sample weights (ALEA)"
     } else {
         "whole processes and threads carry no sampling variance within a run"
     };

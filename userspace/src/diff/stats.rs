@@ -2,7 +2,7 @@
 //! difference of two means, each side's variance taken from its runs.
 //!
 //! Per side, each run r gives a value y_r (J per run, per second or per unit) and the
-//! sampling variance v_r of that value within the run (the per-sample weights, seed 001
+//! sampling variance v_r of that value within the run (the per-sample weights, ALEA
 //! ALEA; zero for whole processes, whose energy carries no sampling error). The variance of
 //! the side's mean is
 //! - with n ≥ 2 runs: max(s²/n, Σv_r/n²), s² the run-to-run sample variance (which already

@@ -1,7 +1,7 @@
 //! `report --by function`: self and total (inclusive) energy per function name from a
 //! [`Profile`], with 95% confidence intervals from the per-sample weights.
 //!
-//! Interval (ALEA, seed 001, §"Bounds and Confidence", eq. 9-17): a function's energy is
+//! Interval (ALEA, §"Bounds and Confidence", eq. 9-17): a function's energy is
 //! E = N·p·w̄ with p = n/N its share of the N samples and w̄ the mean weight of its n
 //! samples. The bounds multiply the interval of p (Wilson score, which stays sane for rare
 //! functions where eq. 9's normal approximation does not) by the interval of the mean

@@ -77,7 +77,7 @@ pub struct ProcessRow {
     pub power_w: f64,
     /// Share of the window's measured headline energy, 0..=1.
     pub share: f64,
-    /// 95% confidence interval of the headline energy, J, from the stack samples (seed 001).
+    /// 95% confidence interval of the headline energy, J, from the stack samples (ALEA).
     pub ci_j: [f64; 2],
     /// Threads, busiest first.
     pub threads: Vec<ThreadRow>,

@@ -1,4 +1,4 @@
-//! The roofline over CPU frequencies (seed 002, ch. 5). PURE.
+//! The roofline over CPU frequencies (the energy roofline thesis, ch. 5). PURE.
 //!
 //! The thesis fits E = W·C_core·V² + Q·C_mem·V_mem² + (C_1·V + π_misc)·T (eq. 48) with
 //! voltages from the board. cpufreq exposes no voltage, so we take V affine in f over the

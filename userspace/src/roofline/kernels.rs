@@ -1,5 +1,5 @@
 //! Running the roofline kernels ([`energy_bpf_kernels`]: f64 sweeps whose flops W and
-//! bytes Q are known by construction, seed 002's intensity sweep) on a buffer larger than
+//! bytes Q are known by construction, the energy roofline thesis's intensity sweep) on a buffer larger than
 //! the last-level cache.
 //!
 //! Threads are pinned one per CPU and share one read-only buffer, each sweeping its own

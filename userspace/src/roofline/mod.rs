@@ -1,4 +1,4 @@
-//! The energy roofline of this machine (seed 002, Choi's thesis; `calibrate --roofline`):
+//! The energy roofline of this machine (the energy roofline, Choi's thesis; `calibrate --roofline`):
 //! time and energy per flop and per byte, constant power, the balance points they imply
 //! and whether racing to halt saves energy.
 //!

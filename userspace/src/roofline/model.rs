@@ -1,4 +1,4 @@
-//! The energy roofline model of seed 002 (Choi's thesis, ch. 3): time, energy and their
+//! The energy roofline model (Choi's thesis, ch. 3): time, energy and their
 //! balance points from five machine constants. PURE: plain arithmetic, no I/O.
 //!
 //! T = max(W·τ_flop, Q·τ_mem), E = W·ε_flop + Q·ε_mem + π_0·T. From them the time balance

@@ -8,7 +8,7 @@
 //! misses leave out prefetched and written-back lines. Placed against B_τ and B̂_ε(I) in
 //! flop/byte, it says on which side of each balance point a function most likely is.
 //!
-//! The labels and the advice follow the thesis (seed 002, §1.4): time-bound by memory when
+//! The labels and the advice follow the thesis (the energy roofline thesis, §1.4): time-bound by memory when
 //! I < B_τ, energy-bound by memory when I < B̂_ε(I). Racing (the fastest clock, then halt)
 //! saves energy only where time efficiency implies energy efficiency: compute-bound in both.
 //! Memory-bound in time, the clock barely sets the run time, so a lower clock saves energy;

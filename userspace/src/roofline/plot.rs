@@ -1,5 +1,5 @@
 //! `calibrate --roofline --plot FILE.svg`: the thesis's two normalised views per source
-//! (seed 002, Figs 4–5), on log–log axes of intensity I (flop/byte):
+//! (the energy roofline thesis, Figs 4–5), on log–log axes of intensity I (flop/byte):
 //! - time: W·τ_flop/T against the roofline min(1, I/B_τ), kinked at B_τ;
 //! - energy: W·ε̂_flop/E against the arch line 1/(1 + B̂_ε(I)/I),
 //!

@@ -1,5 +1,5 @@
 //! A background thread that advances fake energy counters about every 1 ms at given watts,
-//! like RAPL hardware (seed 004: ≈ 1 ms updates), and keeps the exact energy it added.
+//! like RAPL hardware (IgProf RAPL: ≈ 1 ms updates), and keeps the exact energy it added.
 
 use std::{
     collections::BTreeMap,
