@@ -5,8 +5,8 @@
 //! addresses, each with its inline chain of frames and the [`ProfileMapping`] it lies in, for
 //! outputs that keep addresses (pprof). [`build`] makes one from [`Stacks`] (a
 //! [`Recording`](crate::record::Recording)'s, or the agent's windows') plus
-//! per-sample weights ([`SampleValues`]): CPU time now, energy per domain once attribution
-//! provides it — the builder does not care which.
+//! per-sample weights ([`SampleValues`]): CPU time and energy per domain from the
+//! attribution — the builder does not care which.
 
 mod build;
 mod interner;
