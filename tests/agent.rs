@@ -75,8 +75,7 @@ pub fn spawn_agent(dir: &Path, extra: &[&str]) -> (Daemon, String, mpsc::Receive
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
-                if let Some(rest) = line.split("metrics at http://").nth(1) {
-                    let addr = rest.trim_end_matches("/metrics").trim().to_string();
+                if let Some(addr) = util::metrics_addr(&line) {
                     return (agent, addr, rx);
                 }
                 seen.push_str(&line);

@@ -344,13 +344,7 @@ fn agent_runs_as_nobody_with_the_daemonsets_capabilities() {
         !seen.contains("missing CAP_"),
         "a capability reported missing:\n{seen}"
     );
-    let addr = line
-        .split("metrics at http://")
-        .nth(1)
-        .expect("address")
-        .trim_end_matches("/metrics")
-        .trim()
-        .to_string();
+    let addr = util::metrics_addr(&line).expect("address");
     // Ready after the first window; the busy process shows with energy and unwind tables.
     let deadline = Instant::now() + Duration::from_secs(30);
     let pid = format!("pid=\"{}\"", busy.pid());

@@ -109,13 +109,7 @@ exec {bin} agent --config=/etc/energy-bpf/agent.toml --interval 1 --metrics-addr
         seen.lines().any(|l| l == "0::/"),
         "not in a cgroup namespace of its own:\n{seen}"
     );
-    let addr = line
-        .split("metrics at http://")
-        .nth(1)
-        .expect("address")
-        .trim_end_matches("/metrics")
-        .trim()
-        .to_string();
+    let addr = util::metrics_addr(&line).expect("address");
     let pid = format!("pid=\"{}\"", busy.pid());
     let id = format!("container_id=\"{APP_ID}\"");
     let uid = format!("pod_uid=\"{UID}\"");

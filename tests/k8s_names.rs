@@ -393,13 +393,7 @@ fn without_a_kubelet_ids_stay_and_it_is_said_once() {
     let (_agent, log) = crate::k8s::spawn_logged(cmd);
     let (line, seen) = crate::k8s::wait_line(&log, "metrics at http://", Duration::from_secs(60));
     let line = line.unwrap_or_else(|| panic!("agent did not start:\n{seen}"));
-    let addr = line
-        .split("metrics at http://")
-        .nth(1)
-        .expect("address")
-        .trim_end_matches("/metrics")
-        .trim()
-        .to_string();
+    let addr = util::metrics_addr(&line).expect("address");
     let deadline = Instant::now() + Duration::from_secs(25);
     let mut said: Vec<String> = seen
         .lines()

@@ -413,3 +413,10 @@ pub fn collapsed(file: &Path, args: &[&str]) -> std::collections::HashMap<String
     }
     stacks
 }
+
+/// The `host:port` of the metrics listener from the agent's start-up line
+/// (`… metrics at http://HOST:PORT/metrics`), if `line` is that line.
+pub fn metrics_addr(line: &str) -> Option<String> {
+    let rest = line.split("metrics at http://").nth(1)?;
+    Some(rest.trim_end_matches("/metrics").trim().to_string())
+}
