@@ -73,3 +73,7 @@ mod kustomize;
 mod k8s_names;
 // The agent in its own cgroup and mount namespaces with the DaemonSet's mounts and config.
 mod k8s_container;
+
+// Grams of CO2e: an intensity step served over HTTPS on loopback, a failing live source,
+// and `sci` against `report`.
+mod carbon;
