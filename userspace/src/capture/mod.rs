@@ -18,7 +18,7 @@ pub(crate) mod probe_log;
 mod probes;
 pub(crate) mod python;
 pub(crate) mod run_counts;
-pub(crate) mod runs;
+pub(crate) mod command_runs;
 pub(crate) mod session;
 pub mod sink;
 pub(crate) mod unwinder;

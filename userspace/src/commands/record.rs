@@ -1,7 +1,7 @@
 //! `energy-bpf record`: capture to a file until a duration passes, a command exits, or
 //! Ctrl-C/SIGTERM. With `--repeat N` the command runs N times in a row, each run marked in
 //! the recording (`RunMarker`: start, end, exit code; the runs are
-//! `crate::capture::runs`'s). Every drain becomes one flushed chunk, so nothing recorded
+//! `crate::capture::command_runs`'s). Every drain becomes one flushed chunk, so nothing recorded
 //! is lost if the recorder is killed; a clean stop adds a trailer.
 
 use std::{
@@ -14,7 +14,7 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    capture::{Live, LiveOptions, host, runs::Runs, session::Targets},
+    capture::{Live, LiveOptions, command_runs::Runs, host, session::Targets},
     pb::v1::Header,
     record::{Finished, Recorder, Target},
 };

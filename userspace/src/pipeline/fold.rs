@@ -33,7 +33,7 @@
 //! `record` and `report` never fold: the recording keeps every event and `report` builds
 //! the exact timeline.
 
-mod runs;
+mod sched_runs;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -404,7 +404,7 @@ impl Folder {
             cpu.raw.drain(..cpu.raw_head);
             cpu.raw_head = 0;
             // This window's runs; a CPU ahead of the end keeps the rest for the next one.
-            let runs = runs::close(&mut cpu.done, &mut self.threads, &mut next, end);
+            let runs = sched_runs::close(&mut cpu.done, &mut self.threads, &mut next, end);
             cpu.room = runs.len();
             stores.push((id, runs));
             self.cpus.insert(id, cpu);

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     capture::{
         Live,
-        runs::{RunError, Runs},
+        command_runs::{RunError, Runs},
         sink::{Sink, SinkError},
     },
     clock,
