@@ -77,3 +77,6 @@ mod k8s_container;
 // Grams of CO2e: an intensity step served over HTTPS on loopback, a failing live source,
 // and `sci` against `report`.
 mod carbon;
+// A real qemu guest reads its measured energy from the host's read-only share: totals,
+// the per-process split, the share read-only, a host restart flagged.
+mod vm_guest;

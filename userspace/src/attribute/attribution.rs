@@ -325,6 +325,9 @@ impl SourceAttribution {
                 fit.ci_low_w.max(0.0),
                 fit.ci_high_w
             ),
+            StaticOrigin::Host => {
+                "from the host: this VM's share of the host's static power".to_owned()
+            }
             other => other.kind().replace('_', " "),
         };
         let clamped = s

@@ -83,6 +83,9 @@ pub enum StaticOrigin {
         /// The fit over them.
         fit: ZeroLoadFit,
     },
+    /// Inside a virtual machine: the static power the host assigns this VM (its share of
+    /// the host's static power under the host's policy), from the hypervisor share.
+    Host,
     /// The energy model's idle power (estimated sources).
     Model,
     /// Median power of the intervals in which the domain's CPUs were (nearly) idle (≤ 5%
@@ -115,6 +118,7 @@ impl StaticOrigin {
             Self::Given => "given",
             Self::Calibrated { .. } => "calibrated",
             Self::Learned { .. } => "learned",
+            Self::Host => "host",
             Self::Model => "model",
             Self::OnlineIdle => "online_idle",
             Self::Extrapolated { .. } => "extrapolated",
@@ -217,6 +221,10 @@ fn choose(
     let whole_machine = matches!(source.domain(), EnergyDomain::Package | EnergyDomain::Psys);
     if let (Some(w), true) = (opts.static_w, whole_machine) {
         return (w, StaticOrigin::Given);
+    }
+    // The host measured and split it: nothing the guest sees can do better.
+    if source.kind == "hypervisor" {
+        return (source.host_static_w, StaticOrigin::Host);
     }
     if let Some(c) = opts.calibrated.get(&source_key(source)) {
         return (

@@ -270,6 +270,10 @@ pub(crate) struct EnergyFlags {
     /// hidden from --help).
     #[arg(long, value_name = "DIR", default_value = "/proc", hide = true)]
     pub(crate) proc_root: std::path::PathBuf,
+    /// In a virtual machine: the directory the host shares this VM's measured energy in
+    /// (read-only; used automatically when present).
+    #[arg(long, value_name = "DIR", default_value = crate::energy::hypervisor::DEFAULT_DIR)]
+    pub(crate) hypervisor_dir: std::path::PathBuf,
 }
 
 /// `--model-curve`.
@@ -295,6 +299,7 @@ impl Default for EnergyFlags {
             model_config: d.model_config,
             model_curve: ModelCurveFlag::Fitted,
             proc_root: d.proc_root,
+            hypervisor_dir: d.hypervisor_dir,
         }
     }
 }
@@ -315,6 +320,7 @@ impl EnergyFlags {
                 ModelCurveFlag::Linear => crate::energy::ModelCurve::Linear,
             },
             proc_root: self.proc_root.clone(),
+            hypervisor_dir: self.hypervisor_dir.clone(),
         }
     }
 }
@@ -340,7 +346,7 @@ impl CalibrationFlags {
 impl ValueEnum for crate::energy::SourceKind {
     fn value_variants<'a>() -> &'a [Self] {
         use crate::energy::SourceKind::*;
-        &[Auto, Perf, Powercap, Msr, Hwmon, Nvml, Model]
+        &[Auto, Perf, Powercap, Msr, Hwmon, Nvml, Hypervisor, Model]
     }
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
@@ -354,6 +360,9 @@ impl ValueEnum for crate::energy::SourceKind {
             Msr => "Raw RAPL MSRs through `/dev/cpu/N/msr`",
             Hwmon => "hwmon `energyN_input` (amd_energy, zenergy, ...)",
             Nvml => "NVIDIA GPUs through NVML",
+            Hypervisor => {
+                "In a virtual machine: the energy the host measured for it, from the directory it shares (--hypervisor-dir)"
+            }
             Model => "The estimated model only",
         };
         Some(PossibleValue::new(self.as_str()).help(help))

@@ -21,6 +21,9 @@ pub enum SourceKind {
     Hwmon,
     /// NVIDIA GPUs through NVML.
     Nvml,
+    /// The energy the host measured for this virtual machine, from the directory it shares
+    /// into the guest (`--hypervisor-dir`).
+    Hypervisor,
     /// The estimated model only.
     Model,
 }
@@ -35,16 +38,19 @@ impl SourceKind {
             SourceKind::Msr => "msr",
             SourceKind::Hwmon => "hwmon",
             SourceKind::Nvml => "nvml",
+            SourceKind::Hypervisor => "hypervisor",
             SourceKind::Model => "model",
         }
     }
 
     /// Hardware kinds in order of preference for CPU domains (docs/ARCHITECTURE.md, "Energy counters").
-    pub const CPU_PREFERENCE: [SourceKind; 4] = [
+    /// A hypervisor share is last: only a guest has one, and a guest has none of the others.
+    pub const CPU_PREFERENCE: [SourceKind; 5] = [
         SourceKind::Perf,
         SourceKind::Powercap,
         SourceKind::Msr,
         SourceKind::Hwmon,
+        SourceKind::Hypervisor,
     ];
 }
 
@@ -78,6 +84,8 @@ pub struct EnergyArgs {
     /// Root of procfs, where the model reads `cpuinfo` and `meminfo` (tests pass a fake
     /// tree).
     pub proc_root: PathBuf,
+    /// Inside a virtual machine: the directory the host shares this VM's energy in.
+    pub hypervisor_dir: PathBuf,
 }
 
 /// The estimated model's load curve.
@@ -102,6 +110,7 @@ impl Default for EnergyArgs {
             model_config: None,
             model_curve: ModelCurve::Fitted,
             proc_root: PathBuf::from("/proc"),
+            hypervisor_dir: PathBuf::from(super::hypervisor::DEFAULT_DIR),
         }
     }
 }

@@ -81,6 +81,15 @@ impl Unwrapper {
         self.total_counts as f64 * self.unit_uj
     }
 
+    /// Goes on from `count` read at `ts_ns` after a gap the source flagged: nothing of the
+    /// change since the last read is counted. Returns the cumulative µJ (unchanged).
+    pub fn restart(&mut self, count: u64, ts_ns: u64) -> f64 {
+        self.last_count = count;
+        self.last_ns = self.last_ns.max(ts_ns);
+        self.last_read_ns = self.last_read_ns.max(ts_ns);
+        self.energy_uj()
+    }
+
     /// Accounts one read.
     pub fn update(&mut self, count: u64, ts_ns: u64) -> Step {
         if ts_ns <= self.last_ns {

@@ -10,8 +10,8 @@
 use std::collections::BTreeSet;
 
 use super::{
-    EnergyArgs, EnergyError, EnergySource, SourceKind, host, hwmon, model, msr, nvml, perf,
-    powercap,
+    EnergyArgs, EnergyError, EnergySource, SourceKind, host, hwmon, hypervisor, model, msr, nvml,
+    perf, powercap,
 };
 use crate::pb::v1 as pb;
 
@@ -164,6 +164,20 @@ pub fn probe(kind: SourceKind, args: &EnergyArgs, cpus: &[pb::Cpu]) -> KindProbe
                     .map(|i| hwmon::Input::open(i).map(boxed))
                     .collect(),
             ),
+            Err(e) => KindProbe::unreadable(kind, e.to_string()),
+        },
+        SourceKind::Hypervisor => match hypervisor::open(&args.hypervisor_dir) {
+            Ok(zones) if zones.is_empty() => KindProbe::absent(
+                kind,
+                format!(
+                    "no host share: {} does not exist (only a virtual machine whose host runs \
+                     the energy-bpf agent has one; docs/virtual-machines.md)",
+                    args.hypervisor_dir.join(hypervisor::META_FILE).display()
+                ),
+            ),
+            Ok(zones) => {
+                KindProbe::from_opens(kind, zones.into_iter().map(|z| Ok(boxed(z))).collect())
+            }
             Err(e) => KindProbe::unreadable(kind, e.to_string()),
         },
         SourceKind::Nvml => match nvml::open() {

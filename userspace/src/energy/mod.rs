@@ -26,6 +26,7 @@ pub(crate) mod detect;
 pub mod fake;
 mod host;
 mod hwmon;
+pub mod hypervisor;
 pub mod machine;
 pub mod model;
 mod msr;
@@ -70,6 +71,27 @@ pub trait EnergySource: Send {
     fn wrap_counts(&self) -> Option<u64>;
     /// Reads the counter now.
     fn read(&mut self) -> Result<RawSample, EnergyError>;
+    /// The update period the source knows without watching it (the host's interval, for a
+    /// hypervisor share): used instead of the measured one, and such a counter is never
+    /// judged silent for not changing while start-up watched it.
+    fn known_update_period_ns(&self) -> Option<u64> {
+        None
+    }
+    /// The read interval the source asks for when `--energy-interval-ms` is not given.
+    fn default_read_interval_ns(&self) -> Option<u64> {
+        None
+    }
+    /// After a read: a gap the source saw (the host restarted, a new VM instance): the
+    /// reading is flagged, so the interval ending at it is dropped, and counting goes on
+    /// from the value just read.
+    fn take_gap(&mut self) -> Option<String> {
+        None
+    }
+    /// After a read: something the user must be told that does not end the source (the
+    /// host stopped updating its share).
+    fn take_notice(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// Errors of the energy layer. Each names the thing and, where there is one, the fix.

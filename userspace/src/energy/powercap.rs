@@ -51,7 +51,12 @@ pub fn root(sysfs: &Path) -> PathBuf {
 /// Finds the RAPL zones under `sysfs`, sorted by directory name. Unknown zone names are
 /// skipped. `Ok(empty)` when there is no powercap tree.
 pub fn zones(sysfs: &Path) -> Result<Vec<ZoneInfo>, EnergyError> {
-    let dir = root(sysfs);
+    zones_in(&root(sysfs))
+}
+
+/// [`zones`] of a powercap directory itself (a hypervisor share is laid out like one).
+pub fn zones_in(dir: &Path) -> Result<Vec<ZoneInfo>, EnergyError> {
+    let dir = dir.to_owned();
     let entries = match std::fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

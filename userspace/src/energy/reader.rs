@@ -40,6 +40,9 @@ pub struct Measurement {
     pub changes: u32,
     /// Mean cost of one read, ns.
     pub read_cost_ns: u64,
+    /// The period is the one the source stated ([`EnergySource::known_update_period_ns`]),
+    /// not one watched.
+    pub period_is_known: bool,
 }
 
 /// Spin-reads every counter (round robin) until each has changed [`MEASURE_CHANGES`] times
@@ -101,7 +104,8 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
     }
     states
         .into_iter()
-        .map(|st| {
+        .zip(counters.iter())
+        .map(|(st, counter)| {
             if let Some(e) = st.error {
                 return Err(e);
             }
@@ -109,18 +113,29 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
             gaps.sort_unstable();
             let read_cost_ns = st.cost_ns / st.reads.max(1);
             let changes = st.changes.len() as u32;
+            if let Some(period) = counter.known_update_period_ns() {
+                return Ok(Measurement {
+                    update_period_ns: period,
+                    period_is_lower_bound: false,
+                    read_cost_ns,
+                    changes,
+                    period_is_known: true,
+                });
+            }
             Ok(match gaps.get(gaps.len() / 2) {
                 Some(&median) => Measurement {
                     update_period_ns: median,
                     period_is_lower_bound: false,
                     read_cost_ns,
                     changes,
+                    period_is_known: false,
                 },
                 None => Measurement {
                     update_period_ns: st.window_ns,
                     period_is_lower_bound: true,
                     read_cost_ns,
                     changes,
+                    period_is_known: false,
                 },
             })
         })
@@ -135,7 +150,7 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
 /// rarely, on a loaded machine) to time: it is used. `None` when the counter counts or was
 /// asked for by name.
 pub fn silent(args: &EnergyArgs, m: &Measurement) -> Option<String> {
-    (args.energy_source == SourceKind::Auto && m.changes == 0).then(|| {
+    (args.energy_source == SourceKind::Auto && m.changes == 0 && !m.period_is_known).then(|| {
         format!(
             "did not change once in {} ms of reads: not counting energy (a hypervisor can expose \
              the PMU without counting); not used",
@@ -201,7 +216,14 @@ pub fn read_interval_of(
     counter: &dyn EnergySource,
 ) -> ReadInterval {
     let wrap = wrap_period_ns(counter.unit_uj(), counter.wrap_counts(), MAX_PLAUSIBLE_W);
-    read_interval(args, update_period_ns, wrap)
+    match counter.default_read_interval_ns() {
+        Some(ns) if args.energy_interval_ms.is_none() => ReadInterval {
+            ns: ns.max(MIN_INTERVAL_NS),
+            wrap_period_ns: wrap,
+            uncapped_ns: None,
+        },
+        _ => read_interval(args, update_period_ns, wrap),
+    }
 }
 
 struct Live {
@@ -212,6 +234,8 @@ struct Live {
     interval_ns: u64,
     next_ns: u64,
     pending_gpu: BTreeMap<u32, pb::GpuProcessUsage>,
+    /// What the source said that the user must see ([`EnergySource::take_notice`], gaps).
+    notices: Vec<String>,
 }
 
 #[derive(Default)]
@@ -256,6 +280,23 @@ impl Live {
             e.sm_util = e.sm_util.max(p.sm_util);
             e.used_memory_bytes = e.used_memory_bytes.max(p.used_memory_bytes);
         }
+        if let Some(notice) = self.counter.take_notice() {
+            tracing::warn!("{notice}");
+            self.notices.push(notice);
+        }
+        if let Some(gap) = self.counter.take_gap() {
+            // Counting goes on from the value just read; the interval ending here is dropped.
+            let energy_uj = self.unwrap.restart(sample.count, ts_ns);
+            tracing::warn!("{}: {gap}; the interval ending here is dropped", self.label);
+            self.notices.push(format!("{}: {gap}", self.label));
+            return Ok(Some(pb::EnergyReading {
+                source_id: self.id,
+                ts_ns,
+                energy_uj,
+                flag: gap,
+                gpu_processes: Vec::new(),
+            }));
+        }
         let (energy_uj, flag) = match self.unwrap.update(sample.count, ts_ns) {
             Step::Unchanged => return Ok(None),
             Step::Advanced { energy_uj } => (energy_uj, String::new()),
@@ -294,7 +335,9 @@ fn run(mut live: Vec<Live>, shared: Arc<Mutex<Shared>>, stop: mpsc::Receiver<()>
                 return true;
             }
             l.next_ns = (l.next_ns + l.interval_ns).max(now + l.interval_ns / 2);
-            match l.step() {
+            let step = l.step();
+            faults.append(&mut l.notices);
+            match step {
                 Ok(reading) => {
                     readings.extend(reading);
                     true
@@ -395,6 +438,7 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             interval_ns,
             next_ns: ts_ns + interval_ns,
             pending_gpu: BTreeMap::new(),
+            notices: Vec::new(),
         });
         sources.push(desc);
     }

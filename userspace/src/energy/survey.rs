@@ -64,6 +64,9 @@ struct KindReport {
     present: bool,
     readable: bool,
     reason: Option<String>,
+    /// What the source is, where it says more than its counters (a hypervisor share:
+    /// "measured by the host, shared at DIR, updated every 1 s ...").
+    note: Option<String>,
     counters: Vec<CounterReport>,
 }
 
@@ -130,11 +133,16 @@ pub fn survey(args: &EnergyArgs) -> Result<Survey, SurveyError> {
                 report
             })
             .collect();
+        let note = (probe.kind == crate::energy::SourceKind::Hypervisor && probe.readable())
+            .then(|| crate::energy::hypervisor::read_meta(&args.hypervisor_dir).ok())
+            .flatten()
+            .map(|m| m.describe(&args.hypervisor_dir));
         kinds.push(KindReport {
             kind: probe.kind.to_string(),
             present: probe.present,
             readable: probe.readable(),
             reason: probe.reason.clone(),
+            note,
             counters,
         });
     }
@@ -202,6 +210,7 @@ fn counter_report(
                 period_is_lower_bound: false,
                 read_cost_ns: 0,
                 changes: 0,
+                period_is_known: false,
             },
             Some(e.to_string()),
         ),
@@ -265,6 +274,9 @@ pub fn text(r: &Survey) -> String {
         let _ = writeln!(out, "{:<9} {status}", k.kind);
         if let Some(reason) = &k.reason {
             let _ = writeln!(out, "          why: {reason}");
+        }
+        if let Some(note) = &k.note {
+            let _ = writeln!(out, "          {note}");
         }
         for c in &k.counters {
             let period = if c.period_is_lower_bound {
@@ -452,6 +464,7 @@ mod tests {
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
             changes: reader::MEASURE_CHANGES as u32,
+            period_is_known: false,
         };
         let c = counter_report(&a, probe.counters[0].as_ref(), Ok(m), true);
         assert_eq!(
@@ -471,6 +484,7 @@ mod tests {
                         "D/0/msr does not exist: MSR driver not loaded: run `sudo modprobe msr`"
                             .into(),
                     ),
+                    note: None,
                     counters: vec![],
                 },
                 KindReport {
@@ -478,6 +492,7 @@ mod tests {
                     present: true,
                     readable: true,
                     reason: None,
+                    note: None,
                     counters: vec![c],
                 },
             ],
@@ -549,6 +564,7 @@ mod tests {
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
             changes: reader::MEASURE_CHANGES as u32,
+            period_is_known: false,
         };
         let c = counter_report(&a, zone.as_ref(), Ok(slow), true);
         assert_eq!(c.read_interval_ns, 50_000_000);
@@ -582,6 +598,7 @@ mod tests {
                 present: true,
                 readable: true,
                 reason: None,
+                note: None,
                 counters: vec![c],
             }],
             model: None,
@@ -606,6 +623,7 @@ mod tests {
             period_is_lower_bound: false,
             read_cost_ns: 3_000,
             changes: reader::MEASURE_CHANGES as u32,
+            period_is_known: false,
         };
         let c = counter_report(&a, zone.as_ref(), Ok(m), true);
         assert_eq!(

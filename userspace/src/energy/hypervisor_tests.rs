@@ -1,0 +1,140 @@
+//! Tests of the hypervisor source: a share written as the host writes it (zone files, then
+//! `energy-bpf.json`), read through the same code as in a guest.
+use super::*;
+
+fn meta(seq: u64, instance: &str, gaps: u64) -> Meta {
+    Meta {
+        format: 1,
+        vm: "web-1".into(),
+        instance: instance.into(),
+        seq,
+        interval_ms: 1000,
+        vcpus: 2,
+        static_policy: "vcpus".into(),
+        measured: true,
+        host_source: "powercap".into(),
+        gaps,
+        ..Default::default()
+    }
+}
+
+/// Writes a share with one package zone as the host does: zone file, then the metadata.
+fn write_share(dir: &Path, seq: u64, energy_uj: u64, static_uj: u64) {
+    let zone = dir.join("intel-rapl:0");
+    std::fs::create_dir_all(&zone).expect("zone dir");
+    std::fs::write(zone.join("name"), "package-0\n").expect("name");
+    std::fs::write(zone.join("max_energy_range_uj"), "9223372036854775807\n").expect("range");
+    std::fs::write(zone.join("energy_uj"), format!("{energy_uj}\n")).expect("energy");
+    let json = serde_json::json!({
+        "format": 1, "vm": "web-1", "instance": "100:5", "seq": seq, "interval_ms": 50,
+        "vcpus": 2, "static_policy": "vcpus", "measured": true, "host_source": "powercap",
+        "zones": {"package": {"energy_uj": energy_uj, "static_uj": static_uj}},
+        "gaps": 0,
+    });
+    std::fs::write(dir.join(META_FILE), json.to_string()).expect("json");
+}
+
+fn zone_at(count: u64) -> HypervisorZone {
+    HypervisorZone {
+        dir: "/run/energy-bpf/host".into(),
+        energy_path: "/run/energy-bpf/host/intel-rapl:0/energy_uj".into(),
+        desc: source_desc(
+            SourceKind::Hypervisor,
+            pb::EnergyDomain::Package,
+            0,
+            "intel-rapl:0 (package-0)".into(),
+        ),
+        interval_ns: 1_000_000_000,
+        instance: "100:5".into(),
+        gaps: 0,
+        seq: 1,
+        seq_moved_ns: 0,
+        count,
+        stale_since_ns: None,
+        gap: None,
+        notice: None,
+    }
+}
+
+const S: u64 = 1_000_000_000;
+
+#[test]
+fn an_unchanged_seq_holds_the_value_and_a_silent_host_is_stale_within_two_intervals() {
+    let mut z = zone_at(1_000);
+    // The host wrote the zone but not yet the metadata: the new count waits for its seq.
+    assert_eq!(z.account(S / 2, Some((1_500, meta(1, "100:5", 0)))), 1_000);
+    assert_eq!(z.account(S, Some((2_000, meta(2, "100:5", 0)))), 2_000);
+    assert!(z.take_gap().is_none() && z.take_notice().is_none());
+    // Silent for two intervals: nothing yet; past them: stale, said once.
+    assert_eq!(z.account(3 * S, Some((2_000, meta(2, "100:5", 0)))), 2_000);
+    assert!(z.take_notice().is_none());
+    assert_eq!(z.account(3 * S + 1, None), 2_000);
+    let notice = z.take_notice().expect("stale notice");
+    assert!(
+        notice.contains("stopped updating") && notice.contains("seq 2"),
+        "{notice}"
+    );
+    assert_eq!(z.account(4 * S, None), 2_000);
+    assert!(z.take_notice().is_none(), "said once");
+    // The host resumes: the interval spanning the silence is flagged.
+    assert_eq!(z.account(5 * S, Some((9_000, meta(3, "100:5", 0)))), 9_000);
+    let gap = z.take_gap().expect("gap");
+    assert!(gap.contains("did not update the share"), "{gap}");
+}
+
+#[test]
+fn a_new_instance_a_host_gap_or_a_counter_that_went_down_is_a_flagged_gap() {
+    let mut z = zone_at(5_000);
+    assert_eq!(z.account(S, Some((6_000, meta(2, "100:5", 1)))), 6_000);
+    let gap = z.take_gap().expect("host gap");
+    assert!(gap.contains("the host flagged a gap"), "{gap}");
+    assert_eq!(z.account(2 * S, Some((10, meta(1, "200:9", 0)))), 10);
+    let gap = z.take_gap().expect("new instance");
+    assert!(
+        gap.contains("new instance") && gap.contains("went down"),
+        "{gap}"
+    );
+    assert_eq!(z.account(3 * S, Some((20, meta(2, "200:9", 0)))), 20);
+    assert!(z.take_gap().is_none());
+}
+
+#[test]
+fn a_share_opens_as_measured_with_the_hosts_static_power_and_reads_through_the_reader() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().to_owned();
+    write_share(&dir, 1, 0, 0);
+    // The host: 10 W of which 2 W static, every 50 ms.
+    let host = {
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            for seq in 2..40u64 {
+                std::thread::sleep(Duration::from_millis(50));
+                write_share(&dir, seq, (seq - 1) * 500_000, (seq - 1) * 100_000);
+            }
+        })
+    };
+    let zones = open(&dir).expect("open");
+    assert_eq!(zones.len(), 1);
+    let d = zones[0].describe();
+    assert_eq!((d.kind.as_str(), d.estimated), ("hypervisor", false));
+    assert!((d.host_static_w - 2.0).abs() < 1e-9, "{}", d.host_static_w);
+    assert_eq!(d.update_period_ns, 50_000_000);
+    let text = read_meta(&dir).expect("meta").describe(&dir);
+    assert!(
+        text.starts_with(&format!(
+            "measured by the host, shared at {}, updated every 0.050 s",
+            dir.display()
+        )),
+        "{text}"
+    );
+    host.join().expect("host");
+    // The host is gone: the share is stale at start, and says why.
+    let err = open(&dir).err().expect("stale share accepted");
+    assert!(err.to_string().contains("is stale"), "{err}");
+}
+
+#[test]
+fn no_share_is_absent_not_an_error() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    assert!(open(tmp.path()).expect("open").is_empty());
+}
