@@ -19,7 +19,7 @@ use crate::{
 pub const UID: &str = "6f1d2c3b-4a59-4e7f-9b1a-0c2d3e4f5a6b";
 pub const APP_ID: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 const SIDECAR_ID: &str = "0f9e8d7c6b5a49382716f5e4d3c2b1a00f9e8d7c6b5a49382716f5e4d3c2b1a0";
-const TOKEN: &str = "fake-service-account-token";
+pub const TOKEN: &str = "fake-service-account-token";
 
 /// The cgroup v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on hybrid hosts).
 pub fn root() -> &'static str {
@@ -64,7 +64,7 @@ impl Drop for Cgroup {
 }
 
 /// CA and server certificate for 127.0.0.1; returns (ca.pem, cert.pem, key.pem).
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)
@@ -159,7 +159,7 @@ fn pod_list() -> String {
 }
 
 /// Starts the fake kubelet; returns it and its port.
-fn fake_kubelet(dir: &Path, cert: &Path, key: &Path) -> (Daemon, u16) {
+pub fn fake_kubelet(dir: &Path, cert: &Path, key: &Path) -> (Daemon, u16) {
     let pods = dir.join("pods.json");
     std::fs::write(&pods, pod_list()).expect("pods.json");
     let port_file = dir.join("port");

@@ -73,6 +73,9 @@ mod kustomize;
 mod k8s_names;
 // The agent in its own cgroup and mount namespaces with the DaemonSet's mounts and config.
 mod k8s_container;
+// Grafana dashboards: every panel's query returns data from a real Prometheus scraping the
+// agent; no metric, label or unit the agent does not have.
+mod grafana;
 
 // Grams of CO2e: an intensity step served over HTTPS on loopback, a failing live source,
 // and `sci` against `report`.
