@@ -411,3 +411,140 @@ fn sci_per_run_agrees_with_report_joules_times_intensity() {
     assert!(sh["e_j"].as_f64().expect("e_j") > 0.0);
     assert!(sh["m_g"].as_f64().expect("m_g") < f("m_g"));
 }
+
+/// (labels, value) of every sample of `name`.
+fn samples<'a>(metrics: &'a str, name: &str) -> Vec<(&'a str, f64)> {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (labels, value) = match rest.strip_prefix('{') {
+                Some(r) => r.rsplit_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            Some((labels, value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Scrapes until `done` holds (30 s at most); the last body.
+fn scrape_until(addr: &str, mut done: impl FnMut(&str) -> bool) -> String {
+    let mut body = String::new();
+    let ok = util::until(Duration::from_secs(30), || {
+        body = crate::agent::get(addr, "/metrics")
+            .map(|r| r.1)
+            .unwrap_or_default();
+        done(&body)
+    });
+    assert!(ok, "not within 30 s:\n{body}");
+    body
+}
+
+#[test]
+fn the_agent_exports_grams_at_the_live_intensity_and_keeps_going_on_the_fallback() {
+    if !require_root(
+        "the_agent_exports_grams_at_the_live_intensity_and_keeps_going_on_the_fallback",
+    ) {
+        return;
+    }
+    let _guard = exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, _, key) = certificates(dir.path());
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    let now = energy_bpf::carbon::unix_now_ns();
+    let (_ok, ok_url) = fake_api(
+        dir.path(),
+        &cert,
+        &key,
+        "ok",
+        &[(now - 60_000_000_000, 420.0)],
+    );
+    let (_bad, bad_url) = fake_api(dir.path(), &cert, &key, "garbage", &[(now, 420.0)]);
+    let _load = util::Workload::spawn("while :; do :; done", None);
+    for (url, want_source, want_g) in [(&ok_url, "live", 420.0), (&bad_url, "fallback", 33.0)] {
+        let state = tempfile::tempdir().expect("state dir");
+        let (agent, addr, log) = crate::agent::start_agent_with(
+            state.path(),
+            &[
+                "--carbon-api",
+                url,
+                "--carbon-zone",
+                "FR",
+                "--carbon-token-file",
+                token.to_str().expect("utf-8"),
+                "--carbon-ca",
+                ca.to_str().expect("utf-8"),
+            ],
+        );
+        let windows = |b: &str| {
+            samples(b, "energy_bpf_windows_total")
+                .first()
+                .map_or(0.0, |s| s.1)
+        };
+        let body = scrape_until(&addr, |b| windows(b) >= 4.0);
+        let intensity = samples(&body, "energy_bpf_grid_intensity");
+        assert_eq!(intensity.len(), 1, "{body}");
+        assert!(
+            intensity[0]
+                .0
+                .contains(&format!("source=\"{want_source}\"")),
+            "{intensity:?}"
+        );
+        assert_eq!(intensity[0].1, want_g, "{intensity:?}");
+        // Node grams are the node's joules at that intensity (every window the same one),
+        // and the process series with idle sum to them.
+        let node_j: f64 = samples(&body, "energy_bpf_node_joules_total")
+            .iter()
+            .map(|s| s.1)
+            .sum();
+        let grams = samples(&body, "energy_bpf_co2e_grams_total");
+        let node_g: f64 = grams
+            .iter()
+            .filter(|s| s.0.starts_with("mode="))
+            .map(|s| s.1)
+            .sum();
+        assert!(node_g > 0.0, "{body}");
+        assert!(
+            close(node_g, node_j / 3.6e6 * want_g, 0.01),
+            "{node_g} g vs {node_j} J"
+        );
+        let idle_g = grams
+            .iter()
+            .find(|s| s.0 == "mode=\"idle\"")
+            .map_or(0.0, |s| s.1);
+        let procs_g: f64 = grams
+            .iter()
+            .filter(|s| s.0.contains("comm="))
+            .map(|s| s.1)
+            .sum();
+        assert!(
+            close(procs_g + idle_g, node_g, 0.01),
+            "{procs_g} + {idle_g} vs {node_g}"
+        );
+        assert!(
+            grams.iter().any(|s| s.0.contains("pid=") && s.1 > 0.0),
+            "{body}"
+        );
+        // It keeps going: more windows, more grams.
+        let before = node_g;
+        let w0 = windows(&body);
+        let body = scrape_until(&addr, |b| windows(b) >= w0 + 3.0);
+        let after: f64 = samples(&body, "energy_bpf_co2e_grams_total")
+            .iter()
+            .filter(|s| s.0.starts_with("mode="))
+            .map(|s| s.1)
+            .sum();
+        assert!(
+            after > before,
+            "grams stopped growing: {before} then {after}"
+        );
+        drop(agent);
+        let lines: Vec<String> = log.try_iter().collect();
+        let said = lines
+            .iter()
+            .filter(|l| l.contains("carbon intensity source for FR failing"))
+            .count();
+        assert_eq!(said, usize::from(want_source == "fallback"), "{lines:#?}");
+    }
+}

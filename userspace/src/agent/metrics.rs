@@ -26,6 +26,7 @@ use crate::{
     pipeline::Window,
 };
 
+pub(crate) mod carbon;
 mod state;
 
 use state::State;
@@ -54,13 +55,18 @@ pub enum MetricsError {
 /// (scrapes).
 pub struct Metrics {
     state: Mutex<State>,
+    /// Grams of CO2e, with `--carbon-*` flags.
+    carbon: Mutex<Option<carbon::CarbonMetrics>>,
 }
 
 impl Metrics {
     /// Empty metrics; at most `max_series` processes get series of their own.
     pub fn new(max_series: usize) -> Result<Arc<Self>, MetricsError> {
+        let mut state = State::new(max_series)?;
+        let carbon = carbon::CarbonMetrics::new(&mut state.registry);
         Ok(Arc::new(Self {
-            state: Mutex::new(State::new(max_series)?),
+            state: Mutex::new(state),
+            carbon: Mutex::new(carbon),
         }))
     }
 
@@ -206,6 +212,15 @@ impl Metrics {
             s.source_info.get_or_create(&labels).set(1);
         }
         s.publish();
+        // Under the state's lock: a scrape sees the window's grams with its joules.
+        if let Some(c) = self
+            .carbon
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_mut()
+        {
+            c.window(w);
+        }
     }
 
     /// The learned static power of every source, and its drift from the calibrated value

@@ -104,6 +104,9 @@ pub struct Args {
     /// File holding the bearer token sent with the request (the service account's).
     #[arg(long, value_name = "FILE")]
     pub(crate) kube_token: Option<PathBuf>,
+    /// Grams of CO2e per process, container and node on /metrics.
+    #[command(flatten)]
+    pub(crate) carbon: crate::carbon::cli::CarbonArgs,
 }
 
 fn parse_interval(text: &str) -> Result<f64, String> {
@@ -207,6 +210,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         };
         settings.map_err(|err| format!("{err:#}"))
     });
+    if let Some(c) = args.carbon.carbon()? {
+        crate::agent::metrics::carbon::set_source(c);
+    }
     agent::run(args.settings()?, reload)?;
     Ok(ExitCode::SUCCESS)
 }
