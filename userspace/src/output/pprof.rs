@@ -305,4 +305,5 @@ impl ProfileSink for Pprof {
 }
 
 #[cfg(test)]
+#[path = "pprof_tests.rs"]
 mod tests;
