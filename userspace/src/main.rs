@@ -66,9 +66,8 @@ const EXAMPLES_REPORT: &str = "Examples:
   energy-bpf report x.ebpr
   energy-bpf report x.ebpr --format json
   energy-bpf report x.ebpr --by function --limit 50
-  energy-bpf report x.ebpr --window 1 --format csv
-  energy-bpf report /var/lib/energy-bpf/recordings --from=-15m
-  energy-bpf report x.ebpr --window 60 --format json --carbon-zone FR --pue 1.2";
+  energy-bpf report x.ebpr --window 60 --format csv --carbon-zone FR --pue 1.2
+  energy-bpf report /var/lib/energy-bpf/recordings --from=-15m";
 const EXAMPLES_SOURCES: &str = "Examples:
   energy-bpf sources
   energy-bpf sources --format json
