@@ -76,6 +76,9 @@ mod k8s_container;
 // Grafana dashboards: every panel's query returns data from a real Prometheus scraping the
 // agent; no metric, label or unit the agent does not have.
 mod grafana;
+// Virtual machines on the host: fake VMs of real processes with vCPU-named threads, their
+// directories for the guest, conservation, agent restarts and VMs that exit.
+mod vm_host;
 
 // Grams of CO2e: an intensity step served over HTTPS on loopback, a failing live source,
 // and `sci` against `report`.

@@ -223,6 +223,44 @@ impl Metrics {
         }
     }
 
+    /// Adds each running VM's window energy to `energy_bpf_vm_joules_total`, per zone,
+    /// dynamic and static apart.
+    pub fn vm_window<'a>(&self, vms: impl IntoIterator<Item = &'a crate::vm::VmEnergy>) {
+        let s = self.lock();
+        for vm in vms {
+            for (part, zones) in [("dynamic", &vm.dynamic_j), ("static", &vm.static_j)] {
+                for (&zone, &j) in zones {
+                    s.vm.get_or_create(&vec![
+                        ("vm", vm.name.clone()),
+                        ("zone", zone.into()),
+                        ("part", part.into()),
+                    ])
+                    .inc_by(j.max(0.0));
+                }
+            }
+        }
+    }
+
+    /// Drops the series of a VM that exited.
+    pub fn vm_gone(&self, name: &str) {
+        let s = self.lock();
+        let gone: Vec<Labels> = ["package", "cores", "dram", "uncore", "psys", "gpu", "other"]
+            .into_iter()
+            .flat_map(|zone| {
+                ["dynamic", "static"].map(|part| {
+                    vec![
+                        ("vm", name.to_owned()),
+                        ("zone", zone.to_owned()),
+                        ("part", part.to_owned()),
+                    ]
+                })
+            })
+            .collect();
+        for labels in gone {
+            s.vm.remove(&labels);
+        }
+    }
+
     /// The learned static power of every source, and its drift from the calibrated value
     /// where both exist.
     pub fn set_learned(

@@ -19,6 +19,8 @@ pub(crate) mod otlp;
 pub(crate) mod outputs;
 pub(crate) mod selfstat;
 pub(crate) mod settings;
+pub(crate) mod vm_dir;
+pub(crate) mod vms;
 // The seam lives below its users, with the capture: `record` pushes into it too.
 pub(crate) use crate::capture::sink;
 
@@ -179,8 +181,14 @@ async fn serve(settings: Settings, reload: Reload) -> Result<(), AgentError> {
                 addr: settings.metrics_addr,
                 source,
             })?;
-    let mut sinks: Vec<Box<dyn Sink>> =
-        vec![Box::new(metrics::MetricsSink::new(Arc::clone(&metrics)))];
+    let mut sinks: Vec<Box<dyn Sink>> = vec![
+        Box::new(metrics::MetricsSink::new(Arc::clone(&metrics))),
+        Box::new(vms::VmSink::new(
+            settings.vm.clone(),
+            settings.interval,
+            Arc::clone(&metrics),
+        )),
+    ];
     sinks.extend(extra_sinks(
         &settings,
         &tokio::runtime::Handle::current(),

@@ -27,6 +27,8 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// Where pod names come from, when asked for.
     pub kube: Option<crate::kube::KubeSettings>,
+    /// Virtual machines: the share of per-VM directories and the static share policy.
+    pub vm: crate::agent::vms::VmSettings,
 }
 
 /// `--otlp-endpoint URL --otlp-header K=V --otlp-insecure --profile-interval SECS`.

@@ -104,6 +104,15 @@ pub struct Args {
     /// File holding the bearer token sent with the request (the service account's).
     #[arg(long, value_name = "FILE")]
     pub(crate) kube_token: Option<PathBuf>,
+    /// Directory of per-VM energy directories (`NAME/` laid out like a powercap tree, to
+    /// share read-only into each guest), or `none`.
+    #[arg(long, value_name = "DIR|none", default_value = crate::agent::vms::DEFAULT_SHARE)]
+    pub(crate) vm_share: String,
+    /// How the host's static power is shared out to VMs: `vcpus` (by allotted vCPUs over
+    /// the host's logical CPUs), `busy` (by their share of busy time) or `none`.
+    #[arg(long, value_name = "POLICY", default_value = "vcpus",
+          value_parser = clap::builder::ValueParser::new(str::parse::<crate::vm::StaticPolicy>))]
+    pub(crate) vm_static: crate::vm::StaticPolicy,
     /// Grams of CO2e per process, container and node on /metrics.
     #[command(flatten)]
     pub(crate) carbon: crate::carbon::cli::CarbonArgs,
@@ -180,6 +189,10 @@ impl Args {
                     },
                     profile_interval: Duration::from_secs_f64(self.profile_interval),
                 }),
+            vm: crate::agent::vms::VmSettings {
+                share: (self.vm_share != "none").then(|| PathBuf::from(&self.vm_share)),
+                policy: self.vm_static,
+            },
             record: self.record_dir.as_ref().map(|dir| RecordSettings {
                 dir: dir.clone(),
                 retain: self

@@ -372,7 +372,7 @@ impl ValueEnum for crate::energy::SourceKind {
 impl ValueEnum for crate::output::table::By {
     fn value_variants<'a>() -> &'a [Self] {
         use crate::output::table::By::*;
-        &[Process, Thread, Cgroup, Command, Container, Function]
+        &[Process, Thread, Cgroup, Command, Container, Function, Vm]
     }
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
@@ -390,6 +390,10 @@ impl ValueEnum for crate::output::table::By {
                 "One row per container (or Kubernetes pod; `[host]` for the rest), from the cgroup",
             ),
             Function => ("function", "One row per function (self and total energy)"),
+            Vm => (
+                "vm",
+                "One row per virtual machine and thread class (vCPU, emulator), `[host]` for the rest",
+            ),
         };
         Some(PossibleValue::new(name).help(help))
     }

@@ -228,6 +228,10 @@ fn whole(
         })?;
         merge(&mut value, serde_json::to_value(RecordingFacts::of(rec))?);
         merge(&mut value, model_facts(&analysis.sources));
+        if args.by == By::Vm {
+            let vms = crate::vm::rows::energies(&rows);
+            merge(&mut value, serde_json::json!({ "vms": vms }));
+        }
         if let Some(i) = &carbon {
             add_carbon(&mut value, i, &totals);
         }
@@ -415,6 +419,11 @@ fn report(
         crate::record::UnwindCounts::of(&rec.samples).label(),
     ];
     let mut notes = notes;
+    if by == By::Vm {
+        notes.push(
+            "VM rows: each VM process's measured energy by thread class; static power stays in [idle/static] (the agent shares it out by --vm-static)".into(),
+        );
+    }
     notes.extend(python_notes(rec));
     notes.extend(
         attr.sources
@@ -502,6 +511,13 @@ fn report(
                 cpus,
             )
         }
+        By::Vm => (
+            crate::vm::rows::grouped(rows)
+                .iter()
+                .map(|g| process_row(RowKey::Group(g.comm.clone()), g))
+                .collect(),
+            cpus,
+        ),
         By::Thread => {
             // Threads running JIT-compiled or Python code show their busiest such
             // function: the thread's name alone says `node`, `java` or `python3`. Only

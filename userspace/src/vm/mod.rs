@@ -12,6 +12,7 @@
 pub(crate) mod detect;
 pub(crate) mod energy;
 pub(crate) mod proc;
+pub(crate) mod rows;
 
 pub(crate) use detect::{Hypervisor, ThreadClass};
 pub(crate) use energy::{StaticPolicy, VmEnergy};

@@ -30,6 +30,7 @@ pub(super) struct State {
     pub(super) process: JoulesFamily,
     pub(super) process_watts: WattsFamily,
     pub(super) container: JoulesFamily,
+    pub(super) vm: JoulesFamily,
     pub(super) source_info: Family<Labels, Gauge>,
     pub(super) static_identified: Family<Labels, Gauge>,
     pub(super) static_watts: WattsFamily,
@@ -67,6 +68,7 @@ impl State {
         let process = JoulesFamily::default();
         let process_watts = WattsFamily::default();
         let container = JoulesFamily::default();
+        let vm = JoulesFamily::default();
         let source_info = Family::<Labels, Gauge>::default();
         let static_identified = Family::<Labels, Gauge>::default();
         let static_watts = WattsFamily::default();
@@ -116,6 +118,11 @@ impl State {
             "energy_bpf_container_joules",
             "Energy of the processes of a container or pod since the agent started, by zone",
             container.clone(),
+        );
+        registry.register(
+            "energy_bpf_vm_joules",
+            "Energy of a virtual machine since the agent found it, by zone: part=\"dynamic\" is its process's measured energy (vCPU and emulator threads), part=\"static\" its share of static power under --vm-static",
+            vm.clone(),
         );
         registry.register(
             "energy_bpf_source_info",
@@ -214,6 +221,7 @@ impl State {
             process,
             process_watts,
             container,
+            vm,
             source_info,
             static_identified,
             static_watts,

@@ -24,6 +24,9 @@ pub enum By {
     Container,
     /// One row per function (self and total energy).
     Function,
+    /// One row per virtual machine and thread class (`NAME vcpu`, `NAME emulator`), and
+    /// `[host]` for every other process.
+    Vm,
 }
 
 /// How to render.
@@ -191,6 +194,7 @@ fn columns(report: &Report) -> Vec<String> {
         By::Cgroup => vec!["cgroup".into()],
         By::Command => vec!["command".into()],
         By::Container => vec!["container".into()],
+        By::Vm => vec!["vm".into()],
         By::Function => vec!["function".into(), "module".into()],
     };
     cols.push("cpu_s".to_string());
@@ -238,7 +242,7 @@ fn cells(report: &Report, row: &ReportRow) -> Vec<Cell> {
             let ids = match report.by {
                 By::Process => 1,
                 By::Thread => 2,
-                By::Cgroup | By::Command | By::Container | By::Function => 0,
+                By::Cgroup | By::Command | By::Container | By::Function | By::Vm => 0,
             };
             let mut c = vec![Cell::Text("-".into()); ids];
             c.push(Cell::Text(label.clone()));
