@@ -86,3 +86,6 @@ mod carbon;
 // A real qemu guest reads its measured energy from the host's read-only share: totals,
 // the per-process split, the share read-only, a host restart flagged.
 mod vm_guest;
+// The agent's web view in headless Chromium: two processes at 3:1 charted, the heavier
+// one's flamegraph, a comparison; the token, the caps and the CSP.
+mod webview;

@@ -60,6 +60,9 @@ pub mod testing;
 pub mod timeline;
 pub mod tui;
 pub mod unwind;
+/// The agent web view's query decoders, public for the fuzzer.
+#[doc(hidden)]
+pub use agent::web::api as web_api;
 pub(crate) mod vm;
 
 /// Generated protobuf types.

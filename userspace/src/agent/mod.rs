@@ -21,6 +21,7 @@ pub(crate) mod selfstat;
 pub(crate) mod settings;
 pub(crate) mod vm_dir;
 pub(crate) mod vms;
+pub(crate) mod web;
 // The seam lives below its users, with the capture: `record` pushes into it too.
 pub(crate) use crate::capture::sink;
 
@@ -82,6 +83,9 @@ pub enum AgentError {
     /// Capture could not start.
     #[error(transparent)]
     Capture(#[from] crate::capture::LiveError),
+    /// The web view was asked for where it would be exposed without a token.
+    #[error("{0}")]
+    Exposed(String),
     /// The capture thread ended before it said whether capture started.
     #[error("the capture thread ended during start-up")]
     CaptureEnded,
@@ -165,6 +169,12 @@ async fn serve(settings: Settings, reload: Reload) -> Result<(), AgentError> {
             "missing CAP_SYS_PTRACE: other users' processes get no unwind tables or symbols (their /proc/<pid>/maps and /proc/<pid>/root are closed); their stacks use frame pointers"
         );
     }
+    web::check_exposure(
+        settings.metrics_addr,
+        settings.web.token.as_deref(),
+        settings.web.enabled,
+    )
+    .map_err(AgentError::Exposed)?;
     let metrics = metrics::Metrics::new(settings.max_process_series)?;
     let names = match &settings.kube {
         Some(kube) => {
@@ -189,6 +199,15 @@ async fn serve(settings: Settings, reload: Reload) -> Result<(), AgentError> {
             Arc::clone(&metrics),
         )),
     ];
+    let view = settings.web.enabled.then(|| {
+        web::WebView::new(
+            settings.record.as_ref().map(|r| r.dir.clone()),
+            settings.web.token.clone(),
+        )
+    });
+    if let Some(view) = &view {
+        sinks.push(Box::new(web::WebSink::new(Arc::clone(view))));
+    }
     sinks.extend(extra_sinks(
         &settings,
         &tokio::runtime::Handle::current(),
@@ -207,6 +226,7 @@ async fn serve(settings: Settings, reload: Reload) -> Result<(), AgentError> {
         listener,
         Arc::clone(&metrics),
         Arc::clone(&health),
+        view,
     ));
     let state_dir = settings.state_dir.clone();
     let mut capture = tokio::task::spawn_blocking(move || match Capture::start(&live) {

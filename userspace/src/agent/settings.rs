@@ -27,6 +27,8 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// Where pod names come from, when asked for.
     pub kube: Option<crate::kube::KubeSettings>,
+    /// The web view at `/`: whether it is served, and the token its API asks for.
+    pub web: crate::agent::web::WebSettings,
     /// Virtual machines: the share of per-VM directories and the static share policy.
     pub vm: crate::agent::vms::VmSettings,
 }

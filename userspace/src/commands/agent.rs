@@ -104,6 +104,13 @@ pub struct Args {
     /// File holding the bearer token sent with the request (the service account's).
     #[arg(long, value_name = "FILE")]
     pub(crate) kube_token: Option<PathBuf>,
+    /// File holding the bearer token the web view's API asks for; needed to serve the web
+    /// view on an address other than loopback.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) web_token_file: Option<PathBuf>,
+    /// Serve /metrics and the probes only, without the web view at `/`.
+    #[arg(long)]
+    pub(crate) no_web: bool,
     /// Directory of per-VM energy directories (`NAME/` laid out like a powercap tree, to
     /// share read-only into each guest), or `none`.
     #[arg(long, value_name = "DIR|none", default_value = crate::agent::vms::DEFAULT_SHARE)]
@@ -192,6 +199,15 @@ impl Args {
             vm: crate::agent::vms::VmSettings {
                 share: (self.vm_share != "none").then(|| PathBuf::from(&self.vm_share)),
                 policy: self.vm_static,
+            },
+            web: crate::agent::web::WebSettings {
+                enabled: !self.no_web,
+                token: self
+                    .web_token_file
+                    .as_deref()
+                    .map(crate::agent::web::read_token)
+                    .transpose()
+                    .map_err(anyhow::Error::msg)?,
             },
             record: self.record_dir.as_ref().map(|dir| RecordSettings {
                 dir: dir.clone(),
