@@ -75,7 +75,19 @@ pub enum Source {
     Live(Box<live::Live>),
 }
 
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Fixed(g) => write!(f, "Fixed({g})"),
+            Source::Zone(z) => write!(f, "Zone({})", z.zone),
+            Source::Series(_, p) => write!(f, "Series({})", p.display()),
+            Source::Live(_) => write!(f, "Live"),
+        }
+    }
+}
+
 /// A source and the PUE applied to it.
+#[derive(Debug)]
 pub struct Carbon {
     /// The source.
     pub source: Source,

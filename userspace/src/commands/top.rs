@@ -80,6 +80,9 @@ pub struct Args {
     /// How user stacks are walked.
     #[command(flatten)]
     pub(crate) unwind: super::args::UnwindArgs,
+    /// Grams of CO2e per process since start, and the intensity used.
+    #[command(flatten)]
+    pub(crate) carbon: crate::carbon::cli::CarbonArgs,
 }
 
 impl Args {
@@ -170,6 +173,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// and can stop. Exit status: 0 on quit or `-n`, 128+N on signal N, 129 on hang-up.
 pub fn run_with_feed(args: &Args, feed: Receiver<Snapshot>) -> anyhow::Result<ExitCode> {
     let mut state = State::new(args.pids.clone());
+    if let Some(c) = args.carbon.carbon()? {
+        state.set_carbon(c);
+    }
     let batch = args.batch || !io::stdout().is_terminal();
     let exit = if batch {
         let mut out = io::stdout().lock();

@@ -42,10 +42,25 @@ pub fn write_json_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
         obj.insert("start_ns".into(), snapshot.start_ns.into());
         obj.insert("end_ns".into(), snapshot.ts_ns.into());
         obj.insert("lost_events".into(), snapshot.header.lost_events.into());
-        obj.insert(
-            "processes".into(),
-            serde_json::to_value(processes).map_err(io::Error::other)?,
-        );
+        let mut procs = serde_json::to_value(processes).map_err(io::Error::other)?;
+        if let Some(i) = state.intensity() {
+            // Grams since `top` started, per process, at each refresh's intensity.
+            for p in procs.as_array_mut().into_iter().flatten() {
+                let pid = p["pid"].as_u64().and_then(|v| u32::try_from(v).ok());
+                p["co2e_g"] = pid.and_then(|pid| state.co2e_g(pid)).unwrap_or(0.0).into();
+            }
+            obj.insert(
+                "carbon".into(),
+                serde_json::json!({
+                    "g_per_kwh": i.g_per_kwh,
+                    "source": i.source,
+                    "pue": i.pue,
+                    "fallback": i.fallback,
+                    "window_co2e_g": i.grams(snapshot.totals.total_j),
+                }),
+            );
+        }
+        obj.insert("processes".into(), procs);
     }
     // Encoded first, so a closed pipe shows as the write's own BrokenPipe error.
     let mut line = serde_json::to_vec(&doc).map_err(io::Error::other)?;

@@ -140,6 +140,7 @@ pub fn warning_lines(state: &State) -> Vec<String> {
             )),
             _ => None,
         })
+        .chain(state.carbon_line())
         .collect()
 }
 

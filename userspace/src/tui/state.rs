@@ -39,9 +39,64 @@ pub struct State {
     selected_key: Option<RowKey>,
     offset: usize,
     page: usize,
+    /// Grams of CO2e, with `--carbon-*` flags.
+    carbon: TopCarbon,
+}
+
+/// `top`'s carbon: the source, the intensity of the last window and grams since start.
+#[derive(Debug, Clone, Default)]
+struct TopCarbon {
+    source: Option<std::sync::Arc<std::sync::Mutex<crate::carbon::Carbon>>>,
+    intensity: Option<crate::carbon::Intensity>,
+    /// Grams per process since start, and in total (measured, idle included).
+    grams: std::collections::HashMap<u32, f64>,
+    total_g: f64,
 }
 
 impl State {
+    /// Shows grams of CO2e at the intensity `carbon` gives at each refresh.
+    pub fn set_carbon(&mut self, carbon: crate::carbon::Carbon) {
+        self.carbon.source = Some(std::sync::Arc::new(std::sync::Mutex::new(carbon)));
+    }
+
+    /// The intensity of the last refresh, when carbon is shown.
+    pub fn intensity(&self) -> Option<&crate::carbon::Intensity> {
+        self.carbon.intensity.as_ref()
+    }
+
+    /// Grams of CO2e of process `pid` since `top` started, when carbon is shown.
+    pub fn co2e_g(&self, pid: u32) -> Option<f64> {
+        self.carbon.intensity.as_ref()?;
+        Some(self.carbon.grams.get(&pid).copied().unwrap_or(0.0))
+    }
+
+    /// `carbon: 0.0123 gCO2e since start at 33.0 gCO2e/kWh (yearly average FR 2024 ...)`.
+    pub fn carbon_line(&self) -> Option<String> {
+        let i = self.carbon.intensity.as_ref()?;
+        Some(format!(
+            "carbon: {:.6} gCO2e since start at {}",
+            self.carbon.total_g,
+            i.describe()
+        ))
+    }
+
+    /// Adds a window's grams (per window, never per event).
+    fn add_carbon(&mut self, snapshot: &Snapshot) {
+        let Some(source) = &self.carbon.source else {
+            return;
+        };
+        let i = source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .now();
+        let total = snapshot.totals.total_j;
+        for p in &snapshot.rows {
+            *self.carbon.grams.entry(p.pid).or_default() += i.grams(p.share * total);
+        }
+        self.carbon.total_g += i.grams(total);
+        self.carbon.intensity = Some(i);
+    }
+
     /// A fresh session showing only `pids` (all processes when empty), sorted by power.
     pub fn new(pids: Vec<u32>) -> State {
         State {
@@ -56,6 +111,7 @@ impl State {
         if self.paused {
             return false;
         }
+        self.add_carbon(&snapshot);
         self.snapshot = Some(snapshot);
         self.snapshots_shown += 1;
         self.rebuild();
