@@ -405,6 +405,14 @@ fn sci_per_run_agrees_with_report_joules_times_intensity() {
         f("operational_g_per_unit") + f("embodied_g_per_unit"),
         1e-9
     ));
+    // The flamegraph in grams: its stacks sum to the report's grams less the idle row's.
+    let folded = crate::util::collapsed(&file, &["--unit", "co2e", "--carbon-intensity", "400"]);
+    let stacks_ng: u64 = folded.values().sum();
+    let busy_g = report_g - report["carbon"]["idle_co2e_g"].as_f64().expect("idle");
+    assert!(
+        close(stacks_ng as f64 / 1e9, busy_g, 0.01),
+        "{stacks_ng} ng vs {busy_g} g"
+    );
     // The command's row carries most of the energy and its share of M.
     let rows = sci["rows"].as_array().expect("rows");
     let sh = rows.iter().find(|r| r["command"] == "sh").expect("sh row");

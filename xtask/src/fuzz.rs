@@ -17,6 +17,7 @@ pub const TARGETS: &[&str] = &[
     "python_lines",
     "perf_map",
     "podlist",
+    "carbon",
 ];
 
 /// Seconds per target when `cargo xtask test` runs them: enough to replay the seeds and

@@ -90,6 +90,62 @@ pub struct Args {
     /// Recompute estimated energy with other model parameters.
     #[command(flatten)]
     pub(crate) model: ModelArgs,
+    /// `co2e`: widths in grams of CO2e (the energy at the carbon flags' intensity).
+    #[arg(long, value_enum, default_value_t = Unit::Energy)]
+    pub(crate) unit: Unit,
+    /// The intensity for `--unit co2e`.
+    #[command(flatten)]
+    pub(crate) carbon: crate::carbon::cli::CarbonArgs,
+}
+
+/// What the widths measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unit {
+    /// Joules (or CPU time where no energy was recorded).
+    Energy,
+    /// Grams of CO2e.
+    Co2e,
+}
+
+/// Adds `co2e_<domain>` (nanograms) to every sample: its energy at the intensity over the
+/// recording (one intensity per recording, computed once, not per sample's own time);
+/// returns the value's name.
+fn co2e_values(
+    args: &Args,
+    rec: &crate::record::Recording,
+    profile: &mut profile::Profile,
+    energy: &str,
+) -> anyhow::Result<String> {
+    let mut carbon = args.carbon.carbon()?.ok_or_else(|| {
+        anyhow::anyhow!(
+            "--unit co2e needs a grid intensity: give --carbon-intensity, --carbon-zone, --carbon-series or --carbon-api"
+        )
+    })?;
+    let domain = energy.strip_prefix("energy_").ok_or_else(|| {
+        anyhow::anyhow!(
+            "--unit co2e weighs energy, and {} has none",
+            args.file.display()
+        )
+    })?;
+    let k = profile
+        .value_index(energy)
+        .ok_or_else(|| anyhow::anyhow!("no {energy} values"))?;
+    let unix = |t: u64| rec.header.start_unix_ns + t.saturating_sub(rec.start_ns());
+    let i = carbon.over(unix(rec.start_ns()), unix(rec.end_ns));
+    // µJ × g/J × 1e3 = ng.
+    let ng_per_uj = i.g_per_joule() * 1e3;
+    let name = format!("co2e_{domain}");
+    profile.value_types.push(profile::ValueType {
+        name: name.clone(),
+        unit: "nanograms".into(),
+    });
+    for s in &mut profile.samples {
+        let v = s.values.get(k).copied().unwrap_or(0.0) * ng_per_uj;
+        s.values.push(v);
+    }
+    profile.recompute_totals();
+    profile.meta.source = format!("{}; carbon: {}", profile.meta.source, i.describe());
+    Ok(name)
 }
 
 /// Resource attributes of a recording: its host and kernel, and this machine's id when the
@@ -123,9 +179,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         pids: args.pids.clone(),
         comms: args.comms.clone(),
     };
-    let profile = analysis::profile(&rec, &analysis, &filter);
+    let mut profile = analysis::profile(&rec, &analysis, &filter);
 
     let value = value_of(&args, &profile)?;
+    let value = match args.unit {
+        Unit::Energy => value.to_string(),
+        Unit::Co2e => co2e_values(&args, &rec, &mut profile, value)?,
+    };
+    let value = value.as_str();
     let mut sink: Box<dyn ProfileSink> = match args.format {
         Format::Svg => Box::new(svg::Svg {
             value: value.to_string(),

@@ -258,15 +258,16 @@ pub fn request(
         profiles.push(p);
     }
     for (k, vt) in profile.value_types.iter().enumerate() {
-        let Some(zone) = vt.name.strip_prefix("energy_") else {
-            continue;
+        // Energy, or its grams of CO2e (`flamegraph --unit co2e`).
+        let (zone, kind, unit) = match (
+            vt.name.strip_prefix("energy_"),
+            vt.name.strip_prefix("co2e_"),
+        ) {
+            (Some(zone), _) => (zone, "energy", "microjoules"),
+            (None, Some(zone)) => (zone, "co2e", "nanograms"),
+            (None, None) => continue,
         };
-        let mut p = base(
-            &mut dict,
-            ("energy", "microjoules"),
-            ("energy", "microjoules"),
-            1,
-        );
+        let mut p = base(&mut dict, (kind, unit), (kind, unit), 1);
         p.attribute_indices = vec![
             dict.attribute("energy.zone", Value::StringValue(zone.to_string())),
             dict.attribute("energy.estimated", Value::BoolValue(profile.meta.estimated)),

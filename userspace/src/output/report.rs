@@ -78,7 +78,9 @@ pub fn render_carbon(
 ) -> Result<Vec<u8>, ReportError> {
     let mut intensity = |start_ns: u64, end_ns: u64| {
         let unix = |t: u64| rec.header.start_unix_ns + t.saturating_sub(rec.start_ns());
-        carbon.as_mut().map(|c| c.over(unix(start_ns), unix(end_ns)))
+        carbon
+            .as_mut()
+            .map(|c| c.over(unix(start_ns), unix(end_ns)))
     };
     match opts.window {
         Some(secs) => windowed(opts, rec, cfg, secs, &mut intensity),

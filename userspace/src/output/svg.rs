@@ -35,13 +35,21 @@ pub fn title(profile: &Profile, value: usize) -> (String, String) {
             )
         }
         "nanoseconds" => (format!("CPU time: {:.3} s", total / 1e9), "ns"),
+        "nanograms" => {
+            let domain = vt.name.strip_prefix("co2e_").unwrap_or(&vt.name);
+            (
+                format!("Carbon ({domain}): {:.6} gCO2e", total / 1e9),
+                "ng CO2e",
+            )
+        }
         unit => (format!("{}: {total:.0} {unit}", vt.name), "samples"),
     };
-    let estimated = if profile.meta.estimated && vt.unit == "microjoules" {
-        " (estimated)"
-    } else {
-        ""
-    };
+    let estimated =
+        if profile.meta.estimated && matches!(vt.unit.as_str(), "microjoules" | "nanograms") {
+            " (estimated)"
+        } else {
+            ""
+        };
     (
         format!("{} — {what}{estimated}", profile.meta.title),
         count_name.to_string(),
