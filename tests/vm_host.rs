@@ -442,3 +442,125 @@ fn vm_counters_survive_an_agent_restart_and_a_vm_that_exits_loses_its_directory(
     assert!(seq(&fresh) < seq(&after));
     assert!(energy(&fresh) < old_energy);
 }
+
+#[test]
+fn report_by_vm_lists_vcpu_and_emulator_threads_apart_and_sums_to_the_processes() {
+    if !util::require_root(
+        "report_by_vm_lists_vcpu_and_emulator_threads_apart_and_sums_to_the_processes",
+    ) {
+        return;
+    }
+    let _guard = util::exclusive();
+    let fake = util::two_cpu_package();
+    let _emulator = BusyEmulator::start(&fake.energy_uj, STATIC_W, 10.0);
+    let (qemu, _) = fake_hypervisors(fake.dir.path());
+    // One VM with named threads, one without (qemu's default): its split is lost.
+    let named = start_vm(
+        &qemu,
+        &["-name", "guest=app,debug-threads=on", "-smp", "1"],
+        50,
+    );
+    let unnamed = start_vm(&qemu, &["-name", "plain", "-smp", "2"], 20);
+    let file = fake.dir.path().join("vms.ebpr");
+    let rec = util::Recorder::start(&[
+        "-o",
+        file.to_str().expect("utf-8 path"),
+        "--energy-source",
+        "powercap",
+        "--sysfs-root",
+        fake.sysfs.to_str().expect("utf-8 path"),
+    ]);
+    // Until the named VM's vCPU has had a second of CPU while recorded.
+    let vcpu_ns = || {
+        thread_cpu(named.pid())
+            .iter()
+            .filter(|(n, _)| n.starts_with("CPU "))
+            .map(|(_, ns)| *ns)
+            .sum::<u64>()
+    };
+    let at_start = vcpu_ns();
+    assert!(
+        util::until(Duration::from_secs(60), || vcpu_ns()
+            >= at_start + 1_000_000_000),
+        "the fake VM's vCPU thread got under 1 s of CPU in 60 s"
+    );
+    rec.stop();
+
+    let out = util::run(&[
+        "report",
+        "--by",
+        "vm",
+        "--format",
+        "csv",
+        file.to_str().expect("path"),
+    ]);
+    assert!(out.status.success(), "report --by vm: {}", util::text(&out));
+    let csv = String::from_utf8_lossy(&out.stdout).into_owned();
+    let header: Vec<&str> = csv.lines().next().expect("header").split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("no {name} column: {header:?}"))
+    };
+    let (vm_col, j_col) = (col("vm"), col("package_j"));
+    let rows: BTreeMap<String, f64> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|c| c.len() > j_col)
+        .map(|c| (c[vm_col].to_owned(), c[j_col].parse().unwrap_or(0.0)))
+        .collect();
+    for row in ["app vcpu", "app emulator", "plain unsplit", "[host]"] {
+        assert!(
+            rows.get(row).is_some_and(|j| *j > 0.0),
+            "no energy in row {row}: {rows:?}"
+        );
+    }
+    assert!(
+        !rows.contains_key("plain vcpu"),
+        "an unnamed VM cannot be split: {rows:?}"
+    );
+
+    // The VM rows are the processes' energy, thread by thread.
+    let json = util::report_json(&file);
+    let process_j = |pid: u32| {
+        util::process(&json, pid).expect("the VM process in the report")["energy_j"]["package"]
+            .as_f64()
+            .expect("package J")
+    };
+    let by_vm = util::report_json_with(&file, &["--by", "vm"]);
+    let vms = by_vm["vms"].as_array().expect("vms[]");
+    let app = vms
+        .iter()
+        .find(|v| v["name"] == "app")
+        .expect("app in vms[]");
+    let dynamic = app["dynamic_j"]["package"].as_f64().expect("dynamic");
+    let parts = app["vcpu_j"]["package"].as_f64().expect("vcpu")
+        + app["emulator_j"]["package"].as_f64().expect("emulator");
+    assert!(
+        (dynamic - process_j(named.pid())).abs() <= 1e-6 * dynamic.max(1.0),
+        "{dynamic} vs its process"
+    );
+    assert!(
+        (dynamic - parts).abs() <= 1e-6 * dynamic.max(1.0),
+        "vcpu + emulator {parts} vs {dynamic}"
+    );
+    let sum_rows: f64 = rows.values().sum();
+    let app_rows = rows["app vcpu"] + rows["app emulator"];
+    assert!(
+        (app_rows - dynamic).abs() <= 0.01 * dynamic + 0.002,
+        "table {app_rows} vs JSON {dynamic}"
+    );
+    assert!(sum_rows > app_rows, "{rows:?}");
+    let plain = vms
+        .iter()
+        .find(|v| v["name"] == "plain")
+        .expect("plain in vms[]");
+    assert_eq!(
+        plain["vcpus"], 2,
+        "from -smp, though its threads are unnamed"
+    );
+    assert_eq!(plain["threads_named"], false);
+    drop(unnamed);
+}

@@ -266,7 +266,21 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
             ProcessRow {
                 pid,
                 instance,
-                cmdline: main.map(|i| i.cmdline.clone()).unwrap_or_default(),
+                // The command line is read once per process, with whichever of its
+                // threads was seen first: not always the main one.
+                cmdline: main
+                    .map(|i| i.cmdline.clone())
+                    .filter(|c| !c.is_empty())
+                    .or_else(|| {
+                        thread_rows.iter().find_map(|t| {
+                            input
+                                .threads
+                                .get(&t.tid)
+                                .filter(|i| i.tgid == pid && !i.cmdline.is_empty())
+                                .map(|i| i.cmdline.clone())
+                        })
+                    })
+                    .unwrap_or_default(),
                 comm,
                 container_id: container.container_id.unwrap_or_default(),
                 pod_uid: container.pod_uid.unwrap_or_default(),
