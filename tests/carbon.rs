@@ -413,6 +413,32 @@ fn sci_per_run_agrees_with_report_joules_times_intensity() {
         close(stacks_ng as f64 / 1e9, busy_g, 0.01),
         "{stacks_ng} ng vs {busy_g} g"
     );
+    // `diff` in grams: every joule figure at the one intensity, the interval with it.
+    let out = util::run(&[
+        "diff",
+        file.to_str().expect("utf-8"),
+        file.to_str().expect("utf-8"),
+        "--by",
+        "process",
+        "--format",
+        "json",
+        "--carbon-intensity",
+        "400",
+    ]);
+    assert!(out.status.success(), "diff failed: {}", text(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).expect("diff JSON");
+    let g_per_j = 400.0 / 3.6e6;
+    let c = &d["carbon"];
+    assert_eq!(c["unit"], "gCO2e/run", "{c:#}");
+    for (g, j) in [
+        (&c["base_g"], &d["total"]["base_j"]),
+        (&c["delta_g"], &d["total"]["delta_j"]),
+        (&c["ci95_g"][0], &d["total"]["ci95"][0]),
+        (&c["ci95_g"][1], &d["total"]["ci95"][1]),
+    ] {
+        let (g, j) = (g.as_f64().expect("grams"), j.as_f64().expect("joules"));
+        assert!((g - j * g_per_j).abs() <= 1e-12 + 1e-9 * g.abs(), "{c:#}");
+    }
     // The command's row carries most of the energy and its share of M.
     let rows = sci["rows"].as_array().expect("rows");
     let sh = rows.iter().find(|r| r["command"] == "sh").expect("sh row");

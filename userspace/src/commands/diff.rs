@@ -106,6 +106,9 @@ pub struct Args {
     /// Static power measured by `energy-bpf calibrate`.
     #[command(flatten)]
     pub(crate) calibration: super::args::CalibrationFlags,
+    /// The change in grams of CO2e too, with its interval, at one intensity for both sides.
+    #[command(flatten)]
+    pub(crate) carbon: crate::carbon::cli::CarbonArgs,
 }
 
 fn parse_per(text: &str) -> Result<Per, String> {
@@ -222,7 +225,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
              open that in a browser"
         );
     }
-    let text = render(&args, &d, (&base, &new), verdict.as_ref())?;
+    let mut text = render(&args, &d, (&base, &new), verdict.as_ref())?;
+    if let Some(mut c) = args.carbon.carbon()? {
+        text = with_carbon(&args, &d, &c.now(), text)?;
+    }
     write_out(args.output.as_deref(), &text)?;
     let Some(v) = verdict else {
         return Ok(ExitCode::SUCCESS);
@@ -294,6 +300,63 @@ fn render(
         .context("cannot draw the differential flamegraph")?,
     }
     Ok(text)
+}
+
+/// The change in grams: every joule figure × the intensity (one for both sides, so the
+/// change in grams is the change in energy, not in the grid). JSON gains `carbon` and each
+/// row `delta_g` and `ci95_g`; a table a line under it; other formats stay as they are.
+fn with_carbon(
+    args: &Args,
+    d: &diff::Diff,
+    i: &crate::carbon::Intensity,
+    text: Vec<u8>,
+) -> anyhow::Result<Vec<u8>> {
+    let g = i.g_per_joule();
+    let unit = d.unit.replacen('J', "gCO2e", 1);
+    match args.format {
+        Format::Json => {
+            let mut v: serde_json::Value = serde_json::from_slice(&text)?;
+            let grams = |r: &diff::Row| {
+                serde_json::json!({
+                    "base_g": r.base_j * g,
+                    "new_g": r.new_j * g,
+                    "delta_g": r.delta_j * g,
+                    "ci95_g": [r.ci95[0] * g, r.ci95[1] * g],
+                })
+            };
+            let mut total = grams(&d.total);
+            total["g_per_kwh"] = i.g_per_kwh.into();
+            total["source"] = i.source.clone().into();
+            total["pue"] = i.pue.into();
+            total["unit"] = unit.into();
+            v["carbon"] = total;
+            if let Some(rows) = v.get_mut("rows").and_then(|r| r.as_array_mut()) {
+                for (row, r) in rows.iter_mut().zip(&d.rows) {
+                    row["delta_g"] = (r.delta_j * g).into();
+                    row["ci95_g"] = serde_json::json!([r.ci95[0] * g, r.ci95[1] * g]);
+                }
+            }
+            Ok(format!("{v:#}\n").into_bytes())
+        }
+        Format::Table => {
+            let mut text = text;
+            let t = &d.total;
+            text.extend(
+                format!(
+                    "carbon: {:+.6} {unit} [{:+.6}, {:+.6}] (base {:.6}, new {:.6}) at {}\n",
+                    t.delta_j * g,
+                    t.ci95[0] * g,
+                    t.ci95[1] * g,
+                    t.base_j * g,
+                    t.new_j * g,
+                    i.describe()
+                )
+                .into_bytes(),
+            );
+            Ok(text)
+        }
+        _ => Ok(text),
+    }
 }
 
 fn write_out(path: Option<&std::path::Path>, bytes: &[u8]) -> anyhow::Result<()> {
