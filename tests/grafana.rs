@@ -1,7 +1,8 @@
 //! The Grafana dashboards of `deploy/grafana/` proven against data: a real Prometheus
 //! (Debian's package) scrapes a real agent every second; the agent reads an emulated RAPL
 //! package driven by the machine's busy time (`util::BusyEmulator`) and names pods from a
-//! fake kubelet, while two busy processes run in a pod's containers. Then every PromQL
+//! fake kubelet, while a busy process runs in a pod's container, another on the host and a
+//! fake VM beside them, at a fixed grid intensity. Then every PromQL
 //! expression of every panel and every template variable's query runs through
 //! Prometheus's HTTP API, template variables substituted with the values their own queries
 //! return. Each must return data; a metric or label the agent does not export, `rate()` or
@@ -320,6 +321,7 @@ fn problems(expr: &str, exported: &Exported, unit: Option<&str>) -> Vec<String> 
             "cps",
             "short",
             "none",
+            "massg",
         ]
         .contains(&unit)
         {
@@ -437,7 +439,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         "{PROMETHEUS} missing: run `cargo xtask setup` (it installs Debian's prometheus)"
     );
     let files = dashboards();
-    assert!(files.len() >= 2, "dashboards: {files:?}");
+    assert!(files.len() >= 3, "dashboards: {files:?}");
     let _guard = util::exclusive();
 
     let fake = util::two_cpu_package();
@@ -456,6 +458,21 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let app = Workload::spawn("while :; do :; done", None);
     app_cg.enter(app.pid());
     let _host = Workload::spawn("while :; do :; done", None);
+    // A virtual machine: the fake hypervisor of the VM tests, one vCPU thread at 30%.
+    let qemu = util::gcc(
+        &util::workload("fake_vm.c"),
+        &tmp.join("qemu-system-x86_64"),
+        &["-O1", "-pthread"],
+    );
+    let _vm = Daemon(
+        Command::new(&qemu)
+            .args(["-name", "guest=web,debug-threads=on", "-smp", "1"])
+            .env("FAKE_VM_VCPU_PCT", "30")
+            .env("FAKE_VM_IO_PCT", "5")
+            .spawn()
+            .expect("start the fake VM"),
+    );
+    let vm_share = tmp.join("vms");
 
     let url = format!("https://127.0.0.1:{kube_port}/pods");
     let sysfs = fake.sysfs.to_str().expect("utf-8 path");
@@ -472,6 +489,12 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             ca.to_str().expect("utf-8"),
             "--kube-token",
             token.to_str().expect("utf-8"),
+            "--vm-share",
+            vm_share.to_str().expect("utf-8"),
+            "--static-power-w",
+            "5",
+            "--carbon-intensity",
+            "350",
         ],
     );
 

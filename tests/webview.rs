@@ -359,6 +359,13 @@ fn web_view_charts_two_processes_at_3_to_1_and_draws_the_heavier_ones_code() {
     );
     let estimated = series["estimated"].as_bool().expect("estimated flag");
     assert!(!estimated, "powercap energy shown as estimated");
+    // Measured, not asserted: how fast the page painted and the series came back.
+    let timing = browser.eval(
+        "const p = performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint'); \
+         const s = performance.getEntriesByType('resource').filter(e => e.name.includes('/api/v1/series')); \
+         return {first_paint_ms: p ? p.startTime : null, series_ms: s.length ? s[s.length - 1].duration : null};",
+    );
+    eprintln!("web view timing: {timing}");
     browser.screenshot("webview-power.png");
 
     // Which code: the heavier row's flamegraph.

@@ -17,6 +17,7 @@ pub const TARGETS: &[&str] = &[
     "python_lines",
     "perf_map",
     "podlist",
+    "web_query",
     "carbon",
 ];
 

@@ -28,6 +28,11 @@ const APT: &[(&str, &str, &str)] = &[
         "flamegraph SVGs are opened in headless Chromium in tests",
     ),
     (
+        "chromium-driver",
+        "/usr/bin/chromedriver",
+        "the web view test drives headless Chromium through WebDriver",
+    ),
+    (
         "redis-server",
         "/usr/bin/redis-server",
         "`bench server` measures each tool's cost to a saturated redis",

@@ -403,4 +403,40 @@ mod tests {
         assert_eq!(s.times_ms.len(), MAX_POINTS);
         assert!(s.series[0].watts.iter().all(|w| (w - 2.0).abs() < 1e-6));
     }
+
+    /// The figure docs/dashboards.md quotes: an hour of 1 s windows for 200 processes,
+    /// answered as JSON (`cargo test -p energy-bpf --release --lib series_of_an_hour --
+    /// --ignored --nocapture`). A measurement, not a timed assertion.
+    #[test]
+    #[ignore]
+    fn series_of_an_hour_of_200_processes() {
+        let mut ring = Ring::default();
+        let t0 = 1_000_000u64;
+        for t in 0..3600u64 {
+            let rows = (0..200u32)
+                .map(|p| row(1000 + p, "worker", "", f64::from(p % 17) + 0.5))
+                .collect();
+            ring.push(t0 + t * 1000, false, rows);
+        }
+        let now = t0 + 3600 * 1000;
+        for (by, top) in [(By::Process, 10), (By::Process, 50), (By::Pod, 10)] {
+            let q = SeriesQuery {
+                range_s: 3600,
+                by,
+                top,
+            };
+            let runs = 5;
+            let start = std::time::Instant::now();
+            let mut bytes = 0;
+            for _ in 0..runs {
+                let resp = ring.series(&q, now);
+                bytes = serde_json::to_vec(&resp).expect("json").len();
+            }
+            let ms = start.elapsed().as_secs_f64() * 1000.0 / f64::from(runs);
+            eprintln!(
+                "series of 3600 windows x 200 processes, by {}, top {top}: {ms:.1} ms, {bytes} bytes",
+                by.name()
+            );
+        }
+    }
 }
