@@ -1,9 +1,10 @@
-//! `cargo xtask bench vms [SECS] [N]`: the agent's CPU per running VM at 1 s updates.
+//! `cargo xtask bench vms [SECS] [N] [ROUNDS]`: the agent's CPU per running VM at 1 s updates.
 //! N fake VMs (`tests/workloads/fake_vm.c` run as `qemu-system-x86_64 -name
 //! guest=benchK,debug-threads=on -smp 1`: a `CPU 0/KVM` thread, an `IO iothread1` thread
 //! and the main loop, each 2% busy in 10 ms periods) against the same N processes under a
 //! name no hypervisor has (so the agent captures the same threads and switches but finds
-//! no VM), each phase SECS long under its own agent (`--interval 1 --vm-share DIR`).
+//! no VM), and nothing extra, each phase SECS long under its own agent (`--interval 1
+//! --vm-share DIR`), in ROUNDS rounds (medians: other load on the machine moves a phase).
 //! Reports the agent's CPU in % of one CPU for: nothing extra, the N plain processes, the
 //! N VMs; and per VM: (VMs − plain) / N, the cost of recognising VMs and writing their
 //! directories, and (VMs − nothing) / N, everything a VM costs the agent.
@@ -17,8 +18,8 @@ use std::{
 
 use crate::util::{self, Result};
 
-/// Runs the benchmark.
-pub fn run(secs: u64, n: usize) -> Result {
+/// Runs the benchmark: `rounds` rounds of (nothing, plain processes, VMs), medians.
+pub fn run(secs: u64, n: usize, rounds: usize) -> Result {
     let bin = super::release_bin()?;
     let dir = std::env::temp_dir().join(format!("energy-bpf-bench-vms-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -32,19 +33,35 @@ pub fn run(secs: u64, n: usize) -> Result {
     let plain = dir.join("plainproc");
     std::fs::copy(&qemu, &plain).map_err(|e| format!("copy: {e}"))?;
     println!(
-        "# bench vms: the agent (--interval 1, model energy), {secs} s per phase; {n} processes with a `CPU 0/KVM`, an `IO iothread1` and a main thread at 2% each"
+        "# bench vms: the agent (--interval 1, model energy), {rounds} rounds of {secs} s phases; {n} processes with a `CPU 0/KVM`, an `IO iothread1` and a main thread at 2% each"
     );
-    let none = phase(&bin, &dir, None, 0, secs)?;
-    let plain_cpu = phase(&bin, &dir, Some(&plain), n, secs)?;
-    let vms_cpu = phase(&bin, &dir, Some(&qemu), n, secs)?;
-    let written = std::fs::read_dir(dir.join("vms"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    println!(
-        "agent CPU, % of one CPU: nothing extra {none:.3}, {n} plain processes {plain_cpu:.3}, {n} VMs {vms_cpu:.3}"
+    let (mut none, mut plains, mut vms) = (Vec::new(), Vec::new(), Vec::new());
+    let mut written = 0;
+    for round in 1..=rounds {
+        none.push(phase(&bin, &dir, None, 0, secs)?);
+        plains.push(phase(&bin, &dir, Some(&plain), n, secs)?);
+        vms.push(phase(&bin, &dir, Some(&qemu), n, secs)?);
+        written = std::fs::read_dir(dir.join("vms"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        println!(
+            "round {round}: agent CPU, % of one CPU: nothing extra {:.3}, {n} plain processes {:.3}, {n} VMs {:.3}",
+            none[round - 1],
+            plains[round - 1],
+            vms[round - 1]
+        );
+        let _ = std::fs::remove_dir_all(dir.join("vms"));
+    }
+    let (none, plain_cpu, vms_cpu) = (
+        super::median(&none),
+        super::median(&plains),
+        super::median(&vms),
     );
     println!(
-        "per VM: {:.4}% of one CPU for recognising it and writing its directory (VMs - plain processes), {:.4}% in all (VMs - nothing); {written} VM directories at the end",
+        "medians: nothing extra {none:.3}%, {n} plain processes {plain_cpu:.3}%, {n} VMs {vms_cpu:.3}% of one CPU"
+    );
+    println!(
+        "per VM: {:.4}% of one CPU for recognising it and writing its directory (VMs - plain processes), {:.4}% in all (VMs - nothing); {written} VM directories written",
         (vms_cpu - plain_cpu) / n.max(1) as f64,
         (vms_cpu - none) / n.max(1) as f64,
     );
