@@ -342,6 +342,8 @@ mod tests {
             calibration: Default::default(),
             attribute: AttributeArgs::default(),
             model: ModelArgs::default(),
+            unit: Unit::Energy,
+            carbon: Default::default(),
         }
     }
 
@@ -410,6 +412,8 @@ mod tests {
             calibration: Default::default(),
             attribute: AttributeArgs::default(),
             model: ModelArgs::default(),
+            unit: Unit::Energy,
+            carbon: Default::default(),
         };
         let err = run(args).expect_err("missing file");
         assert!(
