@@ -13,6 +13,9 @@ use energy_bpf::attribute::{
 };
 use energy_bpf::pipeline;
 
+#[path = "accuracy/power_model.rs"]
+mod power_model;
+
 const WINDOW_NS: u64 = 5_000_000_000;
 
 fn class(name: &str, tgid: u32, watts: f64, weight: f64, mean_run_ns: u64) -> SimClass {
@@ -243,6 +246,14 @@ fn given_static(cfg: &SimConfig) -> Options {
 
 fn main() {
     let started = Instant::now();
+    if std::env::args().any(|a| a == "power-model") {
+        let ok = power_model::power_model_runs();
+        println!(
+            "\nall targets met: {ok}; bench time {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        return;
+    }
     let mut all_ok = true;
 
     let equal = base_config(
@@ -330,6 +341,8 @@ fn main() {
     all_ok &= never_idle();
 
     all_ok &= ci_coverage();
+
+    all_ok &= power_model::power_model_runs();
 
     println!(
         "\nall targets met: {all_ok}; bench time {:.1} s",

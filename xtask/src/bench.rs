@@ -6,6 +6,8 @@
 //! - `python [ROUNDS]`: a CPU-bound pure-Python loop (Debian's python3) alone and under
 //!   `energy-bpf record --unwind fp -F 99` with the CPython frame walker off and on.
 //! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
+//! - `power-model`: only its power-model runs (two scenarios of unequal watts and one of
+//!   equal watts, ten seeds each, on three counters; each run's error).
 //! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
 //!   `report` and `flamegraph` (every format) on that real recording (best of 3).
 //! - `diff`: records `burn` twice (60 s at 999 Hz on both CPUs each), then times
@@ -15,7 +17,7 @@
 //! - `agent SECS`: the agent's CPU and RSS, quiet and under process churn ([`agent`]).
 //! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent, `record` and
 //!   `perf record -a -g`, with each tool's CPU per context switch ([`server`]).
-//! - `vms [SECS] [N] [ROUNDS]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
+//! - `vms [SECS] [N]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
 mod agent;
 mod server;
 mod vms;
@@ -43,6 +45,16 @@ pub fn run(args: &[String]) -> Result {
             "--bench",
             "accuracy",
         ]),
+        Some("power-model") => util::cargo(&[
+            "bench",
+            "--locked",
+            "-p",
+            "energy-bpf",
+            "--bench",
+            "accuracy",
+            "--",
+            "power-model",
+        ]),
         Some("outputs") => outputs(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
         Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
         Some("diff") => diff(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
@@ -55,10 +67,9 @@ pub fn run(args: &[String]) -> Result {
         Some("vms") => vms::run(
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20),
-            args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3),
         ),
         Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale | vms [SECS] [N]".into()),
     }
 }
 

@@ -83,6 +83,7 @@ pub(super) fn run_source(
         static_clamped_from_w: st.clamped_from_w,
         power_model: PowerModelUsed::Time,
         power_model_note: None,
+        power_model_uncertain: None,
         regression: None,
         interval_stats,
         intervals: Vec::with_capacity(intervals.len()),
@@ -110,6 +111,7 @@ pub(super) fn run_source(
     let plan = plan_model(
         source,
         opts,
+        read_period_ns(&readings),
         &intervals,
         &mut occupancy,
         static_w,
@@ -169,6 +171,9 @@ pub(super) fn run_source(
             0.0
         },
     );
+    let (relative_error, disagreement) =
+        uncertainty::cover_models(&report, &class_tgid, relative_error);
+    report.power_model_uncertain = disagreement;
     SourceOutcome {
         report,
         sample_uj,
@@ -303,9 +308,14 @@ impl Plan {
 
 /// Decides time or regression for a source (recording the decision in `report`) and, for
 /// regression, fits the sliding windows.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the source, its readings' spacing and intervals, and where the plan goes"
+)]
 fn plan_model(
     source: &EnergySource,
     opts: &Options,
+    read_period_ns: u64,
     intervals: &[Interval],
     occupancy: &mut DomainTally<'_, '_, '_>,
     static_w: f64,
@@ -328,11 +338,13 @@ fn plan_model(
     let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let other = ranked.len();
     let k = other + 1;
-    // A reading holds the counter's last update, on average half an update old: each
-    // interval's energy was drawn over its span shifted back by that much, and so is the
-    // time its columns count (in short rows a slice's edge on the wrong side of a row's
-    // end is a visible share of it).
-    let lag = source.update_period_ns / 2;
+    // A reading holds the counter's last update: each interval's energy was drawn over its
+    // span shifted back by the update's age, and so is the time its columns count (in
+    // short rows a slice's edge on the wrong side of a row's end is a visible share of
+    // it). Read less often than it updates, the counter is on average half an update old;
+    // read more often (a counter updated once a second, read every 10 ms), an interval
+    // ends at the first read that sees an update, on average half a read after it.
+    let lag = counter_lag_ns(source.update_period_ns, read_period_ns);
     // Two row lengths, and the one whose fit pins the classes' watts down better (the
     // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
     // resolves (5 updates, as the zero-load fit's) see a fair scheduler's rotation:
@@ -368,22 +380,49 @@ fn plan_model(
             (rows, fit, row_ns)
         })
         .min_by(|a, b| weighted_se(&a.1).total_cmp(&weighted_se(&b.1)))?;
-    let (sse_time, sse_reg) = regression::heldout_sse(&rows, k, 5, &opts.fit);
+    let held = regression::heldout(&rows, k, 5, &opts.fit);
     let mut labels: Vec<ClassLabel> = ranked.iter().map(|&t| ClassLabel::Process(t)).collect();
     labels.push(ClassLabel::Other);
-    let enough_rows = rows.len() >= (5 * k).max(20);
-    let use_regression = match opts.power_model {
-        PowerModel::Regression => rows.len() > k + 1,
-        _ => enough_rows && sse_reg < 0.95 * sse_time,
+    // Parameters the rows must pin down: the classes fitted on their own.
+    let fitted = global
+        .classes
+        .iter()
+        .filter(|c| c.not_identifiable.is_none())
+        .count();
+    let enough_rows = rows.len() > 2 * fitted + 2;
+    // How far the split moves from equal power toward the regression's watts, 0..1. Not a
+    // switch: `auto` weights the regression by its held-out evidence (the stacking weight
+    // of `regression::heldout`) and shrinks each class's watts toward the common value by
+    // how well the rows identify it (`regression::shrunk_watts`), so a recording whose
+    // evidence is borderline gets a split between the two, not one or the other.
+    let weight = match opts.power_model {
+        PowerModel::Regression if rows.len() > k + 1 => 1.0,
+        PowerModel::Auto if enough_rows => held.weight,
+        _ => 0.0,
+    };
+    let use_regression = weight > 0.0;
+    let blend = |f: &regression::Fit| -> Vec<f64> {
+        if opts.power_model == PowerModel::Regression {
+            return f.classes.iter().map(|c| c.watts).collect();
+        }
+        regression::shrunk_watts(f)
+            .into_iter()
+            .map(|w| f.prior_w + weight * (w - f.prior_w))
+            .collect()
     };
     report.power_model_note = match (opts.power_model, use_regression) {
         (PowerModel::Auto, false) if !enough_rows => Some(format!(
-            "auto: {} regression rows are too few to fit {k} classes; time model used",
+            "auto: {} regression rows are too few to fit {fitted} classes; time model used",
             rows.len()
         )),
         (PowerModel::Auto, false) => Some(
             "auto: regression did not predict held-out intervals better; time model used".into(),
         ),
+        (PowerModel::Auto, true) if weight < 1.0 => Some(format!(
+            "auto: held-out intervals weight the regression {:.0}% against time; watts \
+             shrunk toward equal power by how well each is identified",
+            weight * 100.0
+        )),
         (PowerModel::Regression, false) => Some(format!(
             "{} regression rows are too few to fit {k} classes; time model used",
             rows.len()
@@ -395,7 +434,7 @@ fn plan_model(
     let mut windows = Vec::new();
     if use_regression {
         if last_ns - first_ns <= opts.regression_window_ns {
-            windows.push(global.classes.iter().map(|c| c.watts).collect());
+            windows.push(blend(&global));
         } else {
             let stride = opts.regression_stride_ns.max(1);
             let mut start = first_ns;
@@ -409,7 +448,7 @@ fn plan_model(
                     .cloned()
                     .collect();
                 let f = regression::fit(&in_window, k, &opts.fit);
-                windows.push(f.classes.iter().map(|c| c.watts).collect());
+                windows.push(blend(&f));
                 start += stride;
             }
         }
@@ -424,8 +463,10 @@ fn plan_model(
         condition: global.condition,
         rows: global.rows,
         row_ns,
-        heldout_sse_time: sse_time,
-        heldout_sse_regression: sse_reg,
+        heldout_sse_time: held.sse_time,
+        heldout_sse_regression: held.sse_regression,
+        regression_weight: weight,
+        split_w: blend(&global),
         windows: windows.len(),
     });
     if !use_regression {
@@ -444,6 +485,27 @@ fn plan_model(
         windows,
         interval_start: intervals.iter().map(|iv| iv.start_ns).collect(),
     })
+}
+
+/// Median spacing of a source's readings, ns (0 with fewer than two).
+fn read_period_ns(readings: &[&EnergyReading]) -> u64 {
+    let mut ts: Vec<u64> = readings.iter().map(|r| r.ts_ns).collect();
+    ts.sort_unstable();
+    let mut gaps: Vec<u64> = ts.windows(2).map(|w| w[1] - w[0]).collect();
+    if gaps.is_empty() {
+        return 0;
+    }
+    let mid = gaps.len() / 2;
+    *gaps.select_nth_unstable(mid).1
+}
+
+/// How old, on average, the energy a reading closes is: half the shorter of the counter's
+/// update period and the reads' spacing (a spacing of 0, unknown, leaves the update's).
+fn counter_lag_ns(update_period_ns: u64, read_period_ns: u64) -> u64 {
+    match read_period_ns {
+        0 => update_period_ns / 2,
+        r => update_period_ns.min(r) / 2,
+    }
 }
 
 /// Occupancy-weighted standard error of a fit's watts, W: how well its rows pin the busy
@@ -507,4 +569,19 @@ fn build_rows(
     }
     rows.extend(cur);
     rows
+}
+
+#[cfg(test)]
+mod lag_tests {
+    use super::counter_lag_ns;
+
+    #[test]
+    fn a_reading_is_half_the_shorter_of_update_and_read_spacing_old() {
+        // RAPL's 1 ms updates read every 10 ms: half an update.
+        assert_eq!(counter_lag_ns(1_000_000, 10_000_000), 500_000);
+        // A counter updated once a second, read every 10 ms: half a read.
+        assert_eq!(counter_lag_ns(1_000_000_000, 10_000_000), 5_000_000);
+        // Spacing unknown: half an update.
+        assert_eq!(counter_lag_ns(3_000_000, 0), 1_500_000);
+    }
 }

@@ -128,6 +128,12 @@ pub struct RegressionReport {
     pub heldout_sse_time: f64,
     /// See `heldout_sse_time`.
     pub heldout_sse_regression: f64,
+    /// How far the split moved from equal power toward the regression's watts, 0..1 (1:
+    /// `--power-model regression`; 0: the time model).
+    pub regression_weight: f64,
+    /// The watts per class that weight the split (the whole-recording fit's, shrunk and
+    /// weighted), W.
+    pub split_w: Vec<f64>,
     /// Sliding windows fitted.
     pub windows: usize,
 }
@@ -183,12 +189,34 @@ pub struct SourceAttribution {
     pub power_model: PowerModelUsed,
     /// Why the model differs from the one asked for, when it does.
     pub power_model_note: Option<String>,
+    /// Set when the time split and the regression's split of this source disagree beyond
+    /// their intervals: how far apart they are.
+    pub power_model_uncertain: Option<ModelDisagreement>,
     /// The regression, when one was fitted.
     pub regression: Option<RegressionReport>,
     /// Dropped and merged intervals.
     pub interval_stats: IntervalStats,
     /// Every kept interval.
     pub intervals: Vec<IntervalRow>,
+}
+
+/// How far the time split and the regression's split of a source are apart, for a source
+/// where the two models (the regression with its interval) leave a process's energy open
+/// by more than 25%.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ModelDisagreement {
+    /// The class whose energy differs most between the two models.
+    pub class: ClassLabel,
+    /// Its energy under the time split and under the regression, J.
+    pub time_j: f64,
+    /// See `time_j`.
+    pub regression_j: f64,
+    /// Half-width of the regression's 95% interval of that energy, J.
+    pub regression_ci_j: f64,
+    /// Their difference relative to the smaller of the two, %.
+    pub apart_pct: f64,
+    /// The split's relative weight on the regression, 0..1 (see the blend in apportion).
+    pub regression_weight: f64,
 }
 
 /// Energy of one thread.
@@ -340,7 +368,29 @@ impl SourceAttribution {
         ));
         lines.extend(s.static_origin.warning());
         lines.extend(collinear_warning(s));
+        lines.extend(s.power_model_line());
         lines
+    }
+
+    /// The line saying the power model is uncertain and how far apart the models are, when
+    /// they disagree beyond their intervals.
+    pub fn power_model_line(&self) -> Option<String> {
+        let d = self.power_model_uncertain.as_ref()?;
+        let who = match d.class {
+            ClassLabel::Process(pid) => format!("pid {pid}"),
+            ClassLabel::Other => "other processes".into(),
+        };
+        Some(format!(
+            "power model uncertain on {}: {who} gets {:.2} J split by time and {:.2} ± {:.2} J \
+             by regression ({:.0}% apart); the split weights the regression {:.0}% and the \
+             per-process intervals cover both",
+            self.name,
+            d.time_j,
+            d.regression_j,
+            d.regression_ci_j,
+            d.apart_pct,
+            d.regression_weight * 100.0
+        ))
     }
 }
 

@@ -107,6 +107,10 @@ pub fn cut(readings: &[&EnergyReading], min_len_ns: u64) -> (Vec<Interval>, Inte
     }
     if let Some(p) = pending {
         match out.last_mut() {
+            // A tail the counter has not updated over holds none of its energy yet: stretching
+            // the last interval over it would spread that interval's energy over time it
+            // does not cover (a counter updated once a second leaves up to a second).
+            _ if p.energy_uj <= 0.0 => stats.dropped_ns += p.len_ns(),
             Some(last) if last.end_ns == p.start_ns => {
                 stats.merged += 1;
                 last.absorb(p);
@@ -177,11 +181,20 @@ mod tests {
     }
 
     #[test]
-    fn trailing_zero_merges_into_previous() {
+    fn trailing_zero_is_left_out_not_stretched_over() {
         let rs = [r(0, 0.0, ""), r(10, 3.0, ""), r(15, 3.0, "")];
         let refs: Vec<_> = rs.iter().collect();
-        let (iv, _) = cut(&refs, 1);
-        assert_eq!(spans(&iv), vec![(0, 15, 3.0)], "never a 0 W interval");
+        let (iv, stats) = cut(&refs, 1);
+        assert_eq!(spans(&iv), vec![(0, 10, 3.0)], "never a 0 W interval");
+        assert_eq!(stats.dropped_ns, 5);
+    }
+
+    #[test]
+    fn a_short_tail_with_energy_merges_into_previous() {
+        let rs = [r(0, 0.0, ""), r(1000, 3.0, ""), r(1300, 4.0, "")];
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, _) = cut(&refs, 1000);
+        assert_eq!(spans(&iv), vec![(0, 1300, 4.0)]);
     }
 
     #[test]

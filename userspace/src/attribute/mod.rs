@@ -39,6 +39,8 @@ mod activity_tests;
 #[cfg(test)]
 mod idle_tests;
 #[cfg(test)]
+mod power_model_tests;
+#[cfg(test)]
 mod static_tests;
 #[cfg(test)]
 mod tests;

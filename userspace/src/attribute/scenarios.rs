@@ -1,7 +1,7 @@
 //! Simulator scenarios of the busy-machine cases (static power, SMT, DVFS) shared by the unit
 //! tests and the accuracy bench, so both measure the same machines.
 
-use super::sim::{DutyCycle, SimClass, SimConfig};
+use super::sim::{ClassDuty, DutyCycle, SimClass, SimConfig};
 
 fn class(name: &str, tgid: u32, watts: f64, threads: u32, cpus: Vec<u32>) -> SimClass {
     SimClass {
@@ -180,6 +180,113 @@ pub fn three_always_runnable(seed: u64) -> SimConfig {
             spin("w5", 2, 5.0),
             spin("w10", 3, 10.0),
         ],
+        ..SimConfig::default()
+    }
+}
+
+/// The energy counter a power-model scenario is read through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// RAPL: updated every ~1 ms by the hardware, read at any moment (within 1 ms).
+    Rapl,
+    /// A writer that updates the counter every 3 ms and, when the CPUs are busy, gets a
+    /// CPU up to 5 ms later: its lag grows with the load.
+    Lagging,
+    /// A counter a host shares into a VM: updated about once a second.
+    Vm,
+}
+
+impl Counter {
+    /// Every counter, in table order.
+    pub const ALL: [Counter; 3] = [Counter::Rapl, Counter::Lagging, Counter::Vm];
+
+    /// How tables name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Rapl => "1 ms (RAPL)",
+            Counter::Lagging => "3 ms + up to 5 ms under load",
+            Counter::Vm => "1 s (VM's shared counter)",
+        }
+    }
+
+    /// `cfg` read through this counter.
+    pub fn apply(self, cfg: SimConfig) -> SimConfig {
+        match self {
+            Counter::Rapl => cfg,
+            Counter::Lagging => SimConfig {
+                update_period_ns: 3_000_000,
+                update_jitter_ns: 100_000,
+                update_delay_ns: 5_000_000,
+                ..cfg
+            },
+            Counter::Vm => SimConfig {
+                update_period_ns: 1_000_000_000,
+                update_jitter_ns: 5_000_000,
+                ..cfg
+            },
+        }
+    }
+}
+
+/// Three processes that each loop between work and sleep, with their own duty cycles, on 2
+/// CPUs (6 W static, 20 s): "w15" draws 15 W per CPU-second, "w5" 5 W (3:1), "w8" 8 W.
+/// `watts` replaces the three powers (equal watts: [10, 10, 10]).
+pub fn mixed_duty_watts(seed: u64, watts: [f64; 3]) -> SimConfig {
+    let worker = |name: &str, tgid: u32, w: f64| SimClass {
+        mean_run_ns: 4_000_000,
+        ..class(name, tgid, w, 2, Vec::new())
+    };
+    let duty = |tgid: u32, on_ms: u64, off_ms: u64| ClassDuty {
+        tgid,
+        on_ns: on_ms * 1_000_000,
+        off_ns: off_ms * 1_000_000,
+        jitter_ns: (on_ms.min(off_ms) / 3) * 1_000_000,
+    };
+    SimConfig {
+        seed,
+        cpus_per_package: 2,
+        duration_ns: 20_000_000_000,
+        static_w: 6.0,
+        idle_weight: 0.0,
+        phase_ns: 0,
+        classes: vec![
+            worker("w15", 1, watts[0]),
+            worker("w5", 2, watts[1]),
+            worker("w8", 3, watts[2]),
+        ],
+        class_duty: vec![duty(1, 70, 50), duty(2, 40, 80), duty(3, 300, 200)],
+        ..SimConfig::default()
+    }
+}
+
+/// [`mixed_duty_watts`] at 15, 5 and 8 W.
+pub fn mixed_duty(seed: u64) -> SimConfig {
+    mixed_duty_watts(seed, [15.0, 5.0, 8.0])
+}
+
+/// Two processes in phases of seconds with idle gaps between (2 CPUs, 6 W static, 20 s):
+/// "w12" (12 W per CPU-second) works about 2 s and sleeps 1.5 s, "w4" (4 W) works 1.5 s
+/// and sleeps 2 s, so they run alone, together, or not at all.
+pub fn phased(seed: u64) -> SimConfig {
+    let worker = |name: &str, tgid: u32, w: f64| SimClass {
+        mean_run_ns: 4_000_000,
+        ..class(name, tgid, w, 2, Vec::new())
+    };
+    let duty = |tgid: u32, on_ms: u64, off_ms: u64| ClassDuty {
+        tgid,
+        on_ns: on_ms * 1_000_000,
+        off_ns: off_ms * 1_000_000,
+        jitter_ns: 500_000_000,
+    };
+    SimConfig {
+        seed,
+        cpus_per_package: 2,
+        duration_ns: 20_000_000_000,
+        static_w: 6.0,
+        idle_weight: 0.0,
+        phase_ns: 0,
+        classes: vec![worker("w12", 1, 12.0), worker("w4", 2, 4.0)],
+        class_duty: vec![duty(1, 2_000, 1_500), duty(2, 1_500, 2_000)],
         ..SimConfig::default()
     }
 }

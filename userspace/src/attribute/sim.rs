@@ -96,6 +96,29 @@ pub struct SimConfig {
     /// fair scheduler rotates n always-runnable processes over fewer CPUs: each gets the
     /// same share and a row's share differs from the mean by at most about one slice.
     pub rotation_slice_ns: u64,
+    /// Processes that run only in their own busy stretches (a loop that works, then
+    /// sleeps): between them the process is not runnable on any CPU.
+    pub class_duty: Vec<ClassDuty>,
+    /// How late a counter update comes when the package is busy: each update is written
+    /// `U(0, update_delay_ns) × busy share of the package's CPUs` after it was due, and the
+    /// next one is due a period after that (a writer thread that sleeps a period between
+    /// writes and waits for a CPU when they are busy). The value still covers the energy
+    /// up to the moment it is written. 0: updates on time (RAPL's hardware clock).
+    pub update_delay_ns: u64,
+}
+
+/// A process's own busy/sleep loop: runnable for `on_ns ± jitter_ns`, then asleep for
+/// `off_ns ± jitter_ns`, from a random phase.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassDuty {
+    /// The process.
+    pub tgid: u32,
+    /// Runnable stretch, ns.
+    pub on_ns: u64,
+    /// Asleep stretch, ns.
+    pub off_ns: u64,
+    /// Uniform jitter of each stretch, ± ns.
+    pub jitter_ns: u64,
 }
 
 /// A busy/sleep loop on one CPU (a process that spins `on_ns`, then sleeps `off_ns`): the
@@ -138,6 +161,8 @@ impl Default for SimConfig {
             smt_extra: 0.2,
             duty_cycles: Vec::new(),
             rotation_slice_ns: 0,
+            class_duty: Vec::new(),
+            update_delay_ns: 0,
         }
     }
 }
@@ -260,7 +285,7 @@ pub fn simulate(cfg: &SimConfig) -> SimOutput {
     let cpu_ids: Vec<u32> = (0..n_cpus).collect();
     let timeline = Timeline::build(0, cfg.duration_ns, &cpu_ids, &switches);
     let samples = samples_of(cfg, &per_cpu, &functions, &mut rng);
-    let (sources, readings) = counters(cfg, &power, &mut rng);
+    let (sources, readings) = counters(cfg, &power, &per_cpu, &mut rng);
     let threads = cfg
         .classes
         .iter()
@@ -303,6 +328,7 @@ fn schedule_cpu(
     let duty = cfg.duty_cycles.iter().find(|d| d.cpu == cpu).copied();
     // End of the current busy stretch of a duty cycle: runs stop there, then the CPU idles.
     let mut on_until = duty.map(|d| t + jittered(rng, d.on_ns, d.jitter_ns));
+    let awake = class_windows(cfg);
     while t < cfg.duration_ns {
         if let (Some(d), Some(until)) = (duty, on_until)
             && t >= until
@@ -323,8 +349,9 @@ fn schedule_cpu(
             .classes
             .iter()
             .zip(&phase_factor[phase])
-            .map(|(c, f)| {
-                if c.cpus.is_empty() || c.cpus.contains(&cpu) {
+            .zip(&awake)
+            .map(|((c, f), w)| {
+                if (c.cpus.is_empty() || c.cpus.contains(&cpu)) && window_at(w, t).is_some() {
                     c.weight * f
                 } else {
                     0.0
@@ -338,6 +365,16 @@ fn schedule_cpu(
         });
         let choice = if weights.iter().sum::<f64>() > 0.0 {
             pick(rng, &weights)
+        } else if let Some(next) = awake.iter().filter_map(|w| next_start(w, t)).min() {
+            // Every process asleep and the CPU never idles by choice: idle until one wakes.
+            segs.push(Seg {
+                start: t,
+                end: next.min(cfg.duration_ns),
+                class: None,
+                tid: IDLE_TID,
+            });
+            t = next.min(cfg.duration_ns);
+            continue;
         } else {
             cfg.classes.len() // nothing may run here: idle
         };
@@ -354,6 +391,7 @@ fn schedule_cpu(
         };
         let end = (t + exp_ns(rng, class.mean_run_ns))
             .min(cfg.duration_ns)
+            .min(window_at(&awake[choice], t).unwrap_or(u64::MAX))
             .min(on_until.unwrap_or(u64::MAX));
         let tid = class.tgid * 100 + cpu % class.threads.max(1);
         segs.push(Seg {
@@ -380,6 +418,61 @@ fn schedule_cpu(
         t = end;
     }
     (segs, funcs)
+}
+
+/// Each class's runnable windows `[start, end)`, sorted; a class without a
+/// [`ClassDuty`] has one window over the whole run. Drawn from their own generator per
+/// process, so every CPU sees the same windows.
+fn class_windows(cfg: &SimConfig) -> Vec<Vec<(u64, u64)>> {
+    cfg.classes
+        .iter()
+        .map(|c| {
+            let Some(d) = cfg.class_duty.iter().find(|d| d.tgid == c.tgid) else {
+                return vec![(0, u64::MAX)];
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ (u64::from(c.tgid) << 32));
+            let cycle = d.on_ns + d.off_ns;
+            let mut t = rng.random_range(0..cycle.max(1));
+            let mut out = Vec::new();
+            // A window may have started before 0.
+            if t > d.off_ns {
+                out.push((0, t - d.off_ns));
+            }
+            while t < cfg.duration_ns {
+                let end = t + jittered(&mut rng, d.on_ns, d.jitter_ns);
+                out.push((t, end));
+                t = end + jittered(&mut rng, d.off_ns, d.jitter_ns);
+            }
+            out
+        })
+        .collect()
+}
+
+/// End of the window holding `t`, if one does.
+fn window_at(windows: &[(u64, u64)], t: u64) -> Option<u64> {
+    let i = windows.partition_point(|w| w.1 <= t);
+    windows.get(i).filter(|w| w.0 <= t).map(|w| w.1)
+}
+
+/// Start of the first window after `t`.
+fn next_start(windows: &[(u64, u64)], t: u64) -> Option<u64> {
+    let i = windows.partition_point(|w| w.0 <= t);
+    windows.get(i).map(|w| w.0)
+}
+
+/// Busy share of a package's CPUs at `t`.
+fn busy_share(cfg: &SimConfig, per_cpu: &[Vec<Seg>], p: u32, t: u64) -> f64 {
+    let first = (p * cfg.cpus_per_package) as usize;
+    let cpus = &per_cpu[first..first + cfg.cpus_per_package as usize];
+    let busy = cpus
+        .iter()
+        .filter(|segs| {
+            let i = segs.partition_point(|s| s.end <= t);
+            segs.get(i)
+                .is_some_and(|s| s.start <= t && s.class.is_some())
+        })
+        .count();
+    busy as f64 / cpus.len().max(1) as f64
 }
 
 /// One CPU's schedule under [`SimConfig::rotation_slice_ns`]. The slice boundaries come
@@ -550,6 +643,7 @@ fn package_power(cfg: &SimConfig, p: u32, per_cpu: &[Vec<Seg>], truth: &mut Trut
 fn counters(
     cfg: &SimConfig,
     power: &[Vec<Piece>],
+    per_cpu: &[Vec<Seg>],
     rng: &mut ChaCha8Rng,
 ) -> (Vec<EnergySource>, Vec<EnergyReading>) {
     let mut sources = Vec::new();
@@ -582,15 +676,30 @@ fn counters(
         let mut updates: Vec<(u64, f64)> = vec![(0, 0.0)];
         let (mut measured, mut last_true) = (0.0f64, 0.0f64);
         let mut k = 1u64;
+        let mut written = 0u64;
         loop {
-            let nominal = k * cfg.update_period_ns;
+            let nominal = if cfg.update_delay_ns > 0 {
+                written + cfg.update_period_ns
+            } else {
+                k * cfg.update_period_ns
+            };
             if nominal > cfg.duration_ns + cfg.update_period_ns {
                 break;
             }
             let j = cfg.update_jitter_ns;
-            let t = (nominal + rng.random_range(0..=2 * j))
+            let late = if cfg.update_delay_ns > 0 {
+                let share = busy_share(cfg, per_cpu, p, nominal.min(cfg.duration_ns));
+                (rng.random_range(0.0..1.0) * share * cfg.update_delay_ns as f64) as u64
+            } else {
+                0
+            };
+            let t = (nominal + late + rng.random_range(0..=2 * j))
                 .saturating_sub(j)
                 .min(cfg.duration_ns);
+            if cfg.update_delay_ns > 0 && t >= cfg.duration_ns && written >= cfg.duration_ns {
+                break;
+            }
+            written = t;
             let now_true = energy_at(t);
             measured += (now_true - last_true) * (1.0 + cfg.noise * gauss(rng));
             last_true = now_true;

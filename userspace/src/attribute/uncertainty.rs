@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use super::IdlePolicy;
-use super::attribution::{PowerModelUsed, SourceAttribution};
+use super::attribution::{ModelDisagreement, PowerModelUsed, SourceAttribution};
 use super::static_power::StaticOrigin;
 
 /// Relative standard error of a class's energy on one source.
@@ -74,10 +74,19 @@ pub fn relative_error(
         }
         return out;
     };
+    // The watts that weighted the split (the fit's, shrunk and weighted toward equal
+    // power) and the share of their error that reaches it.
+    let split_w = |k: usize| {
+        reg.split_w
+            .get(k)
+            .copied()
+            .unwrap_or(reg.classes[k].fit.watts)
+    };
     let energy: Vec<f64> = reg
         .classes
         .iter()
-        .map(|c| (c.fit.watts * c.fit.occupancy).max(0.0))
+        .enumerate()
+        .map(|(k, c)| (split_w(k) * c.fit.occupancy).max(0.0))
         .collect();
     let total: f64 = energy.iter().sum();
     if total <= 0.0 {
@@ -87,9 +96,10 @@ pub fn relative_error(
     let rel: Vec<f64> = reg
         .classes
         .iter()
-        .map(|c| {
-            if c.fit.watts > 0.0 {
-                c.fit.se_w / c.fit.watts
+        .enumerate()
+        .map(|(k, c)| {
+            if split_w(k) > 0.0 {
+                reg.regression_weight * c.fit.se_w / split_w(k)
             } else {
                 0.0
             }
@@ -110,6 +120,108 @@ pub fn relative_error(
     out.other = total_rel(reg.classes.len().saturating_sub(1));
     out
 }
+/// Where the models leave a process's energy open: the per-process interval widened to
+/// cover both models, and, when that reaches further than [`UNCERTAIN`] from the energy
+/// the split gave, the biggest such disagreement. For each fitted class the models are
+/// the time split's energy (a point: equal watts) and the regression's energy with its
+/// 95% interval; the time split drops out where held-out rows settled the choice for the
+/// regression (weight ≥ [`SETTLED`]). A regression whose interval is wide (rows that cannot
+/// tell the processes apart, as a counter updated once a second under loads that change
+/// faster) leaves the energy open just as two models far apart do. `class_tgid` as for
+/// [`relative_error`]. Conservation is untouched: only the intervals move.
+pub fn cover_models(
+    report: &SourceAttribution,
+    class_tgid: &[u32],
+    mut rel: RelativeError,
+) -> (RelativeError, Option<ModelDisagreement>) {
+    let Some(reg) = report.regression.as_ref() else {
+        return (rel, None);
+    };
+    let dynamic_j = (report.measured_uj - report.idle_uj).max(0.0) * 1e-6;
+    let n = reg.classes.len();
+    let share = |w: &dyn Fn(usize) -> f64| -> Vec<f64> {
+        let e: Vec<f64> = (0..n)
+            .map(|k| (w(k) * reg.classes[k].fit.occupancy).max(0.0))
+            .collect();
+        let total: f64 = e.iter().sum();
+        e.iter()
+            .map(|x| if total > 0.0 { x / total } else { 0.0 })
+            .collect()
+    };
+    let time = share(&|_| 1.0);
+    let fitted = share(&|k| reg.classes[k].fit.watts);
+    let used = share(&|k| reg.split_w.get(k).copied().unwrap_or(reg.prior_w));
+    let settled = reg.regression_weight >= SETTLED;
+    let mut worst: Option<(f64, ModelDisagreement)> = None;
+    for k in 0..n {
+        let c = &reg.classes[k].fit;
+        let (t, f, u) = (
+            time[k] * dynamic_j,
+            fitted[k] * dynamic_j,
+            used[k] * dynamic_j,
+        );
+        if u <= 0.0 || c.not_identifiable.is_some() {
+            continue;
+        }
+        // The regression's own interval: its watts' errors through its shares.
+        let fit_rel = (0..n)
+            .map(|j| {
+                let cj = &reg.classes[j].fit;
+                let rj = if cj.watts > 0.0 {
+                    cj.se_w / cj.watts
+                } else {
+                    0.0
+                };
+                let sj = if j == k { 1.0 - fitted[j] } else { fitted[j] };
+                (sj * rj).powi(2)
+            })
+            .sum::<f64>()
+            .sqrt();
+        let reg_reach = (f - u).abs() + super::ci::Z95 * fit_rel * f;
+        let time_reach = if settled { 0.0 } else { (t - u).abs() };
+        let reach = reg_reach.max(time_reach) / u;
+        let r = class_tgid.get(k).map_or(rel.other, |&tgid| rel.of(tgid));
+        let widened = r.max(reach / super::ci::Z95);
+        match class_tgid.get(k) {
+            Some(&tgid) => {
+                rel.by_tgid.insert(tgid, widened);
+            }
+            None => rel.other = rel.other.max(widened),
+        }
+        if reach <= UNCERTAIN || c.occupancy < UNCERTAIN_MIN_OCCUPANCY {
+            continue;
+        }
+        if worst.as_ref().is_none_or(|(w, _)| reach > *w) {
+            let apart_pct = if t.min(f) > 0.0 {
+                (t - f).abs() / t.min(f) * 100.0
+            } else {
+                100.0
+            };
+            worst = Some((
+                reach,
+                ModelDisagreement {
+                    class: reg.classes[k].label,
+                    time_j: t,
+                    regression_j: f,
+                    regression_ci_j: super::ci::Z95 * fit_rel * f,
+                    apart_pct,
+                    regression_weight: reg.regression_weight,
+                },
+            ));
+        }
+    }
+    (rel, worst.map(|(_, d)| d))
+}
+
+/// A regression weight at or above which held-out rows settled the choice for it.
+pub const SETTLED: f64 = 0.9;
+/// How far (relative) the models may leave a process's energy open before the output says
+/// the power model is uncertain.
+pub const UNCERTAIN: f64 = 0.25;
+/// Classes below this share of busy time do not raise the flag (their intervals still
+/// widen).
+pub const UNCERTAIN_MIN_OCCUPANCY: f64 = 0.05;
+
 /// `rel` widened by the estimated model's own error, `model_error_pct`: the median absolute
 /// error of the power table's row (energy/power_table.rs). The model's error moves the
 /// whole source's energy, so every class carries it, independent of the split's own error

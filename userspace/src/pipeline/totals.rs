@@ -34,6 +34,10 @@ pub struct Totals {
     pub estimated: bool,
     /// The split used.
     pub power_model: PowerModelUsed,
+    /// True when the time and regression splits of a source disagree beyond their
+    /// intervals (each source's `power_model_spread` says how far); absent when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub power_model_uncertain: bool,
     /// Static power per source and where it came from.
     #[serde(rename = "static")]
     pub static_power: Vec<StaticPower>,
@@ -58,6 +62,10 @@ pub struct StaticPower {
     pub warning: Option<String>,
     /// The split used for this source.
     pub power_model: PowerModelUsed,
+    /// How far apart the time and regression splits of this source are, when beyond
+    /// their intervals (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub power_model_spread: Option<String>,
     /// Why the split is what it is, when it fell back.
     pub note: Option<String>,
 }
@@ -85,6 +93,10 @@ impl Analysis {
             source: source_label(&self.sources),
             estimated: attr.estimated,
             power_model: attr.power_model(),
+            power_model_uncertain: attr
+                .sources
+                .iter()
+                .any(|s| s.power_model_uncertain.is_some()),
             static_power: attr
                 .sources
                 .iter()
@@ -96,6 +108,7 @@ impl Analysis {
                     clamped_from_w: s.static_clamped_from_w,
                     warning: s.static_origin.warning(),
                     power_model: s.power_model,
+                    power_model_spread: s.power_model_line(),
                     note: s.power_model_note.clone(),
                 })
                 .collect(),

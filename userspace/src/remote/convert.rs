@@ -108,6 +108,8 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, RemoteError> {
             } else {
                 PowerModelUsed::Time
             },
+            // The agent runs the time model: nothing to be uncertain between.
+            power_model_uncertain: false,
             // Static-power origins stay with the agent (its metrics and logs say them).
             static_power: Vec::new(),
             activity: ActivityUsed {

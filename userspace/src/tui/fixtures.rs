@@ -99,6 +99,7 @@ pub fn unidentified(mut snap: Snapshot) -> Snapshot {
         bound_w: 20.0,
         clamped_from_w: None,
         power_model: PowerModelUsed::Time,
+        power_model_spread: None,
         note: None,
     }];
     snap
