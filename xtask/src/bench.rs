@@ -17,7 +17,7 @@
 //! - `agent SECS`: the agent's CPU and RSS, quiet and under process churn ([`agent`]).
 //! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent, `record` and
 //!   `perf record -a -g`, with each tool's CPU per context switch ([`server`]).
-//! - `vms [SECS] [N]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
+//! - `vms [SECS] [N] [ROUNDS]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
 mod agent;
 mod server;
 mod vms;
@@ -67,9 +67,10 @@ pub fn run(args: &[String]) -> Result {
         Some("vms") => vms::run(
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20),
+            args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3),
         ),
         Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale | vms [SECS] [N]".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
     }
 }
 
