@@ -1,21 +1,26 @@
-//! Energy inside a virtual machine, end to end with a real qemu guest (TCG): the host shares
-//! the VM's measured energy in a directory read-only, and the guest's `energy-bpf` reads it
-//! as its `hypervisor` source while two guest processes burn 3:1. The guest's numbers are
-//! checked against what the host wrote and against the burners' own CPU clocks, read inside
-//! the guest; the share is checked read-only from inside; the host's writer is killed and
-//! restarted mid-recording. Skips, saying why, only where qemu cannot start a guest here.
-#[path = "vm_guest/host_share.rs"]
-mod host_share;
+//! Energy inside a virtual machine, end to end with a real qemu guest (TCG): on the host the
+//! real agent, on the emulated RAPL package (`util::two_cpu_package`, `util::BusyEmulator`),
+//! recognises the qemu process and writes the VM's measured energy into its directory
+//! (`--vm-share`), shared into the guest read-only; the guest's `energy-bpf` reads it as its
+//! `hypervisor` source while two guest processes burn 3:1. The guest's numbers are checked
+//! against what the agent wrote and against the burners' own CPU clocks, read inside the
+//! guest; the share is checked read-only from inside; the agent is killed and restarted
+//! mid-recording. Skips, saying why, only where qemu cannot start a guest here.
 #[path = "vm_guest/image.rs"]
 mod image;
+#[path = "vm_guest/share_log.rs"]
+mod share_log;
 
 use std::{
     path::Path,
     time::{Duration, Instant},
 };
 
-use crate::util;
-use host_share::{HostShare, Log};
+use crate::{agent::spawn_agent, util};
+use share_log::ShareLog;
+
+/// The emulated package's static power, W (given to the agent as `--static-power-w`).
+const HOST_STATIC_W: f64 = 3.0;
 
 /// The guest's script, run chrooted into the host's root. It records two windows: a steady
 /// one until the lighter burner has had 3 s of CPU (cap 120 s of guest time), and one in
@@ -24,6 +29,8 @@ use host_share::{HostShare, Log};
 const GUEST_SH: &str = r#"
 S=@S@; B=@BIN@; H=/run/energy-bpf/host
 cd $S
+# The host agent writes the share once it has seen this VM.
+i=0; while [ ! -e $H/energy-bpf.json ] && [ $i -lt 120 ]; do sleep 0.5; i=$((i+1)); done
 $B sources > sources.txt 2>&1; echo $? > sources.rc
 # The share is read-only to the guest, root or not.
 (echo 0 > $H/energy-bpf.json) 2> write.err; echo $? > write.rc
@@ -84,9 +91,8 @@ fn readings(file: &Path) -> Vec<(f64, String)> {
 /// The host's energy for the VM over the guest's window. Every guest reading must be a
 /// value the host wrote, less the value the guest opened the counter at (found here): then
 /// the window is from the first to the last reading, in the host's own numbers.
-fn host_window_uj(log: &Log, guest: &[(f64, String)]) -> f64 {
-    let log = log.lock().expect("log");
-    let values: Vec<u64> = log.iter().map(|l| l.1).collect();
+fn host_window_uj(log: &ShareLog, guest: &[(f64, String)]) -> f64 {
+    let values: Vec<u64> = log.writes().iter().map(|w| w.1).collect();
     let base = values
         .iter()
         .copied()
@@ -107,46 +113,76 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
         return;
     }
     let _guard = util::exclusive();
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (scratch, share) = (tmp.path().join("scratch"), tmp.path().join("share"));
+    let fake = util::two_cpu_package();
+    let _emulator = util::BusyEmulator::start(&fake.energy_uj, HOST_STATIC_W, 10.0);
+    let tmp = fake.dir.path();
+    let scratch = tmp.join("scratch");
+    // The VM's directory is made before the VM starts, as a launcher does: a 9p export is
+    // bound to the directory qemu opened. The agent takes it over.
+    let share = tmp.join("vms/e2e-guest");
     std::fs::create_dir_all(&scratch).expect("scratch");
     std::fs::create_dir_all(&share).expect("share");
     let script = GUEST_SH
         .replace("@S@", &scratch.display().to_string())
         .replace("@BIN@", &util::bin().display().to_string());
     std::fs::write(scratch.join("guest.sh"), script).expect("guest.sh");
-    let mut guest = image::Guest::boot("e2e-guest", tmp.path(), &scratch, &share);
-    let log: Log = Default::default();
-    let (static_w_host, per_cpu_w) = (2.0, 10.0);
-    let qemu = guest.pid();
-    let start = |log: &Log| HostShare::start(&share, qemu, static_w_host, per_cpu_w, log.clone());
-    let mut host = Some(start(&log));
-    // The restart: once the guest's second window runs, the writer is killed for longer
-    // than two intervals (the guest must say the share went stale), then started again.
+    let mut guest = image::Guest::boot("e2e-guest", tmp, &scratch, &share);
+    let static_w_text = HOST_STATIC_W.to_string();
+    let flags = [
+        "--energy-source",
+        "powercap",
+        "--sysfs-root",
+        fake.sysfs.to_str().expect("utf-8 path"),
+        "--vm-share",
+        share.parent().and_then(Path::to_str).expect("utf-8 path"),
+        "--vm-static",
+        "vcpus",
+        // Given: with a VM always busy the agent could not identify it.
+        "--static-power-w",
+        &static_w_text,
+    ];
+    let mut agent = Some(spawn_agent(tmp, &flags).0);
+    let log = ShareLog::start(&share);
+    // Once the guest has tried its writes: whether any reached the host's directory.
+    let mut planted = None;
+    // The restart: once the guest's second window runs, the agent is killed (SIGKILL) for
+    // longer than two intervals (the guest must say the share went stale), then started
+    // again on the same share.
     let (mut phase, mut killed_at) = (0, Instant::now());
-    let mut restart = || match phase {
-        0 if scratch.join("restart.started").exists() => {
-            std::thread::sleep(Duration::from_secs(2));
-            if let Some(h) = host.take() {
-                h.kill();
+    let mut tick = || {
+        if planted.is_none() && read(&scratch, "write.rc").lines().count() == 3 {
+            planted = Some(share.join("planted").exists());
+        }
+        match phase {
+            0 if scratch.join("restart.started").exists() => {
+                std::thread::sleep(Duration::from_secs(2));
+                drop(agent.take());
+                killed_at = Instant::now();
+                phase = 1;
             }
-            killed_at = Instant::now();
-            phase = 1;
+            1 if killed_at.elapsed() > Duration::from_millis(3500) => {
+                agent = Some(spawn_agent(tmp, &flags).0);
+                std::fs::write(scratch.join("resumed"), "").expect("resumed");
+                phase = 2;
+            }
+            _ => {}
         }
-        1 if killed_at.elapsed() > Duration::from_millis(3500) => {
-            host = Some(start(&log));
-            std::fs::write(scratch.join("resumed"), "").expect("resumed");
-            phase = 2;
-        }
-        _ => {}
     };
-    let ended = guest.wait(Duration::from_secs(420), &mut restart);
-    drop(host);
+    let ended = guest.wait(Duration::from_secs(480), &mut tick);
+    drop(agent);
     assert!(
         ended && scratch.join("finished").exists(),
         "the guest did not finish (powered off: {ended}); its log:\n{}\nconsole:\n{}",
         read(&scratch, "guest.log"),
         guest.console_text()
+    );
+    let writes = log.writes();
+    assert!(
+        writes
+            .windows(2)
+            .all(|w| w[1].0 == w[0].0 + 1 && w[1].1 >= w[0].1),
+        "the host's writes were not all seen, or went down: {:?}",
+        writes.iter().map(|w| (w.0, w.1)).collect::<Vec<_>>()
     );
 
     // `sources` in the guest: the host's share, measured.
@@ -172,17 +208,10 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
             .all(|l| l.contains("Read-only file system") || l.contains("Permission denied")),
         "{errs}"
     );
-    assert!(
-        !share.join("planted").exists(),
-        "the guest planted a directory"
-    );
-    let meta: serde_json::Value =
-        serde_json::from_str(&read(&share, "energy-bpf.json")).expect("host's json intact");
-    let last = *log.lock().expect("log").last().expect("writes");
-    assert_eq!(meta["seq"].as_u64(), Some(last.0), "{meta}");
     assert_eq!(
-        read(&share, "intel-rapl:0/energy_uj").trim(),
-        last.1.to_string()
+        planted,
+        Some(false),
+        "the guest planted a directory in the share"
     );
 
     // The steady window: the guest's total is the host's energy over the same window, and
@@ -213,6 +242,18 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
         })
         .unwrap_or_else(|| panic!("no package static power: {statics}"));
     let static_w = package["static_w"].as_f64().expect("static_w");
+    // The host's static share for the VM, from its own numbers, before the restart.
+    let static_w_host = {
+        let steady = writes
+            .windows(2)
+            .position(|w| w[1].3 - w[0].3 > Duration::from_millis(2500))
+            .map_or(&writes[..], |i| &writes[..=i]);
+        let (a, b) = (
+            steady.first().expect("writes"),
+            steady.last().expect("writes"),
+        );
+        (b.2 - a.2) as f64 / 1e6 / (b.3 - a.3).as_secs_f64()
+    };
     eprintln!(
         "steady window: guest static power {static_w:.3} W, origin {} (the host's share: {static_w_host} W)",
         package["origin"]
@@ -255,6 +296,9 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
     // The restart window: no negative or doubled energy, the gap flagged and said.
     let restart_err = read(&scratch, "restart.err");
     assert_eq!(read(&scratch, "restart.rc").trim(), "0", "{restart_err}");
+    if let Some(line) = restart_err.lines().find(|l| l.contains("stopped updating")) {
+        eprintln!("restart window, the guest said: {line}");
+    }
     assert!(
         restart_err.contains("stopped updating"),
         "the guest did not say the share went stale: {restart_err}"

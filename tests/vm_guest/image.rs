@@ -101,11 +101,6 @@ impl Guest {
         Self { child, console }
     }
 
-    /// The qemu process.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Waits for the guest to power off, calling `tick` every 100 ms; false at `cap`.
     pub fn wait(&mut self, cap: Duration, mut tick: impl FnMut()) -> bool {
         let start = Instant::now();

@@ -192,20 +192,26 @@ fn next_update(dir: &Path, first: &Meta) -> Result<Option<(Meta, u64)>, EnergyEr
     let start = monotonic_ns();
     let cap = STALE_INTERVALS * first.interval_ns();
     loop {
-        let meta = read_meta(dir)?;
-        if meta.seq != first.seq {
+        // A file caught mid-replacement by a host that does not rename (the contract says
+        // it does) is read again at the next poll.
+        if let Ok(meta) = read_meta(dir)
+            && meta.seq != first.seq
+        {
             return Ok(Some((meta, monotonic_ns() - start)));
         }
         if monotonic_ns() - start > cap {
             return Ok(None);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // A hundredth of the interval: the static share is timed by these polls.
+        let poll_ns = (first.interval_ns() / 100).clamp(2_000_000, 20_000_000);
+        std::thread::sleep(Duration::from_nanos(poll_ns));
     }
 }
 
 /// Opens every zone of the share at `dir`. `Ok(empty)` when there is no share there. A share
 /// whose `seq` does not move within [`STALE_INTERVALS`] intervals is an error: its numbers
-/// are old. The static power the host assigns is measured over one update.
+/// are old. The static power the host assigns is measured over one update (so opening takes
+/// up to two host intervals).
 pub fn open(dir: &Path) -> Result<Vec<HypervisorZone>, EnergyError> {
     let meta_path = dir.join(META_FILE);
     if !meta_path.exists() {
@@ -232,18 +238,27 @@ pub fn open(dir: &Path) -> Result<Vec<HypervisorZone>, EnergyError> {
             ),
         });
     };
-    let host_s = (next.seq - first.seq) as f64 * next.interval_ns() as f64 / 1e9;
+    // The static share per second: between two updates both seen as they happened (so the
+    // time between them is the host's real interval, longer than nominal on a loaded host);
+    // when the second does not come in time, over the nominal interval of the first.
+    let (a, b, host_s) = match next_update(dir, &next)? {
+        Some((second, waited_ns)) => (next, second, waited_ns as f64 / 1e9),
+        None => {
+            let host_s = (next.seq - first.seq) as f64 * next.interval_ns() as f64 / 1e9;
+            (first, next, host_s)
+        }
+    };
     let infos = powercap::zones_in(dir)?;
     let mut out = Vec::new();
     for info in infos {
         let key = zone_key(&info.name);
-        let static_w = match (first.zones.get(key), next.zones.get(key)) {
+        let static_w = match (a.zones.get(key), b.zones.get(key)) {
             (Some(a), Some(b)) if host_s > 0.0 => {
                 b.static_uj.saturating_sub(a.static_uj) as f64 / 1e6 / host_s
             }
             _ => 0.0,
         };
-        out.push(HypervisorZone::open(dir, &info, &next, static_w)?);
+        out.push(HypervisorZone::open(dir, &info, &b, static_w)?);
     }
     Ok(out)
 }
