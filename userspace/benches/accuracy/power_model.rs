@@ -36,6 +36,9 @@ fn span_errors(cfg: &SimConfig, out: &SimOutput, end_ns: u64, rows: &[Row]) -> V
 /// Seeds per scenario and counter.
 const RUNS: u64 = 10;
 
+/// A scenario: its title, how to build it from a seed, and whether its watts are equal.
+type Scenario = (&'static str, fn(u64) -> SimConfig, bool);
+
 /// One run's outcome.
 struct Run {
     errors: Vec<f64>,
@@ -44,7 +47,7 @@ struct Run {
 
 pub fn power_model_runs() -> bool {
     let mut ok = true;
-    let scenarios: [(&str, fn(u64) -> SimConfig, bool); 3] = [
+    let scenarios: [Scenario; 3] = [
         (
             "mixed duty cycles, 15 / 5 / 8 W",
             scenarios::mixed_duty,

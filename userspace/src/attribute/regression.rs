@@ -300,6 +300,7 @@ fn solve_ridge(ztz: &Matrix, zty: &[f64], beta0: &[f64], lambda: &[f64]) -> (Vec
 
 /// Held-out squared error of the equal-power time model and of the regression, by
 /// contiguous folds (rows close in time are correlated; random folds would flatter the fit).
+#[cfg(test)]
 pub fn heldout_sse(rows: &[Row], k: usize, folds: usize, opts: &FitOptions) -> (f64, f64) {
     let h = heldout(rows, k, folds, opts);
     (h.sse_time, h.sse_regression)
