@@ -17,6 +17,10 @@
 use crate::container;
 
 /// The program that runs the VM.
+#[allow(
+    clippy::enum_variant_names,
+    reason = "cloud-hypervisor is the program's own name"
+)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Hypervisor {
@@ -209,7 +213,9 @@ fn qemu_fields(value: &str) -> Vec<String> {
         if c == ',' {
             if chars.peek() == Some(&',') {
                 chars.next();
-                fields.last_mut().map(|f| f.push(','));
+                if let Some(f) = fields.last_mut() {
+                    f.push(',');
+                }
             } else {
                 fields.push(String::new());
             }
