@@ -97,3 +97,15 @@ fn a_once_a_second_counter_that_cannot_tell_processes_apart_says_so() {
         );
     }
 }
+
+#[test]
+fn json_says_power_model_uncertain_only_when_it_is() {
+    let quiet = serde_json::to_value(crate::pipeline::Totals::default()).expect("json");
+    assert!(quiet.get("power_model_uncertain").is_none(), "{quiet}");
+    let flagged = serde_json::to_value(crate::pipeline::Totals {
+        power_model_uncertain: true,
+        ..Default::default()
+    })
+    .expect("json");
+    assert_eq!(flagged["power_model_uncertain"], true, "{flagged}");
+}
