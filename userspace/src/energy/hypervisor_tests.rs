@@ -137,7 +137,7 @@ fn a_share_opens_as_measured_with_the_hosts_static_power_and_reads_through_the_r
     );
     host.join().expect("host");
     // The host is gone: the share is stale at start, and says why.
-    let err = open(&dir).err().expect("stale share accepted");
+    let err = open(&dir).expect_err("stale share accepted");
     assert!(err.to_string().contains("is stale"), "{err}");
 }
 
