@@ -162,6 +162,7 @@ pub fn view_line(state: &State) -> String {
         Grouping::Process => "process",
         Grouping::Cgroup => "cgroup",
         Grouping::Container => "container",
+        Grouping::Vm => "vm",
     };
     let total = state.snapshot().map_or(0, |s| s.rows.len());
     let mut line = format!(

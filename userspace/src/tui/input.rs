@@ -34,7 +34,7 @@ pub enum Action {
     TogglePause,
     /// Expand or collapse the selected process or group.
     ToggleExpand,
-    /// Cycle the rows: processes, cgroups, containers.
+    /// Cycle the rows: processes, cgroups, containers, VMs.
     ToggleGrouping,
     /// Selection up one line.
     Up,
@@ -76,7 +76,7 @@ pub const BINDINGS: &[(&str, &str)] = &[
     ("/", "filter by name (Enter keeps, Esc clears)"),
     ("space", "pause / resume"),
     ("Enter e", "expand / collapse the selected process or group"),
-    ("g", "group by process / cgroup / container (or pod)"),
+    ("g", "group by process / cgroup / container (or pod) / VM"),
     ("Up Down PgUp PgDn Home End", "move the selection"),
     ("?", "this help"),
     ("q Esc Ctrl-C", "quit"),

@@ -178,7 +178,8 @@ impl State {
                 self.grouping = match self.grouping {
                     Grouping::Process => Grouping::Cgroup,
                     Grouping::Cgroup => Grouping::Container,
-                    Grouping::Container => Grouping::Process,
+                    Grouping::Container => Grouping::Vm,
+                    Grouping::Vm => Grouping::Process,
                 };
                 self.rebuild();
             }

@@ -109,6 +109,13 @@ fn grouping_cycles_through_processes_cgroups_and_containers() {
     assert_eq!(labels.len(), 2, "{labels:?}");
     assert!(labels.iter().any(|l| l.contains("[host]")), "{labels:?}");
     state.apply(Action::ToggleGrouping);
+    assert_eq!(state.grouping(), Grouping::Vm);
+    let labels: Vec<&str> = state.rows().iter().map(|r| r.command.as_str()).collect();
+    assert!(
+        labels.iter().all(|l| l.contains("[host]")),
+        "no VMs here: {labels:?}"
+    );
+    state.apply(Action::ToggleGrouping);
     assert_eq!(state.grouping(), Grouping::Process);
     assert_eq!(ids(&state), ["300", "20", "4000", "1"]);
 }

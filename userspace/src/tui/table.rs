@@ -106,6 +106,9 @@ pub enum Grouping {
     Cgroup,
     /// One row per container (or Kubernetes pod; `[host]` for the rest), expandable.
     Container,
+    /// One row per virtual machine and thread class (`NAME vcpu`, `NAME emulator`;
+    /// `[host]` for every other process), expandable to the VM's process.
+    Vm,
 }
 
 /// Identity of a line, stable across snapshots (selection and expansion follow it).
@@ -175,6 +178,21 @@ pub fn build_rows(processes: &[ProcessRow], opts: &ViewOptions<'_>) -> Vec<Table
     let mut out = Vec::with_capacity(selected.len());
     match opts.grouping {
         Grouping::Process => push_processes(&mut out, selected, 0, opts),
+        Grouping::Vm => {
+            let mut rows: Vec<(TableRow, Vec<&ProcessRow>)> =
+                crate::vm::rows::grouped_with_members(&selected)
+                    .into_iter()
+                    .map(|(g, members)| (group_row(&g, members.len(), opts), members))
+                    .collect();
+            rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
+            for (row, members) in rows {
+                let expanded = row.expanded;
+                out.push(row);
+                if expanded {
+                    push_processes(&mut out, members, 1, opts);
+                }
+            }
+        }
         Grouping::Cgroup | Grouping::Container => {
             // The sums are the pipeline's rollup; only the members shown under an
             // expanded group are gathered here.

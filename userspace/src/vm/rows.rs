@@ -47,7 +47,7 @@ fn part(c: ThreadClass) -> &'static str {
 
 /// One row per VM and thread class, and `[host]` for the rest; largest share first. The
 /// rows sum to the input rows (every thread lands in exactly one).
-pub fn grouped(rows: &[ProcessRow]) -> Vec<ProcessRow> {
+pub fn grouped<'a>(rows: impl IntoIterator<Item = &'a ProcessRow>) -> Vec<ProcessRow> {
     let mut groups: BTreeMap<String, ProcessRow> = BTreeMap::new();
     let mut add = |key: String, p: &ProcessRow, threads: Vec<&ThreadRow>, whole: bool| {
         let g = groups.entry(key.clone()).or_insert_with(|| ProcessRow {
@@ -61,6 +61,7 @@ pub fn grouped(rows: &[ProcessRow]) -> Vec<ProcessRow> {
             g.samples += p.samples;
             g.power_w += p.power_w;
             g.share += p.share;
+            g.since_start_j += p.since_start_j;
             for (d, j) in &p.energy_j {
                 *g.energy_j.entry(d).or_default() += j;
             }
@@ -74,6 +75,7 @@ pub fn grouped(rows: &[ProcessRow]) -> Vec<ProcessRow> {
                 g.samples += t.samples;
                 g.power_w += t.power_w;
                 g.share += t.share;
+                g.since_start_j += t.since_start_j;
                 for (d, j) in &t.energy_j {
                     *g.energy_j.entry(d).or_default() += j;
                 }
@@ -98,6 +100,31 @@ pub fn grouped(rows: &[ProcessRow]) -> Vec<ProcessRow> {
     let mut out: Vec<ProcessRow> = groups.into_values().collect();
     out.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.comm.cmp(&b.comm)));
     out
+}
+
+/// [`grouped`], each group with the processes it holds (a VM's process under each of its
+/// classes): `top`'s VM view expands a group to them.
+pub fn grouped_with_members<'a>(rows: &[&'a ProcessRow]) -> Vec<(ProcessRow, Vec<&'a ProcessRow>)> {
+    grouped(rows.iter().copied())
+        .into_iter()
+        .map(|g| {
+            let members = rows
+                .iter()
+                .copied()
+                .filter(|p| {
+                    let name = vm_of(p).map(|(n, _)| n);
+                    match &name {
+                        Some(n) => g
+                            .comm
+                            .strip_prefix(n.as_str())
+                            .is_some_and(|r| r.starts_with(' ')),
+                        None => g.comm == HOST,
+                    }
+                })
+                .collect();
+            (g, members)
+        })
+        .collect()
 }
 
 /// Each VM's dynamic energy in the rows (no static share: see the module's header).
