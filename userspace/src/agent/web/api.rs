@@ -210,6 +210,14 @@ pub fn diff(query: &str) -> Result<DiffQuery, String> {
 mod tests {
     use super::*;
 
+    /// The refusal's reason; a panic naming what was accepted.
+    fn reason<T: std::fmt::Debug>(r: Result<T, String>) -> String {
+        match r {
+            Err(e) => e,
+            Ok(v) => panic!("accepted: {v:?}"),
+        }
+    }
+
     #[test]
     fn series_queries_decode_with_defaults_and_caps() {
         assert_eq!(
@@ -224,13 +232,13 @@ mod tests {
             series("range=3600&by=pod&top=50").map(|q| q.by),
             Ok(By::Pod)
         );
-        assert!(series("range=86401").unwrap_err().contains("a day"));
-        assert!(series("top=51").unwrap_err().contains("1 to 50"));
-        assert!(series("by=vm").unwrap_err().contains("process"));
-        assert!(series("range=-1").unwrap_err().contains("whole number"));
-        assert!(series("range=1&range=2").unwrap_err().contains("twice"));
-        assert!(series("bogus=1").unwrap_err().contains("unknown parameter"));
-        assert!(series(&"a".repeat(2000)).unwrap_err().contains("at most"));
+        assert!(reason(series("range=86401")).contains("a day"));
+        assert!(reason(series("top=51")).contains("1 to 50"));
+        assert!(reason(series("by=vm")).contains("process"));
+        assert!(reason(series("range=-1")).contains("whole number"));
+        assert!(reason(series("range=1&range=2")).contains("twice"));
+        assert!(reason(series("bogus=1")).contains("unknown parameter"));
+        assert!(reason(series(&"a".repeat(2000))).contains("at most"));
     }
 
     #[test]
@@ -243,18 +251,10 @@ mod tests {
                 pid: Some(42)
             })
         );
-        assert!(
-            profile("from=2000&to=1000")
-                .unwrap_err()
-                .contains("not after")
-        );
-        assert!(
-            profile("from=0&to=3600001")
-                .unwrap_err()
-                .contains("an hour")
-        );
-        assert!(profile("to=5").unwrap_err().contains("missing"));
-        assert!(profile("from=%zz&to=1").unwrap_err().contains("hex"));
+        assert!(reason(profile("from=2000&to=1000")).contains("not after"));
+        assert!(reason(profile("from=0&to=3600001")).contains("an hour"));
+        assert!(reason(profile("to=5")).contains("missing"));
+        assert!(reason(profile("from=%zz&to=1")).contains("hex"));
         let d = diff("a_from=1&a_to=2&b_from=3&b_to=4&b_row=7").expect("diff");
         assert_eq!((d.a.pid, d.b.pid), (None, Some(7)));
     }

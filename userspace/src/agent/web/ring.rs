@@ -224,29 +224,45 @@ impl Ring {
         let wins: Vec<&Win> = self.windows.range(start..).collect();
         let buckets = wins.len().clamp(1, MAX_POINTS);
         let bucket_of = |i: usize| i * buckets / wins.len().max(1);
-        // Row name → (pid, energy-like sum for ranking, per-bucket sums).
-        let mut groups: HashMap<String, (Option<u32>, f64)> = HashMap::new();
-        let mut labels: HashMap<u32, (String, Option<u32>)> = HashMap::new();
+        // Each interned key's group (by name), and each group's summed power for ranking:
+        // integers in the loops over entries, names only once per key.
+        let mut group_of: Vec<Option<usize>> = vec![None; self.keys.len()];
+        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut groups: Vec<(String, Option<u32>, f64)> = Vec::new();
         for w in &wins {
             for e in &w.rows {
-                let (name, pid) = labels
-                    .entry(e.key)
-                    .or_insert_with(|| self.group(e.key, q.by))
-                    .clone();
-                groups.entry(name).or_insert((pid, 0.0)).1 += f64::from(e.watts);
+                let g = match group_of[e.key as usize] {
+                    Some(g) => g,
+                    None => {
+                        let (name, pid) = self.group(e.key, q.by);
+                        let g = *index.entry(name.clone()).or_insert_with(|| {
+                            groups.push((name, pid, 0.0));
+                            groups.len() - 1
+                        });
+                        group_of[e.key as usize] = Some(g);
+                        g
+                    }
+                };
+                groups[g].2 += f64::from(e.watts);
             }
         }
-        let mut ranked: Vec<(String, Option<u32>, f64)> =
-            groups.into_iter().map(|(n, (p, s))| (n, p, s)).collect();
-        ranked.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
-        let rest = ranked.len() > q.top;
-        ranked.truncate(q.top);
-        let slot: HashMap<&str, usize> = ranked
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _, _))| (n.as_str(), i))
-            .collect();
-        let n = ranked.len() + usize::from(rest);
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by(|&a, &b| {
+            groups[b]
+                .2
+                .total_cmp(&groups[a].2)
+                .then_with(|| groups[a].0.cmp(&groups[b].0))
+        });
+        let rest = order.len() > q.top;
+        order.truncate(q.top);
+        let n = order.len() + usize::from(rest);
+        // Group → its slot in the answer (`[rest]` last, when rows were left out).
+        let mut slot: Vec<Option<usize>> = vec![rest.then(|| n - 1); groups.len()];
+        for (s, &g) in order.iter().enumerate() {
+            slot[g] = Some(s);
+        }
+        let ranked: Vec<(String, Option<u32>, f64)> =
+            order.iter().map(|&g| groups[g].clone()).collect();
         let mut sums = vec![vec![[0.0f64; 3]; buckets]; n];
         let mut counts = vec![0usize; buckets];
         let mut times = vec![0u64; buckets];
@@ -257,11 +273,8 @@ impl Ring {
             times[b] = w.end_ms;
             estimated |= w.estimated;
             for e in &w.rows {
-                let name = &labels[&e.key].0;
-                let s = match slot.get(name.as_str()) {
-                    Some(&s) => s,
-                    None if rest => n - 1,
-                    None => continue,
+                let Some(s) = group_of[e.key as usize].and_then(|g| slot[g]) else {
+                    continue;
                 };
                 let acc = &mut sums[s][b];
                 acc[0] += f64::from(e.watts);

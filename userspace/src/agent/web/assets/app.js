@@ -206,16 +206,18 @@ function drawFlame(svg, root, unit, colour) {
   svg.replaceChildren();
   const W = +svg.getAttribute('width'), rowH = 17;
   const top = state.zoom && svg.id === 'flame' ? state.zoom : root;
-  let maxDepth = 0, hottest = null;
+  const total = top.b || 1;
+  // Only frames wide enough to draw (half a pixel) set the height.
+  let maxDepth = top.depth, hottest = null;
   const walk = (n) => {
-    maxDepth = Math.max(maxDepth, n.depth);
     if (n !== root && (!hottest || n.self > hottest.self)) hottest = n;
+    if ((n.b / total) * W < 0.5) return;
+    maxDepth = Math.max(maxDepth, n.depth);
     n.children.forEach(walk);
   };
   walk(top);
   const H = (maxDepth - top.depth + 1) * rowH + 4;
   svg.setAttribute('height', H);
-  const total = top.b || 1;
   const search = $('search').value.trim().toLowerCase();
   const draw = (n, x0) => {
     const w = (n.b / total) * W;
