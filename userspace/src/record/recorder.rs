@@ -41,7 +41,7 @@ enum Out {
     /// Not started, or closed after a failed write.
     None,
     File(Writer),
-    Rotating(RotatingWriter),
+    Rotating(Box<RotatingWriter>),
 }
 
 /// Why recording stopped before a clean finish. The message says what the file keeps.
@@ -115,10 +115,10 @@ impl Recorder {
             Target::File(path) => {
                 Out::File(Writer::create(path, header).map_err(RecordError::Create)?)
             }
-            Target::Rotating(dir, rotation) => Out::Rotating(
+            Target::Rotating(dir, rotation) => Out::Rotating(Box::new(
                 RotatingWriter::create(dir, header.clone(), *rotation)
                     .map_err(RecordError::Create)?,
-            ),
+            )),
         };
         Ok(())
     }
