@@ -20,11 +20,16 @@ fuzz_target!(|data: &[u8]| {
         let points = s.points();
         assert!(!points.is_empty() && points.len() <= series::MAX_POINTS);
         assert!(points.windows(2).all(|w| w[0].0 < w[1].0));
-        let (lo, hi) = points
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
+        let (lo, hi) = points.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
         let t0 = points[0].0;
-        for (a, b) in [(t0, t0 + 1), (t0.saturating_sub(1 << 40), t0 + (1 << 40)), (0, u64::MAX)] {
+        for (a, b) in [
+            (t0, t0.saturating_add(1)),
+            (t0.saturating_sub(1 << 40), t0.saturating_add(1 << 40)),
+            (0, u64::MAX),
+            (u64::MAX, u64::MAX),
+        ] {
             if let Some(g) = s.over(a, b) {
                 assert!(g >= lo - 1e-6 * hi.abs().max(1.0) && g <= hi + 1e-6 * hi.abs().max(1.0));
             }

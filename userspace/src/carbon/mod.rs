@@ -152,7 +152,7 @@ pub fn unix_now_ns() -> u64 {
 pub fn parse_time(text: &str) -> Option<u64> {
     let t = text.trim();
     if let Ok(secs) = t.parse::<f64>() {
-        return (secs.is_finite() && (0.0..1e11).contains(&secs)).then_some((secs * 1e9) as u64);
+        return (secs.is_finite() && (0.0..1e10).contains(&secs)).then_some((secs * 1e9) as u64);
     }
     let t = t
         .strip_suffix("+00:00")

@@ -131,7 +131,7 @@ impl Series {
     /// Time-weighted mean over `[start, end)` of the part the series covers; `None` when it
     /// covers none of it.
     pub fn over(&self, start: u64, end: u64) -> Option<f64> {
-        let end = end.max(start + 1);
+        let end = end.max(start.saturating_add(1));
         let first = self.points.first()?.0;
         let last_end = self.end_ns();
         let (mut weighted, mut covered) = (0.0, 0.0);
@@ -183,6 +183,16 @@ mod tests {
         assert_eq!(s.over(50 * S, 60 * S), None);
         // Half covered: the covered half counts.
         assert_eq!(s.over(95 * S, 105 * S), Some(100.0));
+    }
+
+    #[test]
+    fn times_past_the_nanosecond_range_are_refused_and_queries_at_its_end_do_not_overflow() {
+        // Found by the `carbon` fuzz target.
+        assert_eq!(super::super::parse_time("99999999999"), None);
+        let e = Series::decode(b"100,5\n99999999999,5\n").expect_err("too late");
+        assert!(e.to_string().contains("not a time"), "{e}");
+        let s = Series::decode(b"100,5\n").expect("series");
+        assert_eq!(s.over(u64::MAX, u64::MAX), None);
     }
 
     #[test]
