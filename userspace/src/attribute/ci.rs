@@ -17,8 +17,7 @@ use crate::pb::v1::EnergyDomain;
 use super::attribution::Attribution;
 use super::split::ThreadKey;
 
-/// z for a two-sided 95% interval.
-pub const Z95: f64 = 1.959_963_984_540_054;
+pub use super::linalg::Z95;
 
 /// An energy estimate with its 95% confidence interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -2,13 +2,16 @@
 //! classes (K ≤ ~20), so plain `Vec<Vec<f64>>` and textbook algorithms are enough and keep
 //! the crate free of a linear-algebra dependency.
 
+/// z for a two-sided 95% interval (the regression's significance test and every CI).
+pub const Z95: f64 = 1.959_963_984_540_054;
+
 /// A small dense square matrix, row-major.
 pub type Matrix = Vec<Vec<f64>>;
 
 /// Minimises `½xᵀAx − bᵀx` subject to `x ≥ 0` for symmetric positive-definite `A`, by
 /// projected Gauss–Seidel (cyclic coordinate descent with clamping). For SPD `A` each sweep
 /// decreases the objective and the iteration converges to the bounded least-squares optimum;
-/// this is the "bounded least squares" of StarPU least squares on the normal equations.
+/// this is StarPU's "bounded least squares" on the normal equations.
 pub fn solve_nonneg(a: &Matrix, b: &[f64], start: &[f64]) -> Vec<f64> {
     let k = b.len();
     let mut x: Vec<f64> = start.iter().map(|v| v.max(0.0)).collect();

@@ -358,7 +358,7 @@ pub fn heldout(rows: &[Row], k: usize, folds: usize, opts: &FitOptions) -> Heldo
 /// between-class spread, a normal hierarchical model, kept 2–3 σ differences nearly whole:
 /// equal-watt processes on a once-a-second counter came out 6–10% apart.)
 pub fn shrunk_watts(fit: &Fit) -> Vec<f64> {
-    let z95_sq = super::ci::Z95 * super::ci::Z95;
+    let z95_sq = super::linalg::Z95 * super::linalg::Z95;
     fit.classes
         .iter()
         .map(|c| {
@@ -481,7 +481,7 @@ mod tests {
         };
         let w = shrunk_watts(&fit);
         assert_eq!(w[0], 10.0, "z = 1: dropped");
-        let z95_sq = super::super::ci::Z95.powi(2);
+        let z95_sq = super::super::linalg::Z95.powi(2);
         assert!(
             (w[1] - (10.0 + 5.0 * (1.0 - z95_sq / 400.0))).abs() < 1e-9,
             "z = 20: 99% kept: {w:?}"

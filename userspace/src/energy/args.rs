@@ -4,6 +4,10 @@
 
 use std::{fmt, path::PathBuf};
 
+/// Where a guest finds the share of the energy its host measured for it, by default
+/// (docs/virtual-machines.md, "In the guest").
+pub const HYPERVISOR_DIR: &str = "/run/energy-bpf/host";
+
 /// Which kind of energy source to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -110,7 +114,7 @@ impl Default for EnergyArgs {
             model_config: None,
             model_curve: ModelCurve::Fitted,
             proc_root: PathBuf::from("/proc"),
-            hypervisor_dir: PathBuf::from(super::hypervisor::DEFAULT_DIR),
+            hypervisor_dir: PathBuf::from(HYPERVISOR_DIR),
         }
     }
 }

@@ -33,8 +33,7 @@ use super::{
 };
 use crate::{clock::monotonic_ns, pb::v1 as pb};
 
-/// Where a guest finds the host's share by default.
-pub const DEFAULT_DIR: &str = "/run/energy-bpf/host";
+pub use super::args::HYPERVISOR_DIR as DEFAULT_DIR;
 /// The metadata file of the share.
 pub const META_FILE: &str = "energy-bpf.json";
 /// Host intervals without a new `seq` after which the share is stale.
