@@ -110,13 +110,16 @@ fn a_share_opens_as_measured_with_the_hosts_static_power_and_reads_through_the_r
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().to_owned();
     write_share(&dir, 1, 0, 0);
-    // The host: 10 W of which 2 W static, every 200 ms.
+    // The host: 10 W of which 2 W static, about every 200 ms, counted over the time that
+    // really passed (as a host does when its own writes are late).
     let host = {
         let dir = dir.clone();
         std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
             for seq in 2..20u64 {
                 std::thread::sleep(Duration::from_millis(200));
-                write_share(&dir, seq, (seq - 1) * 2_000_000, (seq - 1) * 400_000);
+                let us = t0.elapsed().as_micros() as u64;
+                write_share(&dir, seq, us * 10, us * 2);
             }
         })
     };
@@ -124,8 +127,9 @@ fn a_share_opens_as_measured_with_the_hosts_static_power_and_reads_through_the_r
     assert_eq!(zones.len(), 1);
     let d = zones[0].describe();
     assert_eq!((d.kind.as_str(), d.estimated), ("hypervisor", false));
-    // Timed by polls every 2 ms over one 200 ms update.
-    assert!((d.host_static_w - 2.0).abs() < 0.1, "{}", d.host_static_w);
+    // Timed by polls every 2 ms over one 200 ms update: a late poll on a loaded machine
+    // moves it by its lateness over 200 ms.
+    assert!((d.host_static_w - 2.0).abs() < 0.3, "{}", d.host_static_w);
     assert_eq!(d.update_period_ns, 200_000_000);
     let text = read_meta(&dir).expect("meta").describe(&dir);
     assert!(
