@@ -6,12 +6,14 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use energy_bpf::attribute::sim::{SimClass, SimConfig, SimOutput, simulate};
 use energy_bpf::attribute::{
     self, ActivityWeights, Attribution, Calibrated, Input, Options, PowerModel, estimate_samples,
-    scenarios,
 };
 use energy_bpf::pipeline;
+use energy_bpf::testing::{
+    scenarios,
+    sim::{SimClass, SimConfig, SimOutput, simulate},
+};
 
 #[path = "accuracy/power_model.rs"]
 mod power_model;

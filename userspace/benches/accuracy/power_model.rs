@@ -5,9 +5,9 @@
 //! static power found from the recording. Every run's error is printed, not a mean.
 //! `cargo bench -p energy-bpf --bench accuracy -- power-model` runs only these.
 
-use energy_bpf::attribute::scenarios::{self, Counter};
-use energy_bpf::attribute::sim::{SimConfig, SimOutput, simulate};
 use energy_bpf::attribute::{Options, PowerModel};
+use energy_bpf::testing::scenarios::{self, Counter};
+use energy_bpf::testing::sim::{SimConfig, SimOutput, simulate};
 
 use super::{Row, evaluate, verdict};
 

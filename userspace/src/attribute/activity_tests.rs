@@ -2,10 +2,10 @@
 //! different clocks, power ∝ frequency. Time weights charge them equally per busy ns;
 //! cycles weights follow the power.
 
-use super::scenarios::dvfs_classes;
-use super::sim::{SimOutput, simulate};
 use super::tests::{assert_conserved, class_errors, sim_input};
 use super::*;
+use crate::testing::scenarios::dvfs_classes;
+use crate::testing::sim::{SimOutput, simulate};
 
 fn worst_error(out: &SimOutput, activity: Option<&ActivityWeights>, model: PowerModel) -> f64 {
     let inp = Input {

@@ -288,7 +288,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::attribute::sim::{SimClass, SimConfig, simulate};
+    use crate::testing::sim::{SimClass, SimConfig, simulate};
 
     fn quiet(busy_weight: f64, load: bool) -> SimConfig {
         SimConfig {

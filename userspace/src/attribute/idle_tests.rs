@@ -3,10 +3,10 @@
 //! the counter (unidentified, with the right reason), and three always-runnable classes on
 //! 2 CPUs with a calibrated static power. Absolute joules per process, over 10 seeds each.
 
-use super::scenarios::{duty_cycle_beside_spinner, three_always_runnable};
-use super::sim::{DutyCycle, simulate};
 use super::tests::{attribute_sim, worst};
 use super::*;
+use crate::testing::scenarios::{duty_cycle_beside_spinner, three_always_runnable};
+use crate::testing::sim::{DutyCycle, simulate};
 
 const MS: u64 = 1_000_000;
 

@@ -94,9 +94,9 @@ pub fn load_rows(input: &Input<'_>, row_ns: u64) -> Vec<SourceLoad> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attribute::scenarios::one_cpu_always_busy;
-    use crate::attribute::sim::simulate;
     use crate::attribute::tests::input;
+    use crate::testing::scenarios::one_cpu_always_busy;
+    use crate::testing::sim::simulate;
 
     #[test]
     fn rows_span_the_row_length_and_follow_the_load() {

@@ -22,11 +22,6 @@ pub(crate) mod linalg;
 pub(crate) mod load;
 pub(crate) mod regression;
 pub(crate) mod samples;
-#[cfg(any(test, feature = "test-support"))]
-pub mod scenarios;
-// The simulator behind the accuracy bench and property tests (`test-support` feature).
-#[cfg(any(test, feature = "test-support"))]
-pub mod sim;
 pub(crate) mod smt;
 pub(crate) mod split;
 pub(crate) mod static_power;

@@ -3,10 +3,10 @@
 //! cannot tell the processes apart says so, with intervals that cover both models.
 
 use super::attribution::PowerModelUsed;
-use super::scenarios::{self, Counter};
-use super::sim::simulate;
 use super::tests::{assert_conserved, class_errors, sim_input};
 use super::{Options, attribute};
+use crate::testing::scenarios::{self, Counter};
+use crate::testing::sim::simulate;
 
 #[test]
 fn mixed_duty_cycles_at_three_to_one_are_split_by_their_watts_in_every_seed() {

@@ -1,13 +1,13 @@
 //! Static power on busy machines against the simulator (issue: "Joules you can trust on a
 //! busy machine"): one CPU always busy, every CPU always busy, with and without calibration.
 
-use super::scenarios::{
+use super::tests::{attribute_sim, worst};
+use super::*;
+use crate::testing::scenarios::{
     all_cpus_always_busy, duty_cycle_beside_spinner, duty_cycle_reads_in_step, one_cpu_always_busy,
     smt_siblings,
 };
-use super::sim::simulate;
-use super::tests::{attribute_sim, worst};
-use super::*;
+use crate::testing::sim::simulate;
 
 #[test]
 fn one_cpu_always_busy_is_right_without_calibration() {

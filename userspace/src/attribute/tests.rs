@@ -4,9 +4,9 @@
 
 use proptest::prelude::*;
 
-use super::sim::{SimClass, SimConfig, simulate};
 use super::*;
 use crate::pb::v1::{GpuProcessUsage, SwitchEvent};
+use crate::testing::sim::{self, SimClass, SimConfig, simulate};
 
 fn source(id: u32, domain: EnergyDomain, package: u32) -> EnergySource {
     EnergySource {

@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use super::*;
-use crate::attribute::sim::{SimClass, SimConfig, SimOutput, simulate};
 use crate::pb::v1::Header;
 use crate::record::Recording;
+use crate::testing::sim::{SimClass, SimConfig, SimOutput, simulate};
 
 fn run(total: f64, secs: f64, rows: &[(&str, f64, f64)]) -> side::Run {
     side::Run {

@@ -2,6 +2,11 @@
 //! for the integration tests and benches; test-only): one place for the event shapes many
 //! tests need, so a field added to an event is filled in once.
 
+// The attribution's simulator (machines, classes, duty cycles, counters) and the scenarios
+// the accuracy bench and the attribution's tests run on it.
+pub mod scenarios;
+pub mod sim;
+
 use crate::pb::v1::SwitchEvent;
 
 /// A switch on `cpu` at `ts_ns` from thread `tid` to `next` (each its own process).

@@ -305,7 +305,10 @@ fn learner_persists_across_restarts() {
 
 #[test]
 fn learns_the_simulated_static_power_from_windows_of_a_busy_machine() {
-    use crate::attribute::{load::load_rows, scenarios::one_cpu_always_busy, sim::simulate};
+    use crate::{
+        attribute::load::load_rows,
+        testing::{scenarios::one_cpu_always_busy, sim::simulate},
+    };
     // Windows of the machine (6 W static, one CPU never idle), as the agent would
     // see them one after another.
     let mut k = Keeper::new(2);
