@@ -79,13 +79,13 @@ mod grafana;
 // Virtual machines on the host: fake VMs of real processes with vCPU-named threads, their
 // directories for the guest, conservation, agent restarts and VMs that exit.
 mod vm_host;
+// A real qemu guest reads its measured energy from the host's read-only share: totals,
+// the per-process split, the share read-only, a host restart flagged.
+mod vm_guest;
 
 // Grams of CO2e: an intensity step served over HTTPS on loopback, a failing live source,
 // and `sci` against `report`.
 mod carbon;
-// A real qemu guest reads its measured energy from the host's read-only share: totals,
-// the per-process split, the share read-only, a host restart flagged.
-mod vm_guest;
 // The agent's web view in headless Chromium: two processes at 3:1 charted, the heavier
 // one's flamegraph, a comparison; the token, the caps and the CSP.
 mod webview;
