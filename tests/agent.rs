@@ -8,10 +8,8 @@
 //! - SIGTERM ends the agent with status 0.
 
 use std::{
-    io::{BufRead as _, Read as _, Write as _},
-    net::TcpStream,
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     sync::mpsc,
     thread,
     time::{Duration, Instant, SystemTime},
@@ -19,94 +17,13 @@ use std::{
 
 use serde_json::Value;
 
-use crate::util::{self, Workload};
+use crate::util::{self, Daemon, Workload, free_port, get, spawn_agent, start_agent_with};
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
-
-/// A child process killed on drop (the test may panic mid-way).
-pub struct Daemon(pub Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Starts the agent and returns it with the address it logged for `/metrics`.
 fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
     start_agent_with(dir, &[])
-}
-
-/// [`start_agent`] with more flags.
-pub fn start_agent_with(dir: &Path, extra: &[&str]) -> (Daemon, String, mpsc::Receiver<String>) {
-    let mut args = vec!["--energy-source", "model"];
-    args.extend_from_slice(extra);
-    spawn_agent(dir, &args)
-}
-
-/// The agent with 1 s windows, a free metrics port, its socket and state in `dir`, and
-/// `extra` flags (which must choose the energy source).
-pub fn spawn_agent(dir: &Path, extra: &[&str]) -> (Daemon, String, mpsc::Receiver<String>) {
-    let mut child = Command::new(util::bin())
-        .args(["agent", "--interval", "1"])
-        .args(["--metrics-addr", "127.0.0.1:0", "--socket"])
-        .arg(dir.join("agent.sock"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn energy-bpf agent");
-    let stderr = child.stderr.take().expect("stderr");
-    let agent = Daemon(child);
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                if let Some(addr) = util::metrics_addr(&line) {
-                    return (agent, addr, rx);
-                }
-                seen.push_str(&line);
-                seen.push('\n');
-            }
-            Err(_) => panic!("agent did not log its metrics address within 30 s:\n{seen}"),
-        }
-    }
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
-/// GET over HTTP/1.0: (status, body).
-pub fn get(addr: &str, path: &str) -> std::io::Result<(u32, String)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    Ok((status, body.to_string()))
 }
 
 fn encode(q: &str) -> String {

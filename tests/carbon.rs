@@ -12,10 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    agent::Daemon,
-    util::{self, bin, exclusive, require_root, text},
-};
+use crate::util::{self, Daemon, bin, exclusive, require_root, text};
 
 const TOKEN: &str = "fake-carbon-token";
 const WINDOW_S: f64 = 0.5;
@@ -465,7 +462,7 @@ fn samples<'a>(metrics: &'a str, name: &str) -> Vec<(&'a str, f64)> {
 fn scrape_until(addr: &str, mut done: impl FnMut(&str) -> bool) -> String {
     let mut body = String::new();
     let ok = util::until(Duration::from_secs(30), || {
-        body = crate::agent::get(addr, "/metrics")
+        body = crate::util::get(addr, "/metrics")
             .map(|r| r.1)
             .unwrap_or_default();
         done(&body)
@@ -498,7 +495,7 @@ fn the_agent_exports_grams_at_the_live_intensity_and_keeps_going_on_the_fallback
     let _load = util::Workload::spawn("while :; do :; done", None);
     for (url, want_source, want_g) in [(&ok_url, "live", 420.0), (&bad_url, "fallback", 33.0)] {
         let state = tempfile::tempdir().expect("state dir");
-        let (agent, addr, log) = crate::agent::start_agent_with(
+        let (agent, addr, log) = crate::util::start_agent_with(
             state.path(),
             &[
                 "--carbon-api",

@@ -294,10 +294,10 @@ fn the_metrics_reference_lists_exactly_what_the_agent_serves() {
     assert!(reference.len() >= 20, "{reference:?}");
     let _guard = crate::util::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_agent, addr, _log) = crate::agent::start_agent_with(dir.path(), &[]);
+    let (_agent, addr, _log) = crate::util::start_agent_with(dir.path(), &[]);
     let mut body = String::new();
     let ok = crate::util::until(std::time::Duration::from_secs(30), || {
-        body = crate::agent::get(&addr, "/metrics")
+        body = crate::util::get(&addr, "/metrics")
             .map(|(_, b)| b)
             .unwrap_or_default();
         body.contains("energy_bpf_process_joules_total{")

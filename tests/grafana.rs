@@ -19,9 +19,8 @@ use std::{
 use serde_json::Value;
 
 use crate::{
-    agent::{Daemon, free_port, get, spawn_agent},
     k8s_names::{APP_ID, Cgroup, UID, certificates, fake_kubelet, root},
-    util::{self, BusyEmulator, Workload},
+    util::{self, BusyEmulator, Daemon, Workload, free_port, get, spawn_agent},
 };
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";

@@ -16,10 +16,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{
-    agent::{Daemon, get},
-    util::{self, BusyEmulator, Workload},
-};
+use crate::util::{self, BusyEmulator, Daemon, Workload, get};
 
 /// The Kubernetes version the manifests promise to apply to.
 const KUBE_VERSION: &str = "1.30.0";

@@ -14,10 +14,9 @@ use std::{
 };
 
 use crate::{
-    agent::get,
     k8s::{self, sample},
     k8s_names::{APP_ID, Cgroup, UID, root},
-    util::{self, BusyEmulator, Workload},
+    util::{self, BusyEmulator, Workload, get},
 };
 
 #[test]

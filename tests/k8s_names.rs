@@ -11,10 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{
-    agent::{Daemon, get, start_agent_with},
-    util::{self, Workload},
-};
+use crate::util::{self, Daemon, Workload, get, start_agent_with};
 
 pub const UID: &str = "6f1d2c3b-4a59-4e7f-9b1a-0c2d3e4f5a6b";
 pub const APP_ID: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
@@ -223,7 +220,7 @@ fn pod_names_from_a_fake_kubelet() {
     let url = format!("https://127.0.0.1:{port}/pods");
     let got = tmp.path().join("otlp");
     std::fs::create_dir(&got).expect("mkdir");
-    let receiver = crate::otlp::Receiver::start(&got, crate::agent::free_port(), false);
+    let receiver = crate::otlp::Receiver::start(&got, crate::util::free_port(), false);
     let endpoint = format!("http://127.0.0.1:{}", receiver.port);
     let (_agent, addr, log) = start_agent_with(
         tmp.path(),
@@ -365,7 +362,7 @@ fn without_a_kubelet_ids_stay_and_it_is_said_once() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (ca, _, _) = certificates(tmp.path());
     // A port nothing listens on.
-    let port = crate::agent::free_port();
+    let port = crate::util::free_port();
     let url = format!("https://127.0.0.1:{port}/pods");
     let pod = format!(
         "{}/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice",

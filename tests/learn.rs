@@ -15,8 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::agent::{Daemon, get, spawn_agent};
-use crate::util::{self, BusyEmulator, Workload};
+use crate::util::{self, BusyEmulator, Daemon, Workload, get, spawn_agent};
 
 const STATIC_W: f64 = 6.0;
 const PER_CPU_W: f64 = 10.0;

@@ -167,7 +167,7 @@ fn flamegraph_otlp_decodes_with_the_official_definitions_and_conserves_energy() 
 /// The Python receiver serving OTLP/gRPC on a free port, writing each request to `dir`.
 pub struct Receiver {
     /// Killed on drop.
-    _child: crate::agent::Daemon,
+    _child: crate::util::Daemon,
     pub port: u16,
 }
 
@@ -187,7 +187,7 @@ impl Receiver {
         }
         let mut child = cmd.spawn().expect("start the receiver");
         let stdout = child.stdout.take().expect("stdout");
-        let child = crate::agent::Daemon(child);
+        let child = crate::util::Daemon(child);
         let mut line = String::new();
         std::io::BufReader::new(stdout)
             .read_line(&mut line)
@@ -220,7 +220,7 @@ fn wait_for(what: &str, secs: u64, mut ok: impl FnMut() -> bool) {
 
 /// The value of one metric line (`name{labels} value`) whose labels contain `filter`.
 fn metric(addr: &str, name: &str, filter: &str) -> f64 {
-    let (status, body) = crate::agent::get(addr, "/metrics").expect("scrape");
+    let (status, body) = crate::util::get(addr, "/metrics").expect("scrape");
     assert_eq!(status, 200);
     body.lines()
         .filter(|l| l.starts_with(name) && l.contains(filter))
@@ -239,10 +239,10 @@ fn the_agent_exports_energy_profiles_and_survives_a_collector_outage() {
     std::fs::create_dir(&got).expect("mkdir");
     let bin = c_workload(dir.path());
     let _burn = Workload::spawn(&format!("exec {}", bin.display()), Some(0));
-    let port = crate::agent::free_port();
+    let port = crate::util::free_port();
     let receiver = Receiver::start(&got, port, false);
     let endpoint = format!("http://127.0.0.1:{}", receiver.port);
-    let (agent, addr, logs) = crate::agent::start_agent_with(
+    let (agent, addr, logs) = crate::util::start_agent_with(
         dir.path(),
         &[
             "--otlp-endpoint",
@@ -372,9 +372,9 @@ fn the_agent_exports_python_function_names() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("start python3");
-    let receiver = Receiver::start(&got, crate::agent::free_port(), false);
+    let receiver = Receiver::start(&got, crate::util::free_port(), false);
     let endpoint = format!("http://127.0.0.1:{}", receiver.port);
-    let (agent, _addr, _logs) = crate::agent::start_agent_with(
+    let (agent, _addr, _logs) = crate::util::start_agent_with(
         dir.path(),
         &[
             "--otlp-endpoint",
@@ -435,10 +435,10 @@ fn a_collector_that_never_answers_costs_bounded_memory() {
     let got = dir.path().join("received");
     std::fs::create_dir(&got).expect("mkdir");
     let _burn = Workload::spawn("while :; do :; done", Some(0));
-    let port = crate::agent::free_port();
+    let port = crate::util::free_port();
     let _receiver = Receiver::start(&got, port, true);
     let endpoint = format!("http://127.0.0.1:{port}");
-    let (agent, addr, _logs) = crate::agent::start_agent_with(
+    let (agent, addr, _logs) = crate::util::start_agent_with(
         dir.path(),
         &[
             "--otlp-endpoint",

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{agent::spawn_agent, util};
+use crate::util::{self, spawn_agent};
 use share_log::ShareLog;
 
 /// The emulated package's static power, W (given to the agent as `--static-power-w`).

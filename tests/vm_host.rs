@@ -20,10 +20,7 @@ use std::{
 
 use serde_json::Value;
 
-use crate::{
-    agent::{Daemon, get, spawn_agent},
-    util::{self, BusyEmulator},
-};
+use crate::util::{self, BusyEmulator, Daemon, get, spawn_agent};
 
 /// The agent's window, s.
 const INTERVAL_S: f64 = 1.0;

@@ -24,10 +24,7 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::{
-    agent::{Daemon, free_port, spawn_agent},
-    util::{self, BusyEmulator, Workload},
-};
+use crate::util::{self, BusyEmulator, Daemon, Workload, free_port, spawn_agent};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
