@@ -93,81 +93,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "sci needs a grid intensity: give --carbon-intensity, --carbon-zone, --carbon-series or --carbon-api"
         )
     })?;
-    let embodied = match (args.embodied_g_per_hour, args.embodied.as_str()) {
-        (Some(g), _) => {
-            anyhow::ensure!(
-                g.is_finite() && g >= 0.0,
-                "--embodied-g-per-hour must be a number of grams ≥ 0"
-            );
-            Some((g, "given (--embodied-g-per-hour)".to_string()))
-        }
-        (None, "auto") => {
-            let e = carbon::embodied::lookup(args.instance_type.as_deref())
-                .map_err(|e| anyhow::anyhow!("--embodied auto: {e}"))?;
-            Some((e.g_per_hour(), e.source))
-        }
-        (None, "none") => None,
-        (None, other) => anyhow::bail!("--embodied takes `auto` or `none`, not `{other}`"),
-    };
-    let (mut total, mut rows) = (Acc::default(), BTreeMap::<String, Acc>::new());
-    let (mut secs, mut runs, mut machine_cpu_ns, mut estimated) = (0.0, 0usize, 0.0, false);
-    let mut intensities = Vec::new();
-    for file in &args.files {
-        let rec = args
-            .range
-            .read(file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
-        let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
-        let a = analysis::analyze(&rec, &cfg);
-        let input = rec.window();
-        let names = pipeline::recorded_cgroup_names(&rec);
-        let procs = pipeline::rows(&input, &a, &rec.threads, &names);
-        let totals = a.totals();
-        let unix = |t: u64| rec.header.start_unix_ns + t.saturating_sub(rec.start_ns());
-        let i = source.over(unix(input.start_ns), unix(input.end_ns));
-        let g_per_j = i.g_per_joule();
-        total.joules += totals.total_j;
-        total.grams += totals.total_j * g_per_j;
-        let dur = totals.duration_ns as f64;
-        secs += dur / 1e9;
-        machine_cpu_ns += dur * rec.header.cpus.len().max(1) as f64;
-        runs += rec.runs.len();
-        estimated |= totals.estimated;
-        let group = match args.by {
-            SciBy::Command => pipeline::GroupBy::Command,
-            SciBy::Container => pipeline::GroupBy::Container,
-        };
-        for g in pipeline::group(&procs, group) {
-            let r = rows.entry(g.comm.clone()).or_default();
-            let j = g.share * totals.total_j;
-            r.joules += j;
-            r.grams += j * g_per_j;
-            r.cpu_ns += g.cpu_ns as f64;
-        }
-        total.cpu_ns += procs.iter().map(|p| p.cpu_ns as f64).sum::<f64>();
-        intensities.push(json!({
-            "recording": file.display().to_string(),
-            "g_per_kwh": i.g_per_kwh,
-            "pue": i.pue,
-            "source": i.source,
-            "fallback": i.fallback,
-        }));
-    }
-    let (units, unit_name) = match args.per {
-        Per::Run => match args.unit_count.unwrap_or(runs) {
-            0 => anyhow::bail!(
-                "--per run: the recordings mark no runs (record them with `record --repeat N -- CMD`), or give --unit-count"
-            ),
-            n => (n as f64, "run"),
-        },
-        Per::Request => (
-            args.unit_count.ok_or_else(|| {
-                anyhow::anyhow!("--per request needs --unit-count N: how many requests were served")
-            })? as f64,
-            "request",
-        ),
-        Per::Second => (secs, "second"),
-    };
+    let embodied = embodied(&args)?;
+    let Tally {
+        total,
+        rows,
+        secs,
+        runs,
+        machine_cpu_ns,
+        estimated,
+        intensities,
+    } = tally(&args, &mut source)?;
+    let (units, unit_name) = units(&args, runs, secs)?;
     anyhow::ensure!(units > 0.0, "no units to divide by (R = 0)");
     let reserved_h = secs / 3600.0;
     let machine_m = embodied.as_ref().map_or(0.0, |(g, _)| g * reserved_h);
@@ -223,4 +159,112 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .and_then(|()| stdout.flush())
         .context("cannot write to standard output")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The embodied emissions per hour and where the figure comes from (`None`: not counted).
+fn embodied(args: &Args) -> anyhow::Result<Option<(f64, String)>> {
+    Ok(match (args.embodied_g_per_hour, args.embodied.as_str()) {
+        (Some(g), _) => {
+            anyhow::ensure!(
+                g.is_finite() && g >= 0.0,
+                "--embodied-g-per-hour must be a number of grams ≥ 0"
+            );
+            Some((g, "given (--embodied-g-per-hour)".to_string()))
+        }
+        (None, "auto") => {
+            let e = carbon::embodied::lookup(args.instance_type.as_deref())
+                .map_err(|e| anyhow::anyhow!("--embodied auto: {e}"))?;
+            Some((e.g_per_hour(), e.source))
+        }
+        (None, "none") => None,
+        (None, other) => anyhow::bail!("--embodied takes `auto` or `none`, not `{other}`"),
+    })
+}
+
+/// What the recordings add up to.
+struct Tally {
+    total: Acc,
+    rows: BTreeMap<String, Acc>,
+    secs: f64,
+    runs: usize,
+    machine_cpu_ns: f64,
+    estimated: bool,
+    intensities: Vec<serde_json::Value>,
+}
+
+/// Energy, grams and CPU time of every recording, in total and per row, each recording at
+/// the intensity over its own time.
+fn tally(args: &Args, source: &mut carbon::Carbon) -> anyhow::Result<Tally> {
+    let (mut total, mut rows) = (Acc::default(), BTreeMap::<String, Acc>::new());
+    let (mut secs, mut runs, mut machine_cpu_ns, mut estimated) = (0.0, 0usize, 0.0, false);
+    let mut intensities = Vec::new();
+    for file in &args.files {
+        let rec = args
+            .range
+            .read(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let cfg = analysis::config(&rec, args.attribute.options(), &args.model.model());
+        let a = analysis::analyze(&rec, &cfg);
+        let input = rec.window();
+        let names = pipeline::recorded_cgroup_names(&rec);
+        let procs = pipeline::rows(&input, &a, &rec.threads, &names);
+        let totals = a.totals();
+        let unix = |t: u64| rec.header.start_unix_ns + t.saturating_sub(rec.start_ns());
+        let i = source.over(unix(input.start_ns), unix(input.end_ns));
+        let g_per_j = i.g_per_joule();
+        total.joules += totals.total_j;
+        total.grams += totals.total_j * g_per_j;
+        let dur = totals.duration_ns as f64;
+        secs += dur / 1e9;
+        machine_cpu_ns += dur * rec.header.cpus.len().max(1) as f64;
+        runs += rec.runs.len();
+        estimated |= totals.estimated;
+        let group = match args.by {
+            SciBy::Command => pipeline::GroupBy::Command,
+            SciBy::Container => pipeline::GroupBy::Container,
+        };
+        for g in pipeline::group(&procs, group) {
+            let r = rows.entry(g.comm.clone()).or_default();
+            let j = g.share * totals.total_j;
+            r.joules += j;
+            r.grams += j * g_per_j;
+            r.cpu_ns += g.cpu_ns as f64;
+        }
+        total.cpu_ns += procs.iter().map(|p| p.cpu_ns as f64).sum::<f64>();
+        intensities.push(json!({
+            "recording": file.display().to_string(),
+            "g_per_kwh": i.g_per_kwh,
+            "pue": i.pue,
+            "source": i.source,
+            "fallback": i.fallback,
+        }));
+    }
+    Ok(Tally {
+        total,
+        rows,
+        secs,
+        runs,
+        machine_cpu_ns,
+        estimated,
+        intensities,
+    })
+}
+
+/// R: how many functional units the recordings hold, and the unit's name.
+fn units(args: &Args, runs: usize, secs: f64) -> anyhow::Result<(f64, &'static str)> {
+    Ok(match args.per {
+        Per::Run => match args.unit_count.unwrap_or(runs) {
+            0 => anyhow::bail!(
+                "--per run: the recordings mark no runs (record them with `record --repeat N -- CMD`), or give --unit-count"
+            ),
+            n => (n as f64, "run"),
+        },
+        Per::Request => (
+            args.unit_count.ok_or_else(|| {
+                anyhow::anyhow!("--per request needs --unit-count N: how many requests were served")
+            })? as f64,
+            "request",
+        ),
+        Per::Second => (secs, "second"),
+    })
 }
