@@ -20,7 +20,7 @@ pub struct CarbonArgs {
     #[arg(long, value_name = "FILE")]
     pub carbon_series: Option<PathBuf>,
     /// Live intensity from an API of the Electricity Maps shape at this base URL (https
-    /// only), e.g. https://api.electricitymaps.com; needs --carbon-zone.
+    /// only), e.g. `https://api.electricitymaps.com`; needs --carbon-zone.
     #[arg(long, value_name = "URL")]
     pub carbon_api: Option<String>,
     /// File holding the API token (sent as `auth-token`; never give it on the command line).
