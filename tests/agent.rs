@@ -9,17 +9,17 @@
 
 use std::{
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
     sync::mpsc,
     thread,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, SystemTime},
 };
 
 use serde_json::Value;
 
-use crate::util::{self, Daemon, Workload, free_port, get, spawn_agent, start_agent_with};
+use crate::util::{self, Daemon, Workload, get, spawn_agent, start_agent_with};
 
-const PROMETHEUS: &str = "/usr/bin/prometheus";
+use crate::util::PROMETHEUS;
 
 /// Starts the agent and returns it with the address it logged for `/metrics`.
 fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
@@ -124,33 +124,7 @@ fn prometheus_scrapes_the_agent() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut agent, agent_addr, agent_log) = start_agent(dir.path());
 
-    let prom = format!("127.0.0.1:{}", free_port());
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: agent\n    scrape_timeout: 1s\n    static_configs:\n      - targets: ['{agent_addr}']\n"
-        ),
-    )
-    .expect("write prometheus.yml");
-    let _prometheus = Daemon(
-        Command::new(PROMETHEUS)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn prometheus"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !matches!(get(&prom, "/-/ready"), Ok((200, _))) {
-        assert!(Instant::now() < deadline, "Prometheus not ready in 20 s");
-        thread::sleep(Duration::from_millis(200));
-    }
+    let (_prometheus, prom) = util::prometheus(dir.path(), "agent", &agent_addr);
 
     let busy = Workload::spawn("while :; do :; done", Some(1));
     let short = Workload::spawn("while :; do :; done", Some(0));

@@ -17,76 +17,6 @@ use crate::util::{self, Daemon, bin, exclusive, require_root, text};
 const TOKEN: &str = "fake-carbon-token";
 const WINDOW_S: f64 = 0.5;
 
-/// CA, a server certificate for 127.0.0.1 valid now and one that expired yesterday:
-/// (ca.pem, cert.pem, expired.pem, key.pem).
-fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=fake grid intensity CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "key.pem",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext");
-    for (out, days) in [("cert.pem", "1"), ("expired.pem", "-1")] {
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            out,
-            "-days",
-            days,
-            "-extfile",
-            "ext.cnf",
-        ]);
-    }
-    (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("expired.pem"),
-        dir.join("key.pem"),
-    )
-}
-
 /// Starts the fake API with `points` (`[unix_ns, g_per_kwh]`) in `mode`; returns it and its
 /// base URL.
 fn fake_api(
@@ -181,7 +111,7 @@ fn each_half_of_an_intensity_step_costs_its_joules_times_its_intensity() {
     }
     let _guard = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, cert, _, key) = certificates(dir.path());
+    let (ca, cert, _, key) = util::certificates(dir.path());
     let token = dir.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
     let file = record_constant_load(dir.path(), 4);
@@ -267,7 +197,7 @@ fn a_failing_live_source_falls_back_to_the_labelled_yearly_average_and_says_so_o
     }
     let _guard = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, cert, expired, key) = certificates(dir.path());
+    let (ca, cert, expired, key) = util::certificates(dir.path());
     let token = dir.path().join("token");
     std::fs::write(&token, TOKEN).expect("token");
     let file = record_constant_load(dir.path(), 3);
@@ -480,7 +410,7 @@ fn the_agent_exports_grams_at_the_live_intensity_and_keeps_going_on_the_fallback
     }
     let _guard = exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, cert, _, key) = certificates(dir.path());
+    let (ca, cert, _, key) = util::certificates(dir.path());
     let token = dir.path().join("token");
     std::fs::write(&token, TOKEN).expect("token");
     let now = energy_bpf::carbon::unix_now_ns();

@@ -12,18 +12,18 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
 use crate::{
-    k8s_names::{APP_ID, Cgroup, UID, certificates, fake_kubelet, root},
-    util::{self, BusyEmulator, Daemon, Workload, free_port, get, spawn_agent},
+    k8s_names::{APP_ID, Cgroup, UID, fake_kubelet, root},
+    util::{self, BusyEmulator, Daemon, Workload, get, spawn_agent},
 };
 
-const PROMETHEUS: &str = "/usr/bin/prometheus";
+use crate::util::PROMETHEUS;
 /// What `$__rate_interval` becomes: four 1 s scrapes and some.
 const RATE_INTERVAL: &str = "10s";
 
@@ -444,7 +444,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
     let fake = util::two_cpu_package();
     let _emulator = BusyEmulator::start(&fake.energy_uj, 5.0, 10.0);
     let tmp = fake.dir.path();
-    let (ca, cert, key) = certificates(tmp);
+    let (ca, cert, _, key) = util::certificates(tmp);
     let token = tmp.join("token");
     std::fs::write(&token, format!("{}\n", crate::k8s_names::TOKEN)).expect("token");
     let (_kubelet, kube_port) = fake_kubelet(tmp, &cert, &key);
@@ -497,35 +497,7 @@ fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         ],
     );
 
-    let prom = format!("127.0.0.1:{}", free_port());
-    let config = tmp.join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: energy-bpf\n    scrape_timeout: 1s\n    static_configs:\n      - targets: ['{agent_addr}']\n"
-        ),
-    )
-    .expect("write prometheus.yml");
-    let _prometheus = Daemon(
-        Command::new(PROMETHEUS)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                tmp.join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address={prom}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn prometheus"),
-    );
-    assert!(
-        util::until(Duration::from_secs(30), || matches!(
-            get(&prom, "/-/ready"),
-            Ok((200, _))
-        )),
-        "Prometheus not ready in 30 s"
-    );
+    let (_prometheus, prom) = util::prometheus(tmp, "energy-bpf", &agent_addr);
     let started = Instant::now();
 
     // Run every query until it has data, with a cap: rates need a few scrapes, pod names a

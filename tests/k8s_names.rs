@@ -60,76 +60,6 @@ impl Drop for Cgroup {
     }
 }
 
-/// CA and server certificate for 127.0.0.1; returns (ca.pem, cert.pem, key.pem).
-pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            util::text(&out)
-        );
-    };
-    run(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=fake kubelet CA",
-    ]);
-    run(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "key.pem",
-        "-out",
-        "server.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "cert.pem",
-        "-days",
-        "1",
-        "-extfile",
-        "ext.cnf",
-    ]);
-    (
-        dir.join("ca.pem"),
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-    )
-}
-
 /// The recorded pod list: the pod `shop/web-1` with containers `app` and `sidecar`, plus
 /// a pod elsewhere that nothing runs in.
 fn pod_list() -> String {
@@ -199,7 +129,7 @@ fn pod_names_from_a_fake_kubelet() {
     }
     let _x = util::exclusive();
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (ca, cert, key) = certificates(tmp.path());
+    let (ca, cert, _, key) = util::certificates(tmp.path());
     let token = tmp.path().join("token");
     std::fs::write(&token, format!("{TOKEN}\n")).expect("token");
     let (_kubelet, port) = fake_kubelet(tmp.path(), &cert, &key);
@@ -360,7 +290,7 @@ fn without_a_kubelet_ids_stay_and_it_is_said_once() {
     }
     let _x = util::exclusive();
     let tmp = tempfile::tempdir().expect("tempdir");
-    let (ca, _, _) = certificates(tmp.path());
+    let (ca, ..) = util::certificates(tmp.path());
     // A port nothing listens on.
     let port = crate::util::free_port();
     let url = format!("https://127.0.0.1:{port}/pods");

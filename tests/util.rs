@@ -509,3 +509,111 @@ pub fn get(addr: &str, path: &str) -> std::io::Result<(u32, String)> {
         .unwrap_or(0);
     Ok((status, body.to_string()))
 }
+
+/// Debian's Prometheus (installed by `cargo xtask setup`).
+pub const PROMETHEUS: &str = "/usr/bin/prometheus";
+
+/// Debian's Prometheus scraping `target` every second as job `job`, its config and data in
+/// `dir`; returns it with its address once it answers ready (30 s cap).
+pub fn prometheus(dir: &Path, job: &str, target: &str) -> (Daemon, String) {
+    let prom = format!("127.0.0.1:{}", free_port());
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: {job}\n    scrape_timeout: 1s\n    static_configs:\n      - targets: ['{target}']\n"
+        ),
+    )
+    .expect("write prometheus.yml");
+    let daemon = Daemon(
+        Command::new(PROMETHEUS)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={prom}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn prometheus"),
+    );
+    assert!(
+        until(Duration::from_secs(30), || matches!(
+            get(&prom, "/-/ready"),
+            Ok((200, _))
+        )),
+        "Prometheus not ready in 30 s"
+    );
+    (daemon, prom)
+}
+
+/// CA, a server certificate for 127.0.0.1 valid now and one that expired yesterday:
+/// (ca.pem, cert.pem, expired.pem, key.pem).
+pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=energy-bpf test CA",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("ext");
+    for (out, days) in [("cert.pem", "1"), ("expired.pem", "-1")] {
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            out,
+            "-days",
+            days,
+            "-extfile",
+            "ext.cnf",
+        ]);
+    }
+    (
+        dir.join("ca.pem"),
+        dir.join("cert.pem"),
+        dir.join("expired.pem"),
+        dir.join("key.pem"),
+    )
+}
