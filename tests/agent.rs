@@ -26,20 +26,9 @@ fn start_agent(dir: &Path) -> (Daemon, String, mpsc::Receiver<String>) {
     start_agent_with(dir, &[])
 }
 
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// An instant query at `time` (unix seconds): (labels, value) per series.
 fn query(prom: &str, q: &str, time: f64) -> Vec<(Value, f64)> {
-    let path = format!("/api/v1/query?query={}&time={time:.3}", encode(q));
+    let path = format!("/api/v1/query?query={}&time={time:.3}", util::url_encode(q));
     let (status, body) = get(prom, &path).expect("query Prometheus");
     assert_eq!(status, 200, "{q}: {body}");
     let v: Value = serde_json::from_str(&body).expect("Prometheus JSON");
@@ -62,7 +51,7 @@ fn query(prom: &str, q: &str, time: f64) -> Vec<(Value, f64)> {
 fn query_range(prom: &str, q: &str, start: f64, end: f64) -> Vec<(Value, Vec<(f64, f64)>)> {
     let path = format!(
         "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step=1",
-        encode(q)
+        util::url_encode(q)
     );
     let (status, body) = get(prom, &path).expect("query Prometheus");
     assert_eq!(status, 200, "{q}: {body}");

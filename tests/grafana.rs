@@ -38,17 +38,6 @@ fn dashboards() -> Vec<PathBuf> {
     files
 }
 
-fn encode(q: &str) -> String {
-    q.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// GET `path` from Prometheus; its `data` on success, its error text otherwise.
 fn api(prom: &str, path: &str) -> Result<Value, String> {
     let (status, body) = get(prom, path).map_err(|e| format!("GET {path}: {e}"))?;
@@ -61,7 +50,10 @@ fn api(prom: &str, path: &str) -> Result<Value, String> {
 
 /// An instant query's result (vector or scalar), as a JSON array of series.
 fn instant(prom: &str, expr: &str) -> Result<Vec<Value>, String> {
-    let data = api(prom, &format!("/api/v1/query?query={}", encode(expr)))?;
+    let data = api(
+        prom,
+        &format!("/api/v1/query?query={}", util::url_encode(expr)),
+    )?;
     Ok(match data["resultType"].as_str() {
         Some("scalar") => vec![data["result"].clone()],
         _ => data["result"].as_array().cloned().unwrap_or_default(),
@@ -213,7 +205,7 @@ impl Exported {
             prom,
             &format!(
                 "/api/v1/series?match[]={}",
-                encode("{__name__=~\"energy_bpf_.*\"}")
+                util::url_encode("{__name__=~\"energy_bpf_.*\"}")
             ),
         )
         .expect("series");
@@ -388,7 +380,7 @@ fn variables(prom: &str, dash: &Value) -> Result<BTreeMap<String, (bool, Vec<Str
                     &format!(
                         "/api/v1/label/{}/values?match[]={}",
                         label.trim(),
-                        encode(metric.trim())
+                        util::url_encode(metric.trim())
                     ),
                 )?;
                 let values: Vec<String> = values

@@ -617,3 +617,15 @@ pub fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
         dir.join("key.pem"),
     )
 }
+
+/// `q` percent-encoded for a URL's query string (RFC 3986 unreserved characters kept).
+pub fn url_encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
