@@ -188,9 +188,10 @@ impl Recorder {
         }
     }
 
-    /// The last chunk, the stored names (one file) and the trailer.
+    /// The last chunk, the stored names (one file) and the trailer; nothing is written
+    /// after it.
     pub fn close(
-        mut self,
+        &mut self,
         last: Option<Chunk>,
         stop_reason: &str,
     ) -> Result<Finished, RecordError> {
@@ -304,8 +305,7 @@ impl Sink for Recorder {
     }
 
     fn finish(&mut self) -> Result<(), SinkError> {
-        let this = std::mem::replace(self, Recorder::new(self.target.clone()));
-        this.close(None, "agent stopped")
+        self.close(None, "agent stopped")
             .map(drop)
             .map_err(|e| SinkError::Failed(e.to_string()))
     }
