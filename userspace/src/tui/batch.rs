@@ -6,10 +6,9 @@
 
 use std::io::{self, Write};
 
-use super::format::{column_title, command_cell, estimated, numeric_cells};
+use super::format::{column_titles, command_cell, estimated, numeric_cells};
 use super::format::{power_line, summary_line, view_line, warning_lines};
 use super::state::State;
-use super::table::SortColumn;
 
 /// Longest command cell printed, in characters; longer command lines end in `...`.
 const MAX_COMMAND_CHARS: usize = 200;
@@ -42,12 +41,12 @@ pub fn write_json_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
         obj.insert("start_ns".into(), snapshot.start_ns.into());
         obj.insert("end_ns".into(), snapshot.ts_ns.into());
         obj.insert("lost_events".into(), snapshot.header.lost_events.into());
-        let mut procs = serde_json::to_value(processes).map_err(io::Error::other)?;
+        let mut procs = serde_json::to_value(&processes).map_err(io::Error::other)?;
         if let Some(i) = state.intensity() {
-            // Grams since `top` started, per process, at each refresh's intensity.
-            for p in procs.as_array_mut().into_iter().flatten() {
-                let pid = p["pid"].as_u64().and_then(|v| u32::try_from(v).ok());
-                p["co2e_g"] = pid.and_then(|pid| state.co2e_g(pid)).unwrap_or(0.0).into();
+            // The grams of the gCO2e column: the energy since start at the process's rate.
+            for (p, row) in procs.as_array_mut().into_iter().flatten().zip(&processes) {
+                let grams = state.co2e_g(row.pid, row.since_start_j);
+                p["co2e_g"] = grams.unwrap_or(0.0).into();
             }
             obj.insert(
                 "carbon".into(),
@@ -79,15 +78,20 @@ pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
     }
     writeln!(out, "{}", view_line(state))?;
     writeln!(out)?;
-    let widths = SortColumn::ALL.map(|c| column_title(c, est).len().max(7));
-    let titles = SortColumn::ALL.map(|c| column_title(c, est));
-    for i in 0..5 {
-        write!(out, "{:>w$} ", titles[i], w = widths[i])?;
+    let titles = column_titles(est, state.intensity().is_some());
+    // Grams take six decimals below a gram (`~0.001234`).
+    let widths: Vec<usize> = titles
+        .iter()
+        .map(|(c, t)| t.len().max(if c.is_some() { 7 } else { 9 }))
+        .collect();
+    let (command, numeric) = titles.split_last().expect("the command column");
+    for ((_, title), w) in numeric.iter().zip(&widths) {
+        write!(out, "{title:>w$} ")?;
     }
-    writeln!(out, "{}", titles[5])?;
+    writeln!(out, "{}", command.1)?;
     for row in state.rows() {
         let cells = numeric_cells(row, est);
-        for (cell, w) in cells.iter().zip(widths) {
+        for (cell, w) in cells.iter().zip(&widths) {
             write!(out, "{cell:>w$} ")?;
         }
         let command = command_cell(row, true);
@@ -186,6 +190,81 @@ mod tests {
         assert_eq!(procs.len(), 1, "only -p {pid}: {text}");
         assert_eq!(procs[0]["pid"], pid);
         assert!(procs[0].get("energy_j").is_some() && procs[0].get("ci_j").is_some());
+    }
+
+    /// A frame of `snapshot(estimated)` at a fixed 400 gCO2e/kWh, as text and as JSON.
+    fn carbon_frames(estimated: bool) -> (String, serde_json::Value) {
+        let mut snap = snapshot(estimated);
+        snap.totals.total_j = 42.5;
+        snap.totals.idle_j = 10.0;
+        let mut state = State::new(Vec::new());
+        state.set_carbon(crate::carbon::Carbon {
+            source: crate::carbon::Source::Fixed(400.0),
+            pue: 1.0,
+        });
+        state.push_snapshot(snap);
+        let (mut text, mut json) = (Vec::new(), Vec::new());
+        write_frame(&mut text, &state).expect("writing to a Vec cannot fail");
+        write_json_frame(&mut json, &state).expect("writing to a Vec cannot fail");
+        let text = String::from_utf8(text).expect("frames are UTF-8");
+        (text, serde_json::from_slice(&json).expect("JSON"))
+    }
+
+    #[test]
+    fn with_an_intensity_each_row_shows_the_grams_of_its_energy_column() {
+        let (text, json) = carbon_frames(false);
+        let lines: Vec<&str> = text.lines().collect();
+        let titles = lines
+            .iter()
+            .position(|l| l.trim_start().starts_with("PID"))
+            .expect("title line");
+        assert_eq!(
+            lines[titles], "    PID Power W Energy J     gCO2e   CPU % Share % Command",
+            "{text}"
+        );
+        assert!(
+            lines[titles - 3].starts_with("carbon: 0.004722 gCO2e since start (idle/static 0.001111) at 400.0 gCO2e/kWh (fixed"),
+            "{text}"
+        );
+        let g_per_j = 400.0 / 3.6e6;
+        for line in &lines[titles + 1..titles + 3] {
+            let cells: Vec<&str> = line.split_whitespace().collect();
+            let energy: f64 = cells[2].parse().expect("energy");
+            let grams: f64 = cells[3].parse().expect("grams");
+            assert!(
+                (grams - energy * g_per_j).abs() <= 0.05 * g_per_j + 5e-7,
+                "{line}"
+            );
+            let pid: u64 = cells[0].parse().expect("pid");
+            let p = json["processes"]
+                .as_array()
+                .expect("processes")
+                .iter()
+                .find(|p| p["pid"] == pid)
+                .expect("the row's process in the JSON");
+            let json_g = p["co2e_g"].as_f64().expect("co2e_g");
+            assert_eq!(
+                super::super::format::grams_cell(json_g),
+                cells[3],
+                "JSON and table agree: {line}"
+            );
+        }
+    }
+
+    #[test]
+    fn modelled_grams_are_labelled_estimated() {
+        let (text, _) = carbon_frames(true);
+        let titles = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("PID"))
+            .expect("title line");
+        assert!(titles.contains("gCO2e (estimated)"), "{titles}");
+        let busy = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("1234"))
+            .expect("busy row");
+        let cells: Vec<&str> = busy.split_whitespace().collect();
+        assert_eq!(cells[3], "~0.011139", "{busy}");
     }
 
     #[test]

@@ -25,22 +25,57 @@ pub fn column_title(column: SortColumn, estimated: bool) -> &'static str {
     }
 }
 
+/// Title of the gCO2e column; `(estimated)` when the energy is modelled.
+pub fn co2e_title(estimated: bool) -> &'static str {
+    if estimated {
+        "gCO2e (estimated)"
+    } else {
+        "gCO2e"
+    }
+}
+
+/// The table's columns left to right, each with the sort column it is (`None`: the gCO2e
+/// column, shown after the energy when `carbon`, not sortable) and its title.
+pub fn column_titles(estimated: bool, carbon: bool) -> Vec<(Option<SortColumn>, &'static str)> {
+    let mut titles = Vec::with_capacity(SortColumn::ALL.len() + 1);
+    for column in SortColumn::ALL {
+        titles.push((Some(column), column_title(column, estimated)));
+        if carbon && column == SortColumn::Energy {
+            titles.push((None, co2e_title(estimated)));
+        }
+    }
+    titles
+}
+
+/// Grams with the decimals their size needs: six below a gram, fewer above.
+pub fn grams_cell(g: f64) -> String {
+    match g.abs() {
+        a if a < 1.0 => format!("{g:.6}"),
+        a if a < 1000.0 => format!("{g:.4}"),
+        _ => format!("{g:.1}"),
+    }
+}
+
 /// Whether the figures on screen are modelled.
 pub fn estimated(state: &State) -> bool {
     state.snapshot().is_some_and(|s| s.header.estimated)
 }
 
 /// The cells of a table line except the command, in column order (PID, power, energy,
-/// CPU, share).
-pub fn numeric_cells(row: &TableRow, estimated: bool) -> [String; 5] {
+/// gCO2e when the row has grams, CPU, share).
+pub fn numeric_cells(row: &TableRow, estimated: bool) -> Vec<String> {
     let mark = if estimated { ESTIMATED_MARK } else { "" };
-    [
+    let mut cells = vec![
         row.id.clone(),
         format!("{mark}{:.2}", row.power_w),
         format!("{mark}{:.1}", row.energy_j),
-        format!("{:.1}", row.cpu_pct),
-        format!("{:.1}", row.share * 100.0),
-    ]
+    ];
+    if let Some(g) = row.co2e_g {
+        cells.push(format!("{mark}{}", grams_cell(g)));
+    }
+    cells.push(format!("{:.1}", row.cpu_pct));
+    cells.push(format!("{:.1}", row.share * 100.0));
+    cells
 }
 
 /// The command cell with tree markers: `▸`/`▾` (or `+`/`-` in ASCII) on expandable lines,

@@ -11,7 +11,7 @@ use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 
 use super::format::{
-    column_title, command_cell, estimated, numeric_cells, power_line, summary_line, view_line,
+    column_titles, command_cell, estimated, numeric_cells, power_line, summary_line, view_line,
     warning_lines,
 };
 use super::input::{BINDINGS, HELP_LINE};
@@ -75,24 +75,26 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, state: &State) {
 fn render_table(frame: &mut Frame<'_>, area: Rect, state: &State) {
     let est = estimated(state);
     let sort = state.sort();
-    let titles = SortColumn::ALL.map(|column| {
-        let title = column_title(column, est);
-        let text = if column == sort.column {
+    let columns = column_titles(est, state.intensity().is_some());
+    let titles = columns.iter().map(|&(column, title)| {
+        let text = if column == Some(sort.column) {
             let arrow = if sort.descending { '▼' } else { '▲' };
             format!("{title}{arrow}")
         } else {
             title.to_string()
         };
-        if column == SortColumn::Command {
+        if column == Some(SortColumn::Command) {
             Cell::from(text)
         } else {
             Cell::from(Line::from(text).alignment(Alignment::Right))
         }
     });
-    let widths = SortColumn::ALL.map(|column| match column {
-        SortColumn::Command => Constraint::Fill(1),
+    let widths = columns.iter().map(|&(column, title)| match column {
+        Some(SortColumn::Command) => Constraint::Fill(1),
         // Room for the title and its sort arrow; numbers are shorter than the titles.
-        _ => Constraint::Length(column_title(column, est).chars().count().max(6) as u16 + 1),
+        Some(_) => Constraint::Length(title.chars().count().max(6) as u16 + 1),
+        // Grams take six decimals below a gram (`~0.001234`).
+        None => Constraint::Length(title.chars().count().max(9) as u16),
     });
 
     let visible = table_capacity(frame.area(), state);

@@ -193,3 +193,28 @@ fn waiting_and_tiny_screens_do_not_panic() {
     let lines = screen(&mut state, 10, 3);
     assert_eq!(lines.len(), 3);
 }
+
+#[test]
+fn with_an_intensity_the_table_has_a_grams_column_after_the_energy() {
+    let mut state = State::new(Vec::new());
+    state.set_carbon(crate::carbon::Carbon {
+        source: crate::carbon::Source::Fixed(400.0),
+        pue: 1.0,
+    });
+    state.push_snapshot(snapshot(true));
+    let lines = screen(&mut state, 200, 14);
+    let titles = lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("PID"))
+        .expect("title line");
+    let energy = titles.find("Energy J (estimated)").expect("energy title");
+    let grams = titles.find("gCO2e (estimated)").expect("grams title");
+    let cpu = titles.find("CPU %").expect("cpu title");
+    assert!(energy < grams && grams < cpu, "{titles}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("carbon: ")),
+        "{lines:#?}"
+    );
+    let without = screen(&mut loaded(true), 200, 14);
+    assert!(!without.concat().contains("gCO2e"), "{without:#?}");
+}

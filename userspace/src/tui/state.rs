@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use super::input::{Action, Mode};
 use super::snapshot::Snapshot;
-use super::table::{Grouping, RowKey, Sort, TableRow, ViewOptions, build_rows};
+use super::table::{CarbonRates, Grouping, RowKey, Sort, TableRow, ViewOptions, build_rows};
 
 /// What the run loop should do after an action.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,9 +48,13 @@ pub struct State {
 struct TopCarbon {
     source: Option<std::sync::Arc<std::sync::Mutex<crate::carbon::Carbon>>>,
     intensity: Option<crate::carbon::Intensity>,
-    /// Grams per process since start, and in total (measured, idle included).
-    grams: std::collections::HashMap<u32, f64>,
+    /// Grams and joules per process over the windows `top` saw: their ratio is the rate
+    /// the gCO2e column applies to the process's energy column.
+    grams: std::collections::HashMap<u32, (f64, f64)>,
+    rates: CarbonRates,
+    /// Grams since start in total (measured, idle included) and of the idle/static row.
     total_g: f64,
+    idle_g: f64,
 }
 
 impl State {
@@ -64,18 +68,20 @@ impl State {
         self.carbon.intensity.as_ref()
     }
 
-    /// Grams of CO2e of process `pid` since `top` started, when carbon is shown.
-    pub fn co2e_g(&self, pid: u32) -> Option<f64> {
+    /// Grams of CO2e of `joules` of process `pid` (its energy column), when carbon is
+    /// shown: the same figure as the table's gCO2e column.
+    pub fn co2e_g(&self, pid: u32, joules: f64) -> Option<f64> {
         self.carbon.intensity.as_ref()?;
-        Some(self.carbon.grams.get(&pid).copied().unwrap_or(0.0))
+        Some(joules * self.carbon.rates.of(pid))
     }
 
-    /// `carbon: 0.0123 gCO2e since start at 33.0 gCO2e/kWh (yearly average FR 2024 ...)`.
+    /// `carbon: 0.0123 gCO2e since start (idle/static 0.0012) at 33.0 gCO2e/kWh (...)`.
     pub fn carbon_line(&self) -> Option<String> {
         let i = self.carbon.intensity.as_ref()?;
         Some(format!(
-            "carbon: {:.6} gCO2e since start at {}",
+            "carbon: {:.6} gCO2e since start (idle/static {:.6}) at {}",
             self.carbon.total_g,
+            self.carbon.idle_g,
             i.describe()
         ))
     }
@@ -90,11 +96,20 @@ impl State {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .now();
         let total = snapshot.totals.total_j;
+        let c = &mut self.carbon;
         for p in &snapshot.rows {
-            *self.carbon.grams.entry(p.pid).or_default() += i.grams(p.share * total);
+            let joules = p.share * total;
+            let (g, j) = c.grams.entry(p.pid).or_default();
+            *g += i.grams(joules);
+            *j += joules;
+            if *j > 0.0 {
+                c.rates.by_pid.insert(p.pid, *g / *j);
+            }
         }
-        self.carbon.total_g += i.grams(total);
-        self.carbon.intensity = Some(i);
+        c.rates.latest = i.g_per_joule();
+        c.total_g += i.grams(total);
+        c.idle_g += i.grams(snapshot.totals.idle_j.max(0.0));
+        c.intensity = Some(i);
     }
 
     /// A fresh session showing only `pids` (all processes when empty), sorted by power.
@@ -224,6 +239,7 @@ impl State {
             grouping: self.grouping,
             expanded: &self.expanded,
             pids: &self.pids,
+            carbon: self.carbon.intensity.as_ref().map(|_| &self.carbon.rates),
         };
         self.rows = match &self.snapshot {
             Some(s) => build_rows(&s.rows, &opts),

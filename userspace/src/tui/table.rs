@@ -5,7 +5,7 @@
 //! the same [`TableRow`]s, so what `top -b` prints is what the screen shows.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::snapshot::{ProcessRow, ThreadRow};
 use crate::pipeline::rollup::{self, GroupBy};
@@ -144,6 +144,8 @@ pub struct TableRow {
     pub cpu_pct: f64,
     /// Share of machine power, 0..=1.
     pub share: f64,
+    /// Grams of CO2e of [`TableRow::energy_j`], when an intensity is configured.
+    pub co2e_g: Option<f64>,
     /// Command line (process), thread name (thread), or cgroup label (group).
     pub command: String,
     /// Has children that can be shown.
@@ -165,6 +167,26 @@ pub struct ViewOptions<'a> {
     pub expanded: &'a BTreeSet<RowKey>,
     /// Only these PIDs (`-p`); empty shows all.
     pub pids: &'a [u32],
+    /// Grams per joule of each process, for the gCO2e column; `None` hides it.
+    pub carbon: Option<&'a CarbonRates>,
+}
+
+/// Grams of CO2e per joule of each process: the grams its windows cost at their intensity
+/// over their joules, so a row's grams are its energy column × its own rate (exactly
+/// energy × intensity when the intensity is fixed).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CarbonRates {
+    /// The rate of each process that had energy.
+    pub by_pid: HashMap<u32, f64>,
+    /// The rate of the others: the latest window's intensity.
+    pub latest: f64,
+}
+
+impl CarbonRates {
+    /// Grams per joule of process `pid`.
+    pub fn of(&self, pid: u32) -> f64 {
+        self.by_pid.get(&pid).copied().unwrap_or(self.latest)
+    }
 }
 
 /// Builds the visible lines from a snapshot's process rows.
@@ -182,7 +204,7 @@ pub fn build_rows(processes: &[ProcessRow], opts: &ViewOptions<'_>) -> Vec<Table
             let mut rows: Vec<(TableRow, Vec<&ProcessRow>)> =
                 crate::vm::rows::grouped_with_members(&selected)
                     .into_iter()
-                    .map(|(g, members)| (group_row(&g, members.len(), opts), members))
+                    .map(|(g, members)| (group_row(&g, &members, opts), members))
                     .collect();
             rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
             for (row, members) in rows {
@@ -209,7 +231,7 @@ pub fn build_rows(processes: &[ProcessRow], opts: &ViewOptions<'_>) -> Vec<Table
                     .into_iter()
                     .map(|g| {
                         let members = members.remove(&g.comm).unwrap_or_default();
-                        (group_row(&g, members.len(), opts), members)
+                        (group_row(&g, &members, opts), members)
                     })
                     .collect();
             rows.sort_by(|a, b| compare(&a.0, &b.0, opts.sort));
@@ -250,7 +272,7 @@ fn push_processes(
             let mut threads: Vec<TableRow> = p
                 .threads
                 .iter()
-                .map(|t| thread_row(p.pid, t, depth + 1))
+                .map(|t| thread_row(p.pid, t, depth + 1, opts))
                 .collect();
             threads.sort_by(|a, b| compare(a, b, opts.sort));
             out.extend(threads);
@@ -270,6 +292,7 @@ fn process_row(p: &ProcessRow, depth: u8, opts: &ViewOptions<'_>) -> TableRow {
         energy_j: p.since_start_j,
         cpu_pct: p.cpu_pct,
         share: p.share,
+        co2e_g: opts.carbon.map(|c| p.since_start_j * c.of(p.pid)),
         // Kernel threads have no command line; show the name in brackets like ps/top.
         command: with_function(
             if p.cmdline.is_empty() {
@@ -283,7 +306,7 @@ fn process_row(p: &ProcessRow, depth: u8, opts: &ViewOptions<'_>) -> TableRow {
     }
 }
 
-fn thread_row(pid: u32, t: &ThreadRow, depth: u8) -> TableRow {
+fn thread_row(pid: u32, t: &ThreadRow, depth: u8, opts: &ViewOptions<'_>) -> TableRow {
     TableRow {
         key: RowKey::Thread { pid, tid: t.tid },
         depth,
@@ -292,6 +315,7 @@ fn thread_row(pid: u32, t: &ThreadRow, depth: u8) -> TableRow {
         energy_j: t.since_start_j,
         cpu_pct: t.cpu_pct,
         share: t.share,
+        co2e_g: opts.carbon.map(|c| t.since_start_j * c.of(pid)),
         command: with_function(t.comm.clone(), &t.top_function),
         expandable: false,
         expanded: false,
@@ -307,18 +331,31 @@ fn with_function(command: String, function: &str) -> String {
     }
 }
 
-fn group_row(g: &ProcessRow, members: usize, opts: &ViewOptions<'_>) -> TableRow {
+fn group_row(g: &ProcessRow, members: &[&ProcessRow], opts: &ViewOptions<'_>) -> TableRow {
     let key = RowKey::Group(g.comm.clone());
+    // The group's energy at its members' energy-weighted rate (a VM's vCPU and emulator
+    // groups share one process, so the group's joules need not be its members' sum).
+    let co2e_g = opts.carbon.map(|c| {
+        let joules: f64 = members.iter().map(|p| p.since_start_j).sum();
+        let grams: f64 = members.iter().map(|p| p.since_start_j * c.of(p.pid)).sum();
+        let rate = if joules > 0.0 {
+            grams / joules
+        } else {
+            c.latest
+        };
+        g.since_start_j * rate
+    });
     TableRow {
         expanded: opts.expanded.contains(&key),
         key,
         depth: 0,
         // Bracketed so a process count never reads as a PID.
-        id: format!("[{members}]"),
+        id: format!("[{}]", members.len()),
         power_w: g.power_w,
         energy_j: g.since_start_j,
         cpu_pct: g.cpu_pct,
         share: g.share,
+        co2e_g,
         command: cgroup_label(&g.comm),
         expandable: true,
     }

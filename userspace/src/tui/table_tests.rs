@@ -15,6 +15,7 @@ fn build(sort: Sort, filter: &str, grouping: Grouping, expanded: &[RowKey]) -> V
             grouping,
             expanded: &expanded,
             pids: &[],
+            carbon: None,
         },
     )
 }
@@ -61,6 +62,7 @@ fn ties_fall_back_to_pid_order() {
             grouping: Grouping::Process,
             expanded: &expanded,
             pids: &[],
+            carbon: None,
         },
     );
     assert_eq!(ids(&out), ["3", "5", "9"]);
@@ -87,6 +89,7 @@ fn pid_list_limits_the_rows() {
             grouping: Grouping::Process,
             expanded: &expanded,
             pids: &[1, 4000],
+            carbon: None,
         },
     );
     assert_eq!(ids(&out), ["4000", "1"]);
