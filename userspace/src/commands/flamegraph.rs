@@ -121,29 +121,18 @@ fn co2e_values(
             "--unit co2e needs a grid intensity: give --carbon-intensity, --carbon-zone, --carbon-series or --carbon-api"
         )
     })?;
-    let domain = energy.strip_prefix("energy_").ok_or_else(|| {
+    energy.strip_prefix("energy_").ok_or_else(|| {
         anyhow::anyhow!(
             "--unit co2e weighs energy, and {} has none",
             args.file.display()
         )
     })?;
-    let k = profile
-        .value_index(energy)
-        .ok_or_else(|| anyhow::anyhow!("no {energy} values"))?;
     let unix = |t: u64| rec.header.start_unix_ns + t.saturating_sub(rec.start_ns());
     let i = carbon.over(unix(rec.start_ns()), unix(rec.end_ns));
     // µJ × g/J × 1e3 = ng.
-    let ng_per_uj = i.g_per_joule() * 1e3;
-    let name = format!("co2e_{domain}");
-    profile.value_types.push(profile::ValueType {
-        name: name.clone(),
-        unit: "nanograms".into(),
-    });
-    for s in &mut profile.samples {
-        let v = s.values.get(k).copied().unwrap_or(0.0) * ng_per_uj;
-        s.values.push(v);
-    }
-    profile.recompute_totals();
+    let name = profile
+        .add_co2e(energy, i.g_per_joule() * 1e3)
+        .ok_or_else(|| anyhow::anyhow!("no {energy} values"))?;
     profile.meta.source = format!("{}; carbon: {}", profile.meta.source, i.describe());
     Ok(name)
 }

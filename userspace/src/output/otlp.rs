@@ -326,9 +326,10 @@ pub fn request(
     }
 }
 
-/// Adds to each energy profile the attribute `energy.attributed_microjoules`: the energy the
-/// producer's own windows gave threads in that zone (µJ, rounded), which the profile's
-/// values add up to. A receiver can check conservation across the wire with it.
+/// Adds to each energy profile (not its zone's co2e profile) the attribute
+/// `energy.attributed_microjoules`: the energy the producer's own windows gave threads in
+/// that zone (µJ, rounded), which the profile's values add up to. A receiver can check
+/// conservation across the wire with it.
 pub fn add_attributed(
     req: &mut ExportProfilesServiceRequest,
     attributed_uj: &std::collections::BTreeMap<&'static str, f64>,
@@ -342,6 +343,14 @@ pub fn add_attributed(
     for (r, rp) in req.resource_profiles.iter().enumerate() {
         for (s, sp) in rp.scope_profiles.iter().enumerate() {
             for (p, prof) in sp.profiles.iter().enumerate() {
+                // Only energy profiles: a zone's co2e profile weighs nanograms.
+                let kind = prof
+                    .sample_type
+                    .as_ref()
+                    .and_then(|t| strings.get(t.type_strindex as usize));
+                if kind.map(String::as_str) != Some("energy") {
+                    continue;
+                }
                 let zone = prof.attribute_indices.iter().find_map(|&i| {
                     let kv = dict.attribute_table.get(i as usize)?;
                     (Some(kv.key_strindex as usize) == zone_key).then_some(())?;

@@ -172,6 +172,25 @@ impl Profile {
         self.value_types.iter().position(|v| v.name == name)
     }
 
+    /// Adds `co2e_<zone>` (nanograms) beside the energy value `energy` (`energy_<zone>`,
+    /// µJ): each sample's energy times `ng_per_uj` (1e3 × grams per joule). Returns the new
+    /// value's name; `None` when `energy` is not an energy value of this profile.
+    pub fn add_co2e(&mut self, energy: &str, ng_per_uj: f64) -> Option<String> {
+        let zone = energy.strip_prefix("energy_")?;
+        let k = self.value_index(energy)?;
+        let name = format!("co2e_{zone}");
+        self.value_types.push(ValueType {
+            name: name.clone(),
+            unit: "nanograms".into(),
+        });
+        for s in &mut self.samples {
+            let v = s.values.get(k).copied().unwrap_or(0.0) * ng_per_uj;
+            s.values.push(v);
+        }
+        self.recompute_totals();
+        Some(name)
+    }
+
     /// Recomputes [`ProfileMeta::totals`] from the samples.
     pub(crate) fn recompute_totals(&mut self) {
         let mut totals = vec![0.0; self.value_types.len()];

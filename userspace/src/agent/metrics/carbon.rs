@@ -35,6 +35,17 @@ pub fn set_source(c: Carbon) {
     let _ = SOURCE.set(Mutex::new(c));
 }
 
+/// The agent's intensity now, when it has a source (the OTLP sink's co2e profiles).
+pub fn intensity_now() -> Option<crate::carbon::Intensity> {
+    let source = SOURCE.get()?;
+    Some(
+        source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .now(),
+    )
+}
+
 #[derive(Default)]
 struct Process {
     comm: String,

@@ -70,6 +70,9 @@ impl Batch {
 struct Job {
     batch: Batch,
     attributed_uj: BTreeMap<&'static str, f64>,
+    /// Nanograms of CO2e per µJ of each zone over the windows (their energy-weighted
+    /// intensity), with `--carbon-*` flags.
+    co2e_ng_per_uj: BTreeMap<&'static str, f64>,
     container_attrs: HashMap<u64, otlp::ContainerAttrs>,
 }
 
@@ -86,6 +89,8 @@ pub struct OtlpSink {
     /// Energy the windows since the last export gave threads, µJ per zone: what the
     /// exported profiles must add up to.
     attributed_uj: BTreeMap<&'static str, f64>,
+    /// That energy's CO2e at each window's intensity, ng per zone, with `--carbon-*` flags.
+    co2e_ng: BTreeMap<&'static str, f64>,
     /// Container and pod of each cgroup id seen, from its path.
     containers: HashMap<u64, ContainerRef>,
     /// Kubernetes names, when the agent has them.
@@ -117,12 +122,25 @@ impl OtlpSink {
                     // profiles let RSS climb by ~100 MiB where binaries carry large debug
                     // info), at the price of reopening them every --profile-interval.
                     let mut symbolizer = Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
-                    let profile = profile::build(
+                    let mut profile = profile::build(
                         job.batch.stacks(),
                         &job.batch.weights,
                         &mut symbolizer,
                         &Filter::default(),
                     );
+                    // A co2e profile beside each energy one, as `flamegraph --unit co2e`.
+                    let energy: Vec<String> = profile
+                        .value_types
+                        .iter()
+                        .map(|v| v.name.clone())
+                        .filter(|n| n.starts_with("energy_"))
+                        .collect();
+                    for name in energy {
+                        let zone = name.trim_start_matches("energy_");
+                        if let Some(&rate) = job.co2e_ng_per_uj.get(zone) {
+                            profile.add_co2e(&name, rate);
+                        }
+                    }
                     let attrs = job.container_attrs;
                     let mut request = otlp::request(&profile, &origin, &|cgroup| {
                         attrs.get(&cgroup).cloned().unwrap_or_default()
@@ -143,6 +161,7 @@ impl OtlpSink {
             python: python::PythonTable::default(),
             pending: None,
             attributed_uj: BTreeMap::new(),
+            co2e_ng: BTreeMap::new(),
             containers: HashMap::new(),
             names: None,
         })
@@ -181,8 +200,20 @@ impl OtlpSink {
         let Some(batch) = self.pending.take() else {
             return;
         };
+        let co2e_ng = std::mem::take(&mut self.co2e_ng);
+        // A zone without energy gets the intensity of now (its profile is empty anyway).
+        let now = || crate::agent::metrics::carbon::intensity_now().map(|i| i.g_per_joule() * 1e3);
+        let co2e_ng_per_uj = co2e_ng
+            .iter()
+            .filter_map(|(&zone, &ng)| {
+                let uj = self.attributed_uj.get(zone).copied().unwrap_or(0.0);
+                let rate = if uj > 0.0 { Some(ng / uj) } else { now() };
+                Some((zone, rate?))
+            })
+            .collect();
         let job = Job {
             batch,
+            co2e_ng_per_uj,
             attributed_uj: std::mem::take(&mut self.attributed_uj),
             container_attrs: self.container_attrs(),
         };
@@ -261,6 +292,9 @@ impl Sink for OtlpSink {
             weights,
         };
         let attr = &window.analysis.attribution;
+        // Grams per window, never per sample: this window's energy at its intensity.
+        let ng_per_uj =
+            crate::agent::metrics::carbon::intensity_now().map(|i| i.g_per_joule() * 1e3);
         for s in &attr.sources {
             let name = crate::attribute::domain_name(s.domain);
             let uj: f64 = attr.threads.iter().map(|t| t.energy.get(s.domain)).sum();
@@ -273,6 +307,9 @@ impl Sink for OtlpSink {
                 .any(|o| o.domain == s.domain)
             {
                 *zone += uj;
+                if let Some(rate) = ng_per_uj {
+                    *self.co2e_ng.entry(name).or_default() += uj * rate;
+                }
             }
         }
         match &mut self.pending {
