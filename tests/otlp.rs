@@ -228,6 +228,52 @@ fn metric(addr: &str, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
+/// With an intensity, each zone's energy profile in `request` has a co2e profile beside
+/// it: sample type `co2e`/`nanograms`, the same zone and estimated label, and a total of the
+/// energy profile's µJ at `g_per_kwh` (within 1%, or 2 ng of rounding).
+fn co2e_beside_energy(request: &serde_json::Value, g_per_kwh: f64) {
+    let profiles = request["profiles"].as_array().expect("profiles");
+    let energy: Vec<&serde_json::Value> = profiles
+        .iter()
+        .filter(|p| p["sample_type"] == serde_json::json!(["energy", "microjoules"]))
+        .collect();
+    assert!(!energy.is_empty(), "no energy profile: {request}");
+    for e in energy {
+        let zone = &e["attributes"]["energy.zone"];
+        let co2e = profiles
+            .iter()
+            .find(|p| p["sample_type"][0] == "co2e" && p["attributes"]["energy.zone"] == *zone)
+            .unwrap_or_else(|| panic!("no co2e profile beside the {zone} energy profile"));
+        assert_eq!(
+            co2e["sample_type"],
+            serde_json::json!(["co2e", "nanograms"])
+        );
+        assert_eq!(
+            co2e["period_type"],
+            serde_json::json!(["co2e", "nanograms"])
+        );
+        assert_eq!(
+            co2e["attributes"]["energy.estimated"], e["attributes"]["energy.estimated"],
+            "the co2e profile keeps the energy's estimated label"
+        );
+        assert!(
+            co2e["attributes"]
+                .get("energy.attributed_microjoules")
+                .is_none(),
+            "attributed µJ belong to the energy profile only: {}",
+            co2e["attributes"]
+        );
+        let uj = e["total"].as_f64().expect("µJ");
+        let ng = co2e["total"].as_f64().expect("ng");
+        // µJ × 1e-6 J × g/kWh / 3.6e6 J/kWh × 1e9 ng/g.
+        let want = uj * g_per_kwh / 3.6e6 * 1e3;
+        assert!(
+            (ng - want).abs() <= (want * 0.01).max(2.0),
+            "{zone}: {ng} ng sent for {uj} µJ at {g_per_kwh} g/kWh ({want} ng)"
+        );
+    }
+}
+
 #[test]
 fn the_agent_exports_energy_profiles_and_survives_a_collector_outage() {
     if !require_root("the_agent_exports_energy_profiles_and_survives_a_collector_outage") {
@@ -253,9 +299,18 @@ fn the_agent_exports_energy_profiles_and_survives_a_collector_outage() {
             "2",
             "-F",
             "199",
+            "--carbon-intensity",
+            "400",
         ],
     );
     wait_for("two exported profiles", 30, || received(&got) >= 2);
+    for n in 1..=received(&got) {
+        let summary: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(got.join(format!("{n}.json"))).expect("a request"),
+        )
+        .expect("summary JSON");
+        co2e_beside_energy(&summary, 400.0);
+    }
 
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(got.join("2.json")).expect("the second request"))

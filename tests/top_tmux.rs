@@ -17,11 +17,15 @@ const INTERVAL_S: u64 = 1;
 const EXIT_MARK: &str = "top-exit-status=";
 /// Clears the pane before a run so the previous run's exit line is gone.
 const CLEAR: &str = r"printf '\033[H\033[2J'";
+/// The fixed grid intensity the carbon runs pass, gCO2e/kWh.
+const INTENSITY: &str = "400";
 
-/// Starts `bin top -i 1` in tmux and checks: a pinned busy process is the first table row
-/// within three refreshes; pressing `N` re-sorts the table by PID; `q` and Ctrl-C exit with
+/// Starts `bin top -i 1 --carbon-intensity 400` in tmux and checks: a pinned busy process
+/// is the first table row within three refreshes; its gCO2e column is its energy column at
+/// the header's intensity; pressing `N` re-sorts the table by PID; `q` and Ctrl-C exit with
 /// status 0 and SIGTERM with 143, each leaving the primary screen, cursor and cooked mode
-/// as they were; closing the terminal ends top.
+/// as they were; closing the terminal ends top (a run without an intensity, whose table has
+/// no gCO2e column).
 pub fn top_in_tmux(bin: &Path) {
     for tool in ["tmux", "taskset"] {
         let found = Command::new("sh")
@@ -48,7 +52,7 @@ pub fn top_in_tmux(bin: &Path) {
     let busy = Busy::start();
     let tmux = Tmux::start(200, 50);
     let line = format!(
-        "'{}' top -i {INTERVAL_S}; echo \"{EXIT_MARK}$?\"",
+        "'{}' top -i {INTERVAL_S} --carbon-intensity {INTENSITY}; echo \"{EXIT_MARK}$?\"",
         bin.display()
     );
     tmux.send_text(&line);
@@ -69,6 +73,28 @@ pub fn top_in_tmux(bin: &Path) {
         |s| table_rows(s).and_then(|rows| rows.first().copied()) == Some(busy.pid()),
     );
     let power_order = table_rows(&by_power).unwrap_or_default();
+    // The busy row's grams: wait until its energy column shows a joule, so the check
+    // is not lost in the column's 0.1 J rounding.
+    let with_energy = tmux.wait_for(
+        Duration::from_secs(30),
+        &format!("a joule on busy PID {}'s row", busy.pid()),
+        |s| {
+            carbon_table(s).is_some_and(|t| {
+                t.rows
+                    .iter()
+                    .any(|r| r.pid == busy.pid() && r.energy_j >= 1.0)
+            })
+        },
+    );
+    let table = carbon_table(&with_energy).expect("checked above");
+    check_grams(&table, &with_energy);
+    assert!(
+        table
+            .rows
+            .iter()
+            .any(|r| r.pid == busy.pid() && r.grams > 0.0),
+        "the busy process has grams:\n{with_energy}"
+    );
 
     tmux.send_text("N");
     let by_pid = tmux.wait_for(
@@ -121,6 +147,11 @@ pub fn top_in_tmux(bin: &Path) {
     tmux.wait_for(Duration::from_secs(30), "top's table (hang-up run)", |s| {
         table_rows(s).is_some()
     });
+    let screen = tmux.capture();
+    assert!(
+        !screen.contains("gCO2e") && !screen.contains("carbon:"),
+        "without an intensity the table has no gCO2e column:\n{screen}"
+    );
     let top_pid = tmux.format("#{pane_pid}");
     drop(tmux);
     let start = Instant::now();
@@ -209,6 +240,160 @@ fn table_rows(screen: &str) -> Option<Vec<u32>> {
             .map_while(|l| l.split_whitespace().next()?.parse().ok())
             .collect(),
     )
+}
+
+/// One row of a table with a gCO2e column.
+#[derive(Debug)]
+struct GramsRow {
+    pid: u32,
+    energy_j: f64,
+    grams: f64,
+    /// Half the last printed digit of the grams: their rounding.
+    grams_half_ulp: f64,
+}
+
+/// A table with a gCO2e column and its header line's figures.
+#[derive(Debug)]
+struct CarbonTable {
+    /// The intensity the header line names, gCO2e/kWh (PUE 1 unless it says otherwise).
+    g_per_kwh: f64,
+    pue: f64,
+    /// Grams since start, in total and of the idle/static row.
+    total_g: f64,
+    idle_g: f64,
+    /// Whether every process's line is in `rows` (the view line's `N lines, N processes`
+    /// and all N on screen).
+    all_shown: bool,
+    rows: Vec<GramsRow>,
+}
+
+/// The first number in `text` (after a `~` estimated mark) and half its last digit.
+fn number(text: &str) -> Option<(f64, f64)> {
+    let t = text.trim_start_matches('~');
+    let value: f64 = t.parse().ok()?;
+    let decimals = t.split_once('.').map_or(0, |(_, d)| d.len());
+    Some((value, 0.5 * 10f64.powi(-(decimals as i32))))
+}
+
+/// Reads the gCO2e table of one screen or batch frame; `None` when there is none. Panics
+/// when the column titles say estimated and a grams or energy cell lacks the `~` mark.
+fn carbon_table(screen: &str) -> Option<CarbonTable> {
+    let header = screen
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("carbon: "))?;
+    // `0.000267 gCO2e since start (idle/static 0.000250) at 400.0 gCO2e/kWh (...)[, PUE x]`
+    let total_g: f64 = header.split_whitespace().next()?.parse().ok()?;
+    let idle_g: f64 = header
+        .split_once("(idle/static ")?
+        .1
+        .split(')')
+        .next()?
+        .parse()
+        .ok()?;
+    let g_per_kwh: f64 = header
+        .split_once(") at ")?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let pue = header
+        .rsplit_once(", PUE ")
+        .and_then(|(_, p)| p.trim().parse().ok())
+        .unwrap_or(1.0);
+    let mut lines = screen.lines();
+    let titles = lines.find(|l| l.trim_start().starts_with("PID") && l.contains("Command"))?;
+    if !titles.contains("gCO2e") {
+        return None;
+    }
+    let estimated = titles.contains("Energy J (estimated)");
+    assert_eq!(
+        estimated,
+        titles.contains("gCO2e (estimated)"),
+        "modelled grams carry the estimated label like the energy: {titles}"
+    );
+    let mut rows = Vec::new();
+    for line in lines {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        let Some(pid) = cells.first().and_then(|c| c.parse::<u32>().ok()) else {
+            break;
+        };
+        assert!(cells.len() >= 6, "a table line with fewer cells: {line}");
+        if estimated {
+            assert!(
+                cells[2].starts_with('~') && cells[3].starts_with('~'),
+                "modelled energy and grams are marked ~: {line}"
+            );
+        }
+        let (energy_j, _) = number(cells[2]).unwrap_or_else(|| panic!("energy cell: {line}"));
+        let (grams, grams_half_ulp) =
+            number(cells[3]).unwrap_or_else(|| panic!("gCO2e cell: {line}"));
+        rows.push(GramsRow {
+            pid,
+            energy_j,
+            grams,
+            grams_half_ulp,
+        });
+    }
+    // `Sort: power (descending) | group by: process | 12 lines, 12 processes`
+    let counts = screen
+        .lines()
+        .find(|l| l.starts_with("Sort: "))
+        .and_then(|l| l.rsplit(" | ").find(|p| p.ends_with(" processes")))
+        .and_then(|p| {
+            let (lines, procs) = p.split_once(" lines, ")?;
+            Some((
+                lines.parse::<usize>().ok()?,
+                procs.trim_end_matches(" processes").parse::<usize>().ok()?,
+            ))
+        });
+    let all_shown = counts.is_some_and(|(l, p)| l == p && l == rows.len())
+        && screen.contains("group by: process")
+        && !screen.contains("filter:")
+        && !screen.contains("pids:");
+    Some(CarbonTable {
+        g_per_kwh,
+        pue,
+        total_g,
+        idle_g,
+        all_shown,
+        rows,
+    })
+}
+
+/// Each row's grams are its energy column × the header's intensity (within the rounding of
+/// both columns), and where every process is shown the rows and the idle/static grams add
+/// up to no more than the header's grams since start (processes that exited hold the rest).
+fn check_grams(t: &CarbonTable, screen: &str) {
+    assert!(
+        (t.g_per_kwh - INTENSITY.parse::<f64>().expect("number")).abs() < 1e-9,
+        "the header names the intensity given: {screen}"
+    );
+    let g_per_j = t.g_per_kwh * t.pue / 3.6e6;
+    assert!(!t.rows.is_empty(), "no rows:\n{screen}");
+    for r in &t.rows {
+        // The energy column rounds to 0.1 J.
+        let slack = 0.05 * g_per_j + r.grams_half_ulp + 1e-12;
+        assert!(
+            (r.grams - r.energy_j * g_per_j).abs() <= slack,
+            "PID {}: {} g shown for {} J at {} g/kWh ({} g), off by more than {slack}:\n{screen}",
+            r.pid,
+            r.grams,
+            r.energy_j,
+            t.g_per_kwh,
+            r.energy_j * g_per_j
+        );
+    }
+    if t.all_shown {
+        let rows_g: f64 = t.rows.iter().map(|r| r.grams).sum();
+        let rounding: f64 = t.rows.iter().map(|r| r.grams_half_ulp).sum::<f64>() + 1e-6;
+        assert!(
+            rows_g + t.idle_g <= t.total_g + rounding,
+            "rows {rows_g} g + idle/static {} g exceed the header's {} g:\n{screen}",
+            t.idle_g,
+            t.total_g
+        );
+    }
 }
 
 /// A shell loop pinned to CPU 0, killed on drop.
@@ -350,4 +535,50 @@ fn top_batch_prints_exactly_n_frames_then_exits() {
         stdout.contains("PID"),
         "each frame has the table:\n{stdout}"
     );
+    assert!(
+        !stdout.contains("gCO2e"),
+        "without an intensity no frame has a gCO2e column:\n{stdout}"
+    );
+}
+
+#[test]
+fn top_batch_grams_column_is_each_rows_energy_at_the_headers_intensity() {
+    if !crate::util::require_root(
+        "top_batch_grams_column_is_each_rows_energy_at_the_headers_intensity",
+    ) {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let busy = crate::util::Workload::spawn("while :; do :; done", Some(0));
+    let out = crate::util::run(&[
+        "top",
+        "--batch",
+        "-n",
+        "3",
+        "-i",
+        "1",
+        "--carbon-intensity",
+        INTENSITY,
+    ]);
+    assert!(out.status.success(), "{}", crate::util::text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let frames: Vec<&str> = stdout.split("energy-bpf top - source:").skip(1).collect();
+    assert_eq!(frames.len(), 3, "three frames:\n{stdout}");
+    for frame in frames {
+        let table = carbon_table(frame)
+            .unwrap_or_else(|| panic!("a carbon header and a gCO2e column:\n{frame}"));
+        assert!(
+            table.all_shown,
+            "a batch frame prints every process:\n{frame}"
+        );
+        check_grams(&table, frame);
+        // The busy loop burns all along: its grams grow from frame to frame.
+        assert!(
+            table
+                .rows
+                .iter()
+                .any(|r| r.pid == busy.pid() && r.grams > 0.0),
+            "the busy loop's row has grams:\n{frame}"
+        );
+    }
 }

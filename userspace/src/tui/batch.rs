@@ -79,10 +79,10 @@ pub fn write_frame(out: &mut impl Write, state: &State) -> io::Result<()> {
     writeln!(out, "{}", view_line(state))?;
     writeln!(out)?;
     let titles = column_titles(est, state.intensity().is_some());
-    // Grams take six decimals below a gram (`~0.001234`).
+    // Grams take up to nine decimals (`~0.000001234`).
     let widths: Vec<usize> = titles
         .iter()
-        .map(|(c, t)| t.len().max(if c.is_some() { 7 } else { 9 }))
+        .map(|(c, t)| t.len().max(if c.is_some() { 7 } else { 12 }))
         .collect();
     let (command, numeric) = titles.split_last().expect("the command column");
     for ((_, title), w) in numeric.iter().zip(&widths) {
@@ -219,7 +219,7 @@ mod tests {
             .position(|l| l.trim_start().starts_with("PID"))
             .expect("title line");
         assert_eq!(
-            lines[titles], "    PID Power W Energy J     gCO2e   CPU % Share % Command",
+            lines[titles], "    PID Power W Energy J        gCO2e   CPU % Share % Command",
             "{text}"
         );
         assert!(
@@ -232,7 +232,7 @@ mod tests {
             let energy: f64 = cells[2].parse().expect("energy");
             let grams: f64 = cells[3].parse().expect("grams");
             assert!(
-                (grams - energy * g_per_j).abs() <= 0.05 * g_per_j + 5e-7,
+                (grams - energy * g_per_j).abs() <= 0.05 * g_per_j + 5e-6,
                 "{line}"
             );
             let pid: u64 = cells[0].parse().expect("pid");
@@ -264,7 +264,7 @@ mod tests {
             .find(|l| l.trim_start().starts_with("1234"))
             .expect("busy row");
         let cells: Vec<&str> = busy.split_whitespace().collect();
-        assert_eq!(cells[3], "~0.011139", "{busy}");
+        assert_eq!(cells[3], "~0.01114", "{busy}");
     }
 
     #[test]

@@ -47,13 +47,16 @@ pub fn column_titles(estimated: bool, carbon: bool) -> Vec<(Option<SortColumn>, 
     titles
 }
 
-/// Grams with the decimals their size needs: six below a gram, fewer above.
+/// Grams to four significant digits (`0.001234`, `12.35`, `1235`), at most nine decimals:
+/// a second of a small machine is micrograms.
 pub fn grams_cell(g: f64) -> String {
-    match g.abs() {
-        a if a < 1.0 => format!("{g:.6}"),
-        a if a < 1000.0 => format!("{g:.4}"),
-        _ => format!("{g:.1}"),
-    }
+    let magnitude = if g == 0.0 || !g.is_finite() {
+        0
+    } else {
+        g.abs().log10().floor() as i32
+    };
+    let decimals = (3 - magnitude).clamp(0, 9) as usize;
+    format!("{g:.decimals$}")
 }
 
 /// Whether the figures on screen are modelled.

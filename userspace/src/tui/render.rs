@@ -93,8 +93,8 @@ fn render_table(frame: &mut Frame<'_>, area: Rect, state: &State) {
         Some(SortColumn::Command) => Constraint::Fill(1),
         // Room for the title and its sort arrow; numbers are shorter than the titles.
         Some(_) => Constraint::Length(title.chars().count().max(6) as u16 + 1),
-        // Grams take six decimals below a gram (`~0.001234`).
-        None => Constraint::Length(title.chars().count().max(9) as u16),
+        // Grams take up to nine decimals (`~0.000001234`).
+        None => Constraint::Length(title.chars().count().max(12) as u16),
     });
 
     let visible = table_capacity(frame.area(), state);
