@@ -181,3 +181,55 @@ fn sort_column_cycles_both_ways() {
     assert_eq!(SortColumn::Power.next(), SortColumn::Energy);
     assert_eq!(SortColumn::Energy.prev(), SortColumn::Power);
 }
+
+#[test]
+fn grams_follow_each_lines_energy_at_its_processes_rate() {
+    // postgres (300) at 1 g/kJ, nginx (20) at 3 g/kJ, the others at the latest 2 g/kJ.
+    let rates = CarbonRates {
+        by_pid: HashMap::from([(300, 1e-3), (20, 3e-3)]),
+        latest: 2e-3,
+    };
+    let expanded: BTreeSet<RowKey> = [
+        RowKey::Process(300),
+        RowKey::Group("/system.slice/docker-0123456789abcdef0123456789abcdef.scope".to_string()),
+    ]
+    .into_iter()
+    .collect();
+    let opts = |grouping| ViewOptions {
+        sort: Sort::by(SortColumn::Pid),
+        filter: "",
+        grouping,
+        expanded: &expanded,
+        pids: &[],
+        carbon: Some(&rates),
+    };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    let rows = build_rows(&four_processes(), &opts(Grouping::Process));
+    let grams = |key: RowKey| {
+        let row = rows.iter().find(|r| r.key == key).expect("row");
+        row.co2e_g.expect("grams")
+    };
+    assert!(close(grams(RowKey::Process(300)), 5.0 * 1e-3));
+    assert!(close(grams(RowKey::Process(20)), 30.0 * 3e-3));
+    assert!(close(grams(RowKey::Process(4000)), 500.0 * 2e-3));
+    // A thread's energy at its process's rate.
+    assert!(close(
+        grams(RowKey::Thread { pid: 300, tid: 301 }),
+        120.0 * 1e-3
+    ));
+    // A cgroup's grams are its members': postgres and nginx in the container's, bash and
+    // zsh (both at the latest rate) in /user.slice.
+    let rows = build_rows(&four_processes(), &opts(Grouping::Cgroup));
+    let group = |command: &str| {
+        let row = rows.iter().find(|r| r.command == command).expect("group");
+        row.co2e_g.expect("grams")
+    };
+    assert!(close(
+        group("docker:0123456789ab"),
+        5.0 * 1e-3 + 30.0 * 3e-3
+    ));
+    assert!(close(group("/user.slice"), (500.0 + 100.0) * 2e-3));
+    // Without rates no line has grams.
+    let none = build(Sort::default(), "", Grouping::Process, &[]);
+    assert!(none.iter().all(|r| r.co2e_g.is_none()));
+}
