@@ -6,6 +6,8 @@
 mod util;
 // Exact busy time of CPUs and processes from the kernel's context-switch records.
 mod switch_clock;
+// The aggregating mode against the exact stream, on this kernel.
+mod aggregate;
 
 // Capture: real probes on this kernel, rebuilt timeline vs known workloads.
 mod capture;

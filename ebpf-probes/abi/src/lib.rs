@@ -115,6 +115,70 @@ pub struct CountBatch {
     pub events: [CountEvent; SWITCH_BATCH],
 }
 
+/// Rows the aggregating mode holds at once: one per thread, CPU and time slot it ran in,
+/// until userspace reads them (a few hundred milliseconds of slots). A row the map cannot
+/// take loses its time, counted in [`counter::AGG_DROPPED`].
+pub const AGG_ROWS: u32 = 65_536;
+
+/// The aggregating mode's time slot by default: runs are summed per slot of this length,
+/// cut exactly at its edges (multiples of it on CLOCK_MONOTONIC). As long as the energy
+/// readings' interval at least (10 ms), so splitting energy by busy time per slot loses
+/// little of what the exact stream knows.
+pub const AGG_SLOT_NS: u64 = 10_000_000;
+
+/// Key of an aggregation row: a thread on a CPU in a time slot. Each key is written by its
+/// own CPU only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AggKey {
+    /// The CPU the thread ran on.
+    pub cpu: u32,
+    /// The thread.
+    pub tid: u32,
+    /// The slot: `[slot × slot_ns, (slot + 1) × slot_ns)`.
+    pub slot: u64,
+}
+
+/// What one thread did on one CPU in one slot (the aggregating mode: the agent's
+/// default, where `sched_switch` adds to these rows instead of sending an event).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunTotal {
+    /// On-CPU ns within the slot.
+    pub busy_ns: u64,
+    /// Activity count of those runs, split at slot edges in proportion to time (when
+    /// [`run_total_flags::NO_ACTIVITY`] is clear).
+    pub activity: u64,
+    /// The thread's process.
+    pub tgid: u32,
+    /// [`run_total_flags`].
+    pub flags: u32,
+}
+
+/// [`RunTotal::flags`] bits.
+pub mod run_total_flags {
+    /// Some run of the row had no activity count: `activity` is incomplete.
+    pub const NO_ACTIVITY: u32 = 1;
+}
+
+/// The aggregating mode's state on one CPU: the task that runs since `start_ns`. Every
+/// slot before the one holding `start_ns` is complete on this CPU: userspace reads a
+/// slot's rows once every CPU is past it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AggCursor {
+    /// Start of the current run, or of its slot if it began in an earlier one.
+    pub start_ns: u64,
+    /// The running thread (0: idle).
+    pub tid: u32,
+    /// Its process.
+    pub tgid: u32,
+    /// Whether `tid` is known (a switch or a tick was seen on this CPU).
+    pub known: u32,
+    /// Padding.
+    pub _pad: u32,
+}
+
 /// One timer-driven stack sample.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -309,8 +373,11 @@ pub mod counter {
     pub const IDLE_SAMPLES: u32 = 4;
     /// Run-counter events ([`super::CountEvent`]) dropped because their ring buffer was full.
     pub const COUNT_DROPPED: u32 = 5;
+    /// Aggregation rows that could not be added because the row map was full (the
+    /// aggregating mode; their time is lost).
+    pub const AGG_DROPPED: u32 = 6;
     /// Number of counters.
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
 }
 
 /// How a sample's user stack was walked (low byte of [`SampleEvent::unwind`]).
@@ -463,6 +530,12 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindProcess {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PyProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AggKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::RunTotal {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AggCursor {}
 }
 
 /// Turns a NUL-padded `comm` into a string slice (lossy on invalid UTF-8 is the caller's job).
@@ -481,5 +554,8 @@ const _: () = assert!(core::mem::size_of::<UnwindRow>() == 16);
 const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
 const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * UNWIND_MAPPINGS);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
+const _: () = assert!(core::mem::size_of::<RunTotal>() == 24);
+const _: () = assert!(core::mem::size_of::<AggCursor>() == 24);
+const _: () = assert!(core::mem::size_of::<AggKey>() == 16);
 const _: () = assert!(core::mem::size_of::<PyProcess>() == 8 + 4 * 14);
 const _: () = assert!(core::mem::size_of::<SampleEvent>().is_multiple_of(8));

@@ -32,6 +32,7 @@ use energy_bpf_abi::{
     unwind_reg, unwind_stop,
 };
 
+mod agg;
 mod batch;
 mod python;
 mod run_counts;
@@ -260,6 +261,11 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
             }
         };
     run_counts::on_boundary(ts_ns, prev_tid);
+    if agg::on() {
+        let next = (known != 0).then_some((next_tid, next_tgid));
+        agg::on_switch(ts_ns, (prev_tid, prev_tgid), next, activity);
+        return 0;
+    }
     let event = SwitchEvent {
         ts_ns,
         prev_tid,
@@ -291,6 +297,16 @@ pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
 /// the sample says why ([`unwind_stop`]).
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
+    if agg::on() {
+        let pid_tgid = bpf_get_current_pid_tgid();
+        // SAFETY: helper with no preconditions.
+        let now = unsafe { bpf_ktime_get_ns() };
+        agg::on_tick(
+            now,
+            (pid_tgid as u32, (pid_tgid >> 32) as u32),
+            activity_delta,
+        );
+    }
     // Bounds how long a switch event waits in its CPU's batch, idle CPUs included.
     if let Some(batch) = SWITCH_BATCHES.get_ptr_mut(0) {
         flush_switches(batch);

@@ -36,6 +36,9 @@ pub struct LiveOptions {
     pub targets: Targets,
     /// How a new target's executable mappings are read.
     pub read_mappings: MappingReader,
+    /// Whether the probes aggregate runs per thread and interval instead of sending every
+    /// switch (see `super::aggregate`).
+    pub aggregate: bool,
 }
 
 impl LiveOptions {
@@ -52,6 +55,7 @@ impl LiveOptions {
             energy,
             targets: Targets::default(),
             read_mappings: |_, _| Ok(Vec::new()),
+            aggregate: false,
         }
     }
 
@@ -87,6 +91,14 @@ impl LiveOptions {
         self.sample_ring_bytes = bytes;
         self
     }
+
+    /// Runs aggregated per thread, CPU and poll in the kernel, not sent switch by switch:
+    /// each poll's switch events are laid out from them (see `super::aggregate`). What the
+    /// agent and `top` need; `record` keeps the exact stream.
+    pub fn aggregated(mut self, on: bool) -> Self {
+        self.aggregate = on;
+        self
+    }
 }
 
 /// Why a live capture could not start.
@@ -120,6 +132,7 @@ impl Live {
             opts.unwind,
             opts.sample_ring_bytes,
             &opts.run_events,
+            opts.aggregate,
         )
         .map_err(LiveError::Probes)?;
         let cpus = energy::topology::of(&opts.energy.sysfs_root, probes.cpus());
@@ -146,6 +159,12 @@ impl Live {
     /// The energy sources being read.
     pub fn sources(&self) -> Vec<pb::EnergySource> {
         self.energy.sources()
+    }
+
+    /// Where the switch events polled so far end when the probes aggregate (they cover
+    /// whole intervals); `None` when they stream.
+    pub fn covered_ns(&self) -> Option<u64> {
+        self.session.probes().covered_ns()
     }
 
     /// The activity counter runs are weighed by, if one is counted.

@@ -7,6 +7,7 @@
 //! chunks on top of it; `live` is the one place a capture is started, polled and finished.
 
 pub(crate) mod activity;
+pub(crate) mod aggregate;
 mod bpf_sys;
 pub mod btf;
 pub(crate) mod cgroupns;

@@ -111,6 +111,10 @@ pub struct Probes {
     run_counts: Option<super::run_counts::RunCounters>,
     /// The probes' log reader, with `--debug-probes`.
     log: Option<super::probe_log::Logger>,
+    /// The aggregating mode's maps, when the probes aggregate (see `super::aggregate`).
+    aggregate: Option<super::aggregate::Aggregator>,
+    /// Whether an aggregated interval was delivered yet (the first opens each CPU).
+    aggregated_once: bool,
 }
 
 /// A stack-sample ring buffer that holds `margin` of samples at `sample_hz` on `cpus` CPUs:
@@ -131,13 +135,17 @@ impl Probes {
     /// (see [`sample_ring_bytes`]; `None` keeps the probes' 16 MiB, sized for `record`'s
     /// high rates on large machines), and run counters for `run_events` (`record
     /// --activity-events`, at most three; see `super::run_counts`): an event this machine
-    /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error.
+    /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error. With
+    /// `aggregate`, `sched_switch` adds runs to per-thread rows instead of sending events
+    /// (see `super::aggregate`); [`Self::drain`] then delivers each interval's rows as
+    /// switch events.
     pub fn start_sized(
         sample_hz: u64,
         activity: ActivityEvent,
         unwind: UnwindMode,
         sample_ring_bytes: Option<u32>,
         run_events: &[super::run_counts::RunEvent],
+        aggregate: bool,
     ) -> Result<Self, CaptureError> {
         host::preflight(Path::new(VMLINUX_BTF))?;
         let (pid_off, tgid_off) = match btf::task_pid_offsets(Path::new(VMLINUX_BTF)) {
@@ -172,6 +180,7 @@ impl Probes {
             u32::from(super::probe_log::enabled()),
             super::probe_log::level(),
         );
+        let agg_on = u32::from(aggregate);
         let load = |unwind_on: u32| {
             let mut loader = EbpfLoader::new();
             loader
@@ -184,9 +193,17 @@ impl Probes {
                 .override_global("TASK_FSBASE_OFFSET", &fsbase_off, true)
                 .override_global("PY_ON", &py_on, true)
                 .override_global("PROBE_DEBUG", &debug_on, true)
+                .override_global("AGG_ON", &agg_on, true)
                 .override_global(aya_log::LEVEL, &log_level, true);
             if let Some(bytes) = sample_ring_bytes {
                 loader.map_max_entries("SAMPLES", bytes);
+            }
+            // Each mode's unused maps at their smallest: aggregating sends no switch events,
+            // streaming adds to no rows.
+            if aggregate {
+                loader.map_max_entries("SWITCHES", 4096);
+            } else {
+                loader.map_max_entries("AGG_ROWS_MAP", 1);
             }
             loader
                 .load(super::PROBES_OBJECT)
@@ -281,6 +298,14 @@ impl Probes {
             .and_then(|m| PerCpuArray::try_from(m).ok())
             .ok_or(CaptureError::Map("SWITCH_BATCHES"))?;
         let log = super::probe_log::start(&mut ebpf);
+        let aggregate = if aggregate {
+            let agg =
+                super::aggregate::Aggregator::start(&mut ebpf, &cpus, energy_bpf_abi::AGG_SLOT_NS)
+                    .map_err(CaptureError::Map)?;
+            Some(agg)
+        } else {
+            None
+        };
         let probes = Self {
             _ebpf: ebpf,
             switches,
@@ -295,6 +320,8 @@ impl Probes {
             python,
             run_counts,
             log,
+            aggregate,
+            aggregated_once: false,
         };
         probes.sweep_cpus();
         Ok(probes)
@@ -382,24 +409,38 @@ impl Probes {
     /// Forces a context switch on every CPU by running a short pinned thread there, so each
     /// CPU's timeline has a known task from this moment on even if one thread never yields.
     pub fn sweep_cpus(&self) {
-        let handles: Vec<_> = self
-            .cpus
-            .iter()
-            .map(|&cpu| {
-                thread::spawn(move || {
-                    // SAFETY: cpu_set_t is plain data; sched_setaffinity on the calling thread.
-                    unsafe {
-                        let mut set: libc::cpu_set_t = std::mem::zeroed();
-                        libc::CPU_SET(cpu as usize, &mut set);
-                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                    }
-                    thread::sleep(Duration::from_micros(200));
-                })
-            })
-            .collect();
-        for h in handles {
-            let _ = h.join();
+        sweep(&self.cpus);
+    }
+
+    /// Where the switch events delivered so far end, in the aggregating mode (they cover
+    /// whole intervals); `None` when streaming.
+    pub fn covered_ns(&self) -> Option<u64> {
+        self.aggregate
+            .as_ref()
+            .map(super::aggregate::Aggregator::covered_ns)
+    }
+
+    /// The aggregating mode: delivers the rows of the slots every CPU has left as switch
+    /// events. Returns the number of events.
+    fn drain_slots(&mut self, sink: &mut impl FnMut(Event)) -> usize {
+        let Some(agg) = &mut self.aggregate else {
+            return 0;
+        };
+        let slots = match agg.read() {
+            Ok(Some(slots)) => slots,
+            Ok(None) => return 0,
+            Err(err) => {
+                tracing::warn!("cannot read the aggregated runs: {err}");
+                return 0;
+            }
+        };
+        let events = super::aggregate::synthesize(&slots, &self.cpus, !self.aggregated_once);
+        self.aggregated_once = true;
+        let n = events.len();
+        for e in events {
+            sink(Event::Switch(e));
         }
+        n
     }
 
     /// Drains every ring buffer into `sink`. Returns the number of events.
@@ -407,7 +448,7 @@ impl Probes {
         if let Some(log) = &mut self.log {
             log.flush();
         }
-        let mut n = 0;
+        let mut n = self.drain_slots(&mut sink);
         while let Some(item) = self.switches.next() {
             if let Some((cpu, events)) = switch_batch(&item) {
                 n += deliver(&mut self.delivered, cpu, events, &mut sink);
@@ -461,13 +502,35 @@ impl Probes {
                 .unwrap_or(0)
         };
         pb::LossCounters {
-            switch_dropped: get(counter::SWITCH_DROPPED),
+            // Aggregated rows the map could not take count as lost switches.
+            switch_dropped: get(counter::SWITCH_DROPPED) + get(counter::AGG_DROPPED),
             sample_dropped: get(counter::SAMPLE_DROPPED),
             process_dropped: get(counter::PROC_DROPPED),
             stack_errors: get(counter::STACK_ERRORS),
             idle_samples: get(counter::IDLE_SAMPLES),
             vanished_processes: 0,
         }
+    }
+}
+
+/// Runs a short pinned thread on each of `cpus`: a context switch on every one.
+fn sweep(cpus: &[u32]) {
+    let handles: Vec<_> = cpus
+        .iter()
+        .map(|&cpu| {
+            thread::spawn(move || {
+                // SAFETY: cpu_set_t is plain data; sched_setaffinity on the calling thread.
+                unsafe {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu as usize, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
+                thread::sleep(Duration::from_micros(200));
+            })
+        })
+        .collect();
+    for h in handles {
+        let _ = h.join();
     }
 }
 

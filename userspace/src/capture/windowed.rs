@@ -31,6 +31,8 @@ pub struct LiveConfig {
     pub unwind: super::UnwindMode,
     /// Size of the stack-sample ring buffer (`None`: the probes' default).
     pub sample_ring_bytes: Option<u32>,
+    /// Runs aggregated in the kernel per thread and poll (see [`LiveOptions::aggregated`]).
+    pub aggregate: bool,
 }
 
 /// A running live capture: probes, session, energy reader and pipeline, started the same
@@ -52,7 +54,8 @@ impl Capture {
             LiveOptions::timeline(cfg.energy.clone())
                 .stacks(cfg.sample_hz, cfg.unwind)
                 .activity(cfg.activity)
-                .sample_ring(cfg.sample_ring_bytes),
+                .sample_ring(cfg.sample_ring_bytes)
+                .aggregated(cfg.aggregate),
         )?;
         let cpus = live.cpus().to_vec();
         let header = host::header(cpus.clone(), cfg.sample_hz as u32, Vec::new());
@@ -144,7 +147,11 @@ impl Capture {
         // Switch events wait in per-CPU batches in the kernel for up to one sampling period
         // (see `SwitchBatch`); end the window before anything could still be on its way.
         let in_flight_ns = 2_000_000_000 / u64::from(self.sample_hz.max(1));
-        let limit = now.saturating_sub(in_flight_ns);
+        // Aggregated switches cover whole intervals: up to the last one read, exactly.
+        let limit = match self.live.covered_ns() {
+            Some(covered) => covered.min(now),
+            None => now.saturating_sub(in_flight_ns),
+        };
         if limit <= self.pipeline.window_start_ns().saturating_add(min_len_ns) {
             return None;
         }

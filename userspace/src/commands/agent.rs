@@ -53,6 +53,12 @@ pub struct Args {
     /// (`10GiB`); default 7 days.
     #[arg(long, value_name = "DURATION|SIZE", requires = "record_dir")]
     pub(crate) retain: Option<Retain>,
+    /// How runs reach the agent: `aggregate` (the default) sums each thread's on-CPU time
+    /// per CPU and poll in the kernel, so the agent's cost follows the number of active
+    /// threads, not of context switches; `stream` sends every switch, as `record` does.
+    /// `--record-dir` always streams: recordings hold every switch.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = SwitchesMode::Aggregate)]
+    pub(crate) switches: SwitchesMode,
     /// Stack-sampling frequency in Hz (stacks feed the recordings; energy comes from the
     /// scheduler timeline whatever the rate). 49 by default, below `record`'s 99: the agent
     /// runs always and shows stacks in aggregate.
@@ -141,6 +147,15 @@ fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     parse_metrics_addr(text).map_err(|e| e.to_string())
 }
 
+/// How runs reach the agent (`--switches`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SwitchesMode {
+    /// Summed per thread, CPU and 10 ms slot in the kernel.
+    Aggregate,
+    /// Every switch sent, as `record` does.
+    Stream,
+}
+
 impl Args {
     /// The settings these arguments select (reading the calibration file they name).
     pub(crate) fn settings(&self) -> anyhow::Result<Settings> {
@@ -174,6 +189,7 @@ impl Args {
                     std::thread::available_parallelism().map_or(1, usize::from),
                     Duration::from_secs(8),
                 )),
+                aggregate: self.switches == SwitchesMode::Aggregate && self.record_dir.is_none(),
             },
             socket: self.socket.clone(),
             state_dir: self.state_dir.clone(),

@@ -162,6 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: args.activity.event,
         unwind: args.unwind.mode,
         sample_ring_bytes: None,
+        aggregate: false,
     })?;
     run_with_feed(&args, feed)
 }

@@ -226,6 +226,17 @@ pub fn read_interval_of(
     }
 }
 
+/// When a counter read every `interval_ns` is read next after `now_ns`: at the next
+/// multiple of the interval on CLOCK_MONOTONIC, so every counter with the same interval is
+/// read at the same moments, and readings fall on the edges of the probes' aggregation
+/// slots (`energy_bpf_abi::AGG_SLOT_NS`, of which the default intervals are multiples):
+/// the energy between two readings is then split by busy times the probes cut at exactly
+/// those moments.
+fn next_read_ns(now_ns: u64, interval_ns: u64) -> u64 {
+    let interval = interval_ns.max(1);
+    (now_ns / interval + 1) * interval
+}
+
 struct Live {
     counter: Box<dyn EnergySource>,
     id: u32,
@@ -334,7 +345,7 @@ fn run(mut live: Vec<Live>, shared: Arc<Mutex<Shared>>, stop: mpsc::Receiver<()>
             if !stopping && l.next_ns > now {
                 return true;
             }
-            l.next_ns = (l.next_ns + l.interval_ns).max(now + l.interval_ns / 2);
+            l.next_ns = next_read_ns(now, l.interval_ns);
             let step = l.step();
             faults.append(&mut l.notices);
             match step {
@@ -436,7 +447,7 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             label,
             unwrap,
             interval_ns,
-            next_ns: ts_ns + interval_ns,
+            next_ns: next_read_ns(ts_ns, interval_ns),
             pending_gpu: BTreeMap::new(),
             notices: Vec::new(),
         });

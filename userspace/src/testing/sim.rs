@@ -68,8 +68,10 @@ pub struct SimConfig {
     pub update_period_ns: u64,
     /// Update jitter, ± ns.
     pub update_jitter_ns: u64,
-    /// Reading period, ns (± 5% jitter).
+    /// Reading period, ns (± 5% jitter unless `reads_on_grid`).
     pub read_period_ns: u64,
+    /// Reads at exact multiples of `read_period_ns`, as the energy reader times them.
+    pub reads_on_grid: bool,
     /// Reads in step with the counter: each read comes this long after an update (a
     /// counter a driver or hypervisor updates as the reader wakes). `None`: reads fall at
     /// any moment between updates, as a reader's timer against RAPL's hardware clock.
@@ -151,6 +153,7 @@ impl Default for SimConfig {
             update_period_ns: 1_000_000,
             update_jitter_ns: 20_000,
             read_period_ns: 10_000_000,
+            reads_on_grid: false,
             read_lag_ns: None,
             noise: 0.01,
             sample_hz: 99,
@@ -716,6 +719,10 @@ fn counters(
                 energy_uj: updates[idx].1,
                 ..Default::default()
             });
+            if cfg.reads_on_grid {
+                r += cfg.read_period_ns.max(1);
+                continue;
+            }
             let j = cfg.read_period_ns / 20;
             r += (cfg.read_period_ns + rng.random_range(0..=2 * j)).saturating_sub(j);
         }
