@@ -15,8 +15,9 @@
 //!   function` runs a user would otherwise read side by side (best of 3, ratio).
 //! - `top`: CPU used by `energy-bpf top` itself at the default 1 s refresh.
 //! - `agent SECS`: the agent's CPU and RSS, quiet and under process churn ([`agent`]).
-//! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent, `record` and
-//!   `perf record -a -g`, with each tool's CPU per context switch ([`server`]).
+//! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent (aggregating
+//!   and streaming), `record` and `perf record -a -g`, with each tool's CPU per context
+//!   switch and the 95% interval of the paired change ([`server`]).
 //! - `vms [SECS] [N] [ROUNDS]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
 mod agent;
 mod server;
@@ -61,8 +62,8 @@ pub fn run(args: &[String]) -> Result {
         Some("top") => top(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(30)),
         Some("agent") => agent::run(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(600)),
         Some("server") => server::run(
-            args.get(1).and_then(|s| s.parse().ok()).unwrap_or(7),
-            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1_000_000),
+            args.get(1).and_then(|s| s.parse().ok()).unwrap_or(15),
+            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(400_000),
         ),
         Some("vms") => vms::run(
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60),

@@ -57,8 +57,8 @@ pub struct Args {
     /// per CPU and poll in the kernel, so the agent's cost follows the number of active
     /// threads, not of context switches; `stream` sends every switch, as `record` does.
     /// `--record-dir` always streams: recordings hold every switch.
-    #[arg(long, value_name = "MODE", value_enum, default_value_t = SwitchesMode::Aggregate)]
-    pub(crate) switches: SwitchesMode,
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = super::args::SwitchesMode::Aggregate)]
+    pub(crate) switches: super::args::SwitchesMode,
     /// Stack-sampling frequency in Hz (stacks feed the recordings; energy comes from the
     /// scheduler timeline whatever the rate). 49 by default, below `record`'s 99: the agent
     /// runs always and shows stacks in aggregate.
@@ -147,15 +147,6 @@ fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     parse_metrics_addr(text).map_err(|e| e.to_string())
 }
 
-/// How runs reach the agent (`--switches`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum SwitchesMode {
-    /// Summed per thread, CPU and 10 ms slot in the kernel.
-    Aggregate,
-    /// Every switch sent, as `record` does.
-    Stream,
-}
-
 impl Args {
     /// The settings these arguments select (reading the calibration file they name).
     pub(crate) fn settings(&self) -> anyhow::Result<Settings> {
@@ -189,7 +180,8 @@ impl Args {
                     std::thread::available_parallelism().map_or(1, usize::from),
                     Duration::from_secs(8),
                 )),
-                aggregate: self.switches == SwitchesMode::Aggregate && self.record_dir.is_none(),
+                aggregate: self.switches == super::args::SwitchesMode::Aggregate
+                    && self.record_dir.is_none(),
             },
             socket: self.socket.clone(),
             state_dir: self.state_dir.clone(),

@@ -541,3 +541,12 @@ mod tests {
         assert_eq!(energy.model_idle_w, Some(3.5));
     }
 }
+
+/// How runs reach a live view (`agent`, `top`: `--switches`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum SwitchesMode {
+    /// Summed per thread, CPU and 10 ms slot in the kernel.
+    Aggregate,
+    /// Every switch sent, as `record` does.
+    Stream,
+}

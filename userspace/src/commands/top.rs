@@ -61,6 +61,13 @@ pub struct Args {
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 49,
           value_parser = super::args::hz)]
     pub freq: u32,
+    /// How runs reach `top`: `aggregate` (the default) sums each thread's on-CPU time per
+    /// CPU and 10 ms slot in the kernel, so `top` costs little on a machine switching
+    /// hundreds of thousands of times a second; `stream` sends every switch, as `record`
+    /// does.
+    #[arg(long, value_name = "MODE", value_enum,
+          default_value_t = super::args::SwitchesMode::Aggregate)]
+    pub(crate) switches: super::args::SwitchesMode,
     /// Only show these processes (repeat, or separate with commas or spaces).
     #[arg(short = 'p', long = "pid", value_name = "PID", num_args = 1.., value_delimiter = ',')]
     pub(crate) pids: Vec<u32>,
@@ -162,7 +169,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         activity: args.activity.event,
         unwind: args.unwind.mode,
         sample_ring_bytes: None,
-        aggregate: false,
+        aggregate: args.switches == super::args::SwitchesMode::Aggregate,
     })?;
     run_with_feed(&args, feed)
 }

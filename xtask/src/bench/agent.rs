@@ -1,8 +1,9 @@
 //! `cargo xtask bench agent SECS`: the release agent at its default settings (metrics on a
 //! free loopback port), first on the machine as it is ("quiet"), then while a churn
 //! workload starts about 200 short-lived processes per second, each phase SECS long.
-//! Reports the agent's CPU as a percentage of one CPU, its RSS (peak, and growth after the
-//! first minute of churn), and the events and drops its own metrics count.
+//! Reports the agent's CPU as a percentage of one CPU and per new process (the CPU churn
+//! adds, over the processes started), its RSS (peak, and growth after the first minute of
+//! churn), and the events and drops its own metrics count.
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     process::{Command, Stdio},
@@ -86,6 +87,11 @@ pub fn run(secs: u64) -> Result {
         mib(last),
         mib(max_after),
         100.0 * (max_after as f64 - at_settle as f64) / at_settle.max(1) as f64
+    );
+    // What a new process costs the agent: the CPU churn adds, per process started.
+    println!(
+        "per new process: {:.0} µs of agent CPU",
+        (loaded.cpu_pct - quiet.cpu_pct) / 100.0 * 1e6 / loaded.churn_rate.max(1e-9)
     );
 
     let metrics = scrape(&addr)?;

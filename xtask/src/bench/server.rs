@@ -1,10 +1,14 @@
 //! `cargo xtask bench server [ROUNDS] [REQUESTS]`: what each tool costs a saturated server.
 //! redis-server pinned to CPU 0, `redis-benchmark -c 8 -t get,set` pinned to CPU 1 (both
 //! saturated, tens of thousands of context switches per second); the benchmark runs alone,
-//! under the agent, under `energy-bpf record` and under `perf record -a -g`, each once per
-//! round in rotating order (>= 7 rounds). Reported per mode: median requests/s, the median
-//! over rounds of the change against the same round's run alone, and the tool's own CPU
-//! per context switch of the machine during the run, and its peak RSS.
+//! under the agent (its default aggregating mode, and `--switches stream`), under
+//! `energy-bpf record` and under `perf record -a -g -F 99`, each once per round in
+//! rotating order (>= 15 rounds). Reported per mode: median requests/s, the median over
+//! rounds of the change against the same round's run alone with its 95% interval
+//! (bootstrap over rounds), and the tool's own CPU per context switch of the machine
+//! during the run, its probe's run time per `sched_switch` (`kernel.bpf_stats_enabled`, on
+//! for the bench) and its peak RSS. Every run starts a new redis-benchmark process: a
+//! new client, as a fleet machine sees all the time.
 //!
 //! Each run starts with a warm-up that is not measured, under every mode alike: a tenth of
 //! the requests (at least 10,000), and at least [`WARM`] in all. An always-on agent has long
@@ -33,17 +37,25 @@ use crate::util::{self, Result};
 enum Mode {
     Alone,
     Agent,
+    AgentStream,
     Record,
     Perf,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [Mode::Alone, Mode::Agent, Mode::Record, Mode::Perf];
+    const ALL: [Mode; 5] = [
+        Mode::Alone,
+        Mode::Agent,
+        Mode::AgentStream,
+        Mode::Record,
+        Mode::Perf,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Mode::Alone => "alone",
             Mode::Agent => "energy-bpf agent",
+            Mode::AgentStream => "agent --switches stream",
             Mode::Record => "energy-bpf record",
             Mode::Perf => "perf record -a -g",
         }
@@ -73,6 +85,9 @@ struct Run {
     tool_cpu_s: f64,
     switches: u64,
     peak_rss_kib: u64,
+    /// The tool's busiest eBPF program (`sched_switch`): ns per run, where the kernel
+    /// counts it (`kernel.bpf_stats_enabled`).
+    probe_ns: Option<f64>,
 }
 
 /// What a run needs besides its arguments: the binary, the modes that can run here, and
@@ -85,7 +100,7 @@ struct Setup {
 
 /// Runs the benchmark.
 pub fn run(rounds: usize, requests: u64) -> Result {
-    let rounds = rounds.max(7);
+    let rounds = rounds.max(15);
     for tool in ["redis-server", "redis-benchmark", "taskset"] {
         if util::output("sh", &["-c", &format!("command -v {tool}")]).is_none_or(|s| s.is_empty()) {
             return Err(format!(
@@ -102,6 +117,9 @@ pub fn run(rounds: usize, requests: u64) -> Result {
         modes.retain(|&m| m != Mode::Perf);
     }
     let bin = super::release_bin()?;
+    // The kernel counts each eBPF program's runs and run time only while this is on.
+    let stats = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").ok();
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
     let pin_tools = std::env::var("BENCH_PIN_TOOLS").is_ok_and(|v| !v.is_empty() && v != "0");
     let setup = Setup {
         bin,
@@ -112,6 +130,9 @@ pub fn run(rounds: usize, requests: u64) -> Result {
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = rounds_in(&dir, &setup, rounds, requests);
     let _ = std::fs::remove_dir_all(&dir);
+    if let Some(stats) = stats {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats.trim());
+    }
     result
 }
 
@@ -155,8 +176,15 @@ fn rounds_in(dir: &Path, setup: &Setup, rounds: usize, requests: u64) -> Result 
         eprintln!("bench server: round {} of {rounds} done", round + 1);
     }
     println!(
-        "{:<20} {:>12} {:>9} {:>19} {:>16} {:>10}",
-        "mode", "median rps", "change", "quartiles", "tool ns/switch", "tool RSS"
+        "{:<24} {:>12} {:>9} {:>19} {:>19} {:>16} {:>14} {:>10}",
+        "mode",
+        "median rps",
+        "change",
+        "95% interval",
+        "quartiles",
+        "tool ns/switch",
+        "probe ns/run",
+        "tool RSS"
     );
     for (i, &mode) in modes.iter().enumerate() {
         let rps: Vec<f64> = runs[i].iter().map(|r| r.rps).collect();
@@ -166,6 +194,13 @@ fn rounds_in(dir: &Path, setup: &Setup, rounds: usize, requests: u64) -> Result 
             .map(|(r, a)| r.rps / a.rps - 1.0)
             .collect();
         let (q1, q2, q3) = super::quartiles(&change);
+        let (lo, hi) = median_interval(&change);
+        let probe: Vec<f64> = runs[i].iter().filter_map(|r| r.probe_ns).collect();
+        let probe = if probe.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.0}", super::median(&probe))
+        };
         let (per_switch, rss) = if mode == Mode::Alone {
             ("-".to_string(), "-".to_string())
         } else {
@@ -180,12 +215,14 @@ fn rounds_in(dir: &Path, setup: &Setup, rounds: usize, requests: u64) -> Result 
             )
         };
         println!(
-            "{:<20} {:>12.0} {:>8.2}% {:>19} {:>16} {:>10}",
+            "{:<24} {:>12.0} {:>8.2}% {:>19} {:>19} {:>16} {:>14} {:>10}",
             mode.name(),
             super::median(&rps),
             100.0 * q2,
+            format!("[{:+.2}%, {:+.2}%]", 100.0 * lo, 100.0 * hi),
             format!("[{:+.2}%, {:+.2}%]", 100.0 * q1, 100.0 * q3),
             per_switch,
+            probe,
             rss
         );
     }
@@ -212,10 +249,16 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
     };
     let tool = match mode {
         Mode::Alone => None,
-        Mode::Agent => Some(start(
+        Mode::Agent | Mode::AgentStream => Some(start(
             tool(&setup.bin)
                 .args(["agent", "--metrics-addr", "127.0.0.1:0", "--socket"])
-                .arg(dir.join("agent.sock")),
+                .arg(dir.join("agent.sock"))
+                .args(["--vm-share", "none", "--switches"])
+                .arg(if mode == Mode::Agent {
+                    "aggregate"
+                } else {
+                    "stream"
+                }),
             Some("metrics at"),
         )?),
         Mode::Record => Some(start(
@@ -237,12 +280,19 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
     // Past the agent's first window too: its first close names every process it found.
     thread::sleep(WARM.saturating_sub(warm_start.elapsed()));
     let cpu0 = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0);
+    let prog0 = pid.and_then(busiest_program);
     let ctxt0 = ctxt()?;
     let t0 = Instant::now();
     let bench = benchmark(port, requests)?;
     let wall = t0.elapsed();
     let switches = ctxt()?.saturating_sub(ctxt0);
     let tool_cpu_s = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0) - cpu0;
+    let probe_ns = match (prog0, pid.and_then(busiest_program)) {
+        (Some((id0, ns0, n0)), Some((id1, ns1, n1))) if id0 == id1 && n1 > n0 => {
+            Some((ns1 - ns0) as f64 / (n1 - n0) as f64)
+        }
+        _ => None,
+    };
     let peak_rss_kib = pid.map(|p| peak_rss(p).unwrap_or(0)).unwrap_or(0);
     let text = String::from_utf8_lossy(&bench.stdout);
     let rps: Vec<f64> = text
@@ -268,7 +318,63 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
         tool_cpu_s,
         switches,
         peak_rss_kib,
+        probe_ns,
     })
+}
+
+/// The eBPF program of process `pid` that ran most (its id, run time ns and runs, from
+/// `/proc/PID/fdinfo`): `sched_switch` for our tools. `None` where the kernel does not
+/// count (`kernel.bpf_stats_enabled` is 0) or the process holds no program.
+fn busiest_program(pid: u32) -> Option<(u64, u64, u64)> {
+    let mut best: Option<(u64, u64, u64)> = None;
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        let link = std::fs::read_link(fd.path()).unwrap_or_default();
+        if !link.to_string_lossy().contains("bpf-prog") {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        ))
+        .unwrap_or_default();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(ns), Some(n)) =
+            (field("prog_id:"), field("run_time_ns:"), field("run_cnt:"))
+            && best.is_none_or(|b| n > b.2)
+        {
+            best = Some((id, ns, n));
+        }
+    }
+    best.filter(|b| b.2 > 0)
+}
+
+/// The 95% interval of the median of `paired` (ratios of paired rounds): 2,000 bootstrap
+/// resamples of the rounds, a fixed seed so a run's figures can be recomputed.
+fn median_interval(paired: &[f64]) -> (f64, f64) {
+    if paired.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        // xorshift64*
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut medians: Vec<f64> = (0..2000)
+        .map(|_| {
+            let resample: Vec<f64> = (0..paired.len())
+                .map(|_| paired[(next() % paired.len() as u64) as usize])
+                .collect();
+            super::median(&resample)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    (medians[50], medians[1949])
 }
 
 /// `redis-benchmark -c 8 -t get,set` of `requests` on CPU 1, its CSV output.
