@@ -115,10 +115,25 @@ pub struct CountBatch {
     pub events: [CountEvent; SWITCH_BATCH],
 }
 
-/// Rows the aggregating mode holds at once: one per thread, CPU and time slot it ran in,
-/// until userspace reads them (a few hundred milliseconds of slots). A row the map cannot
-/// take loses its time, counted in [`counter::AGG_DROPPED`].
+/// Rows the aggregating mode holds at once at most: one per thread, CPU and time slot it
+/// ran in, until userspace reads them (a few hundred milliseconds of slots). Userspace
+/// sizes the map to the machine ([`agg_rows`]): reading it walks every bucket, so a map
+/// far larger than its rows costs for nothing. A row the map cannot take loses its time,
+/// counted in [`counter::AGG_DROPPED`].
 pub const AGG_ROWS: u32 = 65_536;
+
+/// The aggregating mode's map size for `cpus` CPUs: 2,048 rows per CPU (80 threads per CPU
+/// and slot over a quarter second of slots), between 4,096 and [`AGG_ROWS`].
+pub const fn agg_rows(cpus: u32) -> u32 {
+    let rows = cpus.saturating_mul(2048);
+    if rows < 4096 {
+        4096
+    } else if rows > AGG_ROWS {
+        AGG_ROWS
+    } else {
+        rows
+    }
+}
 
 /// The aggregating mode's time slot by default: runs are summed per slot of this length,
 /// cut exactly at its edges (multiples of it on CLOCK_MONOTONIC). As long as the energy

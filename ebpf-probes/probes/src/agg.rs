@@ -29,9 +29,8 @@ use crate::{bump, global};
 #[unsafe(no_mangle)]
 static AGG_ON: u32 = 0;
 
-/// Slot length, ns (set before load).
-#[unsafe(no_mangle)]
-static AGG_SLOT_NS: u64 = energy_bpf_abi::AGG_SLOT_NS;
+/// Slot length, ns: a constant, so each division by it compiles to a multiplication.
+const SLOT_NS: u64 = energy_bpf_abi::AGG_SLOT_NS;
 
 /// Slots one charge cuts a run into at most; a longer run's rest goes to its last slot.
 /// Ticks charge running tasks every sampling period, so a run spans a few slots at most.
@@ -49,12 +48,6 @@ static AGG_ROWS_MAP: HashMap<AggKey, RunTotal> = HashMap::with_max_entries(AGG_R
 #[inline(always)]
 pub fn on() -> bool {
     global(&AGG_ON) != 0
-}
-
-#[inline(always)]
-fn slot_ns() -> u64 {
-    // SAFETY: a valid, aligned static; read_volatile keeps the value set before load.
-    unsafe { core::ptr::read_volatile(&AGG_SLOT_NS) }.max(1)
 }
 
 /// Adds `ns` (and `activity`) of `tid` on `cpu` to its row of `slot`.
@@ -97,13 +90,12 @@ fn charge(cpu: u32, (tid, tgid): (u32, u32), from: u64, to: u64, activity: Optio
     if tid == 0 || to <= from {
         return;
     }
-    let slot_ns = slot_ns();
     let span = to - from;
     let mut at = from;
     let mut counted = 0u64;
     for i in 0..MAX_SLOTS_PER_CHARGE {
-        let slot = at / slot_ns;
-        let edge = (slot + 1) * slot_ns;
+        let slot = at / SLOT_NS;
+        let edge = (slot + 1) * SLOT_NS;
         let end = if edge < to && i + 1 < MAX_SLOTS_PER_CHARGE {
             edge
         } else {
@@ -170,8 +162,7 @@ pub fn on_tick(ts_ns: u64, current: (u32, u32), count: impl FnOnce() -> Option<u
     };
     // SAFETY: helper with no preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    let slot_ns = slot_ns();
-    let slot_start = ts_ns / slot_ns * slot_ns;
+    let slot_start = ts_ns / SLOT_NS * SLOT_NS;
     // SAFETY: this CPU's slot (see the module docs).
     unsafe {
         if (*cursor).known == 0 {

@@ -6,7 +6,8 @@
 //! rotating order (>= 15 rounds). Reported per mode: median requests/s, the median over
 //! rounds of the change against the same round's run alone with its 95% interval
 //! (bootstrap over rounds), and the tool's own CPU per context switch of the machine
-//! during the run, its probe's run time per `sched_switch` (`kernel.bpf_stats_enabled`, on
+//! during the run (`BENCH_SERVER_MODES=agent,agent-carbon,...` picks the modes beside
+//! `alone`; `agent-carbon` adds `--carbon-intensity 400`), its probe's run time per `sched_switch` (`kernel.bpf_stats_enabled`, on
 //! for the bench) and its peak RSS. Every run starts a new redis-benchmark process: a
 //! new client, as a fleet machine sees all the time.
 //!
@@ -38,11 +39,13 @@ enum Mode {
     Alone,
     Agent,
     AgentStream,
+    AgentCarbon,
     Record,
     Perf,
 }
 
 impl Mode {
+    /// Every mode but `AgentCarbon`, which runs when `BENCH_SERVER_MODES` names it.
     const ALL: [Mode; 5] = [
         Mode::Alone,
         Mode::Agent,
@@ -56,6 +59,7 @@ impl Mode {
             Mode::Alone => "alone",
             Mode::Agent => "energy-bpf agent",
             Mode::AgentStream => "agent --switches stream",
+            Mode::AgentCarbon => "agent --carbon-int. 400",
             Mode::Record => "energy-bpf record",
             Mode::Perf => "perf record -a -g",
         }
@@ -109,6 +113,25 @@ pub fn run(rounds: usize, requests: u64) -> Result {
         }
     }
     let mut modes = Mode::ALL.to_vec();
+    // `BENCH_SERVER_MODES=agent,agent-carbon` runs only those beside `alone`.
+    if let Ok(list) = std::env::var("BENCH_SERVER_MODES") {
+        let mut chosen = vec![Mode::Alone];
+        for key in list.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+            chosen.push(match key {
+                "agent" => Mode::Agent,
+                "agent-stream" => Mode::AgentStream,
+                "agent-carbon" => Mode::AgentCarbon,
+                "record" => Mode::Record,
+                "perf" => Mode::Perf,
+                other => {
+                    return Err(format!(
+                        "BENCH_SERVER_MODES: unknown mode {other} (agent, agent-stream, agent-carbon, record, perf)"
+                    ));
+                }
+            });
+        }
+        modes = chosen;
+    }
     if util::output("perf", &["--version"]).is_none() {
         println!(
             "# {}: skipped, `perf --version` does not run here",
@@ -249,15 +272,20 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
     };
     let tool = match mode {
         Mode::Alone => None,
-        Mode::Agent | Mode::AgentStream => Some(start(
+        Mode::Agent | Mode::AgentStream | Mode::AgentCarbon => Some(start(
             tool(&setup.bin)
                 .args(["agent", "--metrics-addr", "127.0.0.1:0", "--socket"])
                 .arg(dir.join("agent.sock"))
                 .args(["--vm-share", "none", "--switches"])
-                .arg(if mode == Mode::Agent {
-                    "aggregate"
-                } else {
+                .arg(if mode == Mode::AgentStream {
                     "stream"
+                } else {
+                    "aggregate"
+                })
+                .args(if mode == Mode::AgentCarbon {
+                    &["--carbon-intensity", "400"][..]
+                } else {
+                    &[]
                 }),
             Some("metrics at"),
         )?),
