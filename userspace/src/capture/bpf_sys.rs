@@ -37,20 +37,20 @@ struct BatchAttr {
 /// `BPF_MAP_UPDATE_ELEM`: `map[key] = value`. `K` and `V` must be the map's key and value
 /// types (plain data of the map's sizes).
 pub fn update_elem<K, V>(map_fd: i32, key: &K, value: &V) -> io::Result<()> {
-    let attr = ElemAttr {
+    let mut attr = ElemAttr {
         map_fd: map_fd as u32,
         _pad: 0,
         key: std::ptr::from_ref(key) as u64,
         value: std::ptr::from_ref(value) as u64,
         flags: 0,
     };
-    bpf(BPF_MAP_UPDATE_ELEM, &attr)
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr)
 }
 
 /// `BPF_MAP_UPDATE_BATCH` (Linux 5.6): `map[keys[i]] = values[i]` for every pair. Fails
 /// with `EINVAL` where the kernel or the map type has no batch operations.
 pub fn update_batch<K, V>(map_fd: i32, keys: &[K], values: &[V]) -> io::Result<()> {
-    let attr = BatchAttr {
+    let mut attr = BatchAttr {
         in_batch: 0,
         out_batch: 0,
         keys: keys.as_ptr() as u64,
@@ -60,7 +60,7 @@ pub fn update_batch<K, V>(map_fd: i32, keys: &[K], values: &[V]) -> io::Result<(
         elem_flags: 0,
         flags: 0,
     };
-    bpf(BPF_MAP_UPDATE_BATCH, &attr)
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr)
 }
 
 /// `BPF_MAP_LOOKUP_BATCH` (Linux 5.6) on a hash map: copies every row into `keys` and
@@ -96,7 +96,7 @@ pub fn lookup_all<K: Copy + Default, V: Copy + Default>(
             elem_flags: 0,
             flags: 0,
         };
-        let rc = bpf_mut(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        let rc = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
         let got = (attr.count as usize).min(chunk);
         keys.truncate(at + got);
         values.truncate(at + got);
@@ -127,11 +127,11 @@ pub fn delete_keys<K>(map_fd: i32, keys: &[K]) -> io::Result<()> {
         elem_flags: 0,
         flags: 0,
     };
-    bpf_mut(BPF_MAP_DELETE_BATCH, &mut attr)
+    bpf(BPF_MAP_DELETE_BATCH, &mut attr)
 }
 
-/// `bpf(2)` with an attribute the kernel writes back to (the batch calls' `count`).
-fn bpf_mut<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
+/// `bpf(2)`; the kernel may write back to `attr` (the batch calls' `count`).
+fn bpf<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
     // SAFETY: `attr` is the member of `union bpf_attr` that `cmd` reads and writes back,
     // of the size passed; the memory it points at belongs to the caller and outlives the
     // call.
@@ -140,23 +140,6 @@ fn bpf_mut<A>(cmd: libc::c_long, attr: &mut A) -> io::Result<()> {
             libc::SYS_bpf,
             cmd,
             std::ptr::from_mut(attr),
-            std::mem::size_of::<A>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn bpf<A>(cmd: libc::c_long, attr: &A) -> io::Result<()> {
-    // SAFETY: `attr` is the member of `union bpf_attr` that `cmd` reads, of the size passed;
-    // the memory it points at belongs to the caller and outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::from_ref(attr),
             std::mem::size_of::<A>() as libc::c_uint,
         )
     };

@@ -202,10 +202,7 @@ impl Probes {
             // streaming adds to no rows.
             if aggregate {
                 loader.map_max_entries("SWITCHES", 4096);
-                loader.map_max_entries(
-                    "AGG_ROWS_MAP",
-                    energy_bpf_abi::agg_rows(cpus.len() as u32),
-                );
+                loader.map_max_entries("AGG_ROWS_MAP", energy_bpf_abi::agg_rows(cpus.len() as u32));
             } else {
                 loader.map_max_entries("AGG_ROWS_MAP", 1);
             }
