@@ -170,7 +170,7 @@ struct Bounded {
 }
 
 /// Runs `energy-bpf ARGS` with its heap limited to 200 MiB + 20 × `input` bytes, killed
-/// after 120 s, and measures its peak RSS. `RLIMIT_DATA` (brk and private writable
+/// after 120 s, and measures its peak RSS (its `VmHWM`, polled every 2 ms). `RLIMIT_DATA` (brk and private writable
 /// mappings) is the memory the input can make grow; `RLIMIT_AS` would also count the
 /// read-only mappings of the binaries that symbolization opens, whose size depends on the
 /// machine, not on the file.
@@ -199,10 +199,7 @@ fn run_bounded(args: &[&str], input: u64) -> Bounded {
             Ok(())
         });
     }
-    #[allow(
-        clippy::zombie_processes,
-        reason = "reaped by wait4 below, which also reports its peak RSS"
-    )]
+    #[allow(clippy::zombie_processes, reason = "reaped by wait4 below")]
     let mut child = cmd.spawn().expect("run energy-bpf");
     let pid = child.id() as libc::pid_t;
     let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
@@ -216,6 +213,23 @@ fn run_bounded(args: &[&str], input: u64) -> Bounded {
     };
     let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
     let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    // The peak of the program's own memory, polled from /proc while it runs. Not wait4's
+    // ru_maxrss: the child is forked from this test process, and the RSS that copy had
+    // before exec (this process's, however large other tests made it) counts there too.
+    let polling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let poller = {
+        let polling = std::sync::Arc::clone(&polling);
+        std::thread::spawn(move || {
+            let mut peak: Option<u64> = None;
+            while polling.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(hwm) = exec_peak_kib(pid) {
+                    peak = Some(peak.map_or(hwm, |p| p.max(hwm)));
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak
+        })
+    };
     let (done, finished) = std::sync::mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
         let hung = finished.recv_timeout(Duration::from_secs(120)).is_err();
@@ -225,13 +239,15 @@ fn run_bounded(args: &[&str], input: u64) -> Bounded {
         }
         hung
     });
-    // wait4 rather than Child::wait: it reports the child's own peak RSS.
+    // wait4 rather than Child::wait: its RSS is the fallback where no poll saw the program.
     let mut status = 0;
     // SAFETY: a zeroed rusage is a valid value for wait4 to fill.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waits for our own child, with pointers to live locals.
     let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
+    polling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let polled_kib = poller.join().expect("poller");
     let _ = done.send(());
     let hung = watchdog.join().expect("watchdog");
     let out = Output {
@@ -242,9 +258,27 @@ fn run_bounded(args: &[&str], input: u64) -> Bounded {
     assert!(!hung, "{args:?} still running after 120 s: {}", text(&out));
     Bounded {
         out,
-        // ru_maxrss is in KiB on Linux.
-        max_rss: usage.ru_maxrss as u64 * 1024,
+        // ru_maxrss (KiB on Linux), which over-counts, only where no poll saw the program.
+        max_rss: polled_kib.unwrap_or(usage.ru_maxrss as u64) * 1024,
     }
+}
+
+/// `VmHWM` of process `pid` (KiB) once it runs our binary (before exec it is a copy of
+/// this test process, whose peak is not the program's).
+fn exec_peak_kib(pid: libc::pid_t) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let name = status.lines().find_map(|l| l.strip_prefix("Name:"))?.trim();
+    if name != "energy-bpf" {
+        return None;
+    }
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The memory any command may use for an input of `bytes`: 200 MiB + 20 × its size.
