@@ -162,7 +162,7 @@ impl Live {
     }
 
     /// Where the switch events polled so far end when the probes aggregate (they cover
-    /// whole intervals); `None` when they stream.
+    /// whole slots); `None` when they stream.
     pub fn covered_ns(&self) -> Option<u64> {
         self.session.probes().covered_ns()
     }

@@ -113,7 +113,7 @@ pub struct Probes {
     log: Option<super::probe_log::Logger>,
     /// The aggregating mode's maps, when the probes aggregate (see `super::aggregate`).
     aggregate: Option<super::aggregate::Aggregator>,
-    /// Whether an aggregated interval was delivered yet (the first opens each CPU).
+    /// Whether aggregated slots were delivered yet (the first read opens each CPU).
     aggregated_once: bool,
 }
 
@@ -137,8 +137,8 @@ impl Probes {
     /// --activity-events`, at most three; see `super::run_counts`): an event this machine
     /// cannot count is listed as unavailable ([`Self::run_counters`]), not an error. With
     /// `aggregate`, `sched_switch` adds runs to per-thread rows instead of sending events
-    /// (see `super::aggregate`); [`Self::drain`] then delivers each interval's rows as
-    /// switch events.
+    /// (see `super::aggregate`); [`Self::drain`] then delivers the rows of each complete
+    /// slot as switch events.
     pub fn start_sized(
         sample_hz: u64,
         activity: ActivityEvent,
@@ -410,11 +410,28 @@ impl Probes {
     /// Forces a context switch on every CPU by running a short pinned thread there, so each
     /// CPU's timeline has a known task from this moment on even if one thread never yields.
     pub fn sweep_cpus(&self) {
-        sweep(&self.cpus);
+        let handles: Vec<_> = self
+            .cpus
+            .iter()
+            .map(|&cpu| {
+                thread::spawn(move || {
+                    // SAFETY: cpu_set_t is plain data; sched_setaffinity on the calling thread.
+                    unsafe {
+                        let mut set: libc::cpu_set_t = std::mem::zeroed();
+                        libc::CPU_SET(cpu as usize, &mut set);
+                        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                    }
+                    thread::sleep(Duration::from_micros(200));
+                })
+            })
+            .collect();
+        for h in handles {
+            let _ = h.join();
+        }
     }
 
     /// Where the switch events delivered so far end, in the aggregating mode (they cover
-    /// whole intervals); `None` when streaming.
+    /// whole slots); `None` when streaming.
     pub fn covered_ns(&self) -> Option<u64> {
         self.aggregate
             .as_ref()
@@ -511,27 +528,6 @@ impl Probes {
             idle_samples: get(counter::IDLE_SAMPLES),
             vanished_processes: 0,
         }
-    }
-}
-
-/// Runs a short pinned thread on each of `cpus`: a context switch on every one.
-fn sweep(cpus: &[u32]) {
-    let handles: Vec<_> = cpus
-        .iter()
-        .map(|&cpu| {
-            thread::spawn(move || {
-                // SAFETY: cpu_set_t is plain data; sched_setaffinity on the calling thread.
-                unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu as usize, &mut set);
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-                }
-                thread::sleep(Duration::from_micros(200));
-            })
-        })
-        .collect();
-    for h in handles {
-        let _ = h.join();
     }
 }
 

@@ -147,7 +147,7 @@ impl Capture {
         // Switch events wait in per-CPU batches in the kernel for up to one sampling period
         // (see `SwitchBatch`); end the window before anything could still be on its way.
         let in_flight_ns = 2_000_000_000 / u64::from(self.sample_hz.max(1));
-        // Aggregated switches cover whole intervals: up to the last one read, exactly.
+        // Aggregated switches cover whole slots: up to the last one read, exactly.
         let limit = match self.live.covered_ns() {
             Some(covered) => covered.min(now),
             None => now.saturating_sub(in_flight_ns),
