@@ -259,8 +259,10 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
         package["origin"]
     );
     assert_eq!(package["origin"]["kind"], "host", "{package}");
+    // The guest times the share by the host's clock (`counted_us`); the truth here is timed
+    // by this test's 50 ms polls over the steady stretch.
     assert!(
-        (static_w - static_w_host).abs() <= 0.05 * static_w_host,
+        (static_w - static_w_host).abs() <= 0.02 * static_w_host,
         "{package}"
     );
     assert_eq!(report["estimated"], false, "the guest's energy is measured");

@@ -104,6 +104,10 @@ pub struct Meta {
     /// The package's dynamic energy by thread class.
     #[serde(default)]
     pub threads: ThreadCounters,
+    /// Host time the counters cover, µs, cumulative: the static share's clock (a guest
+    /// divides `static_uj`'s change by this one's, not by its own poll timing).
+    #[serde(default)]
+    pub counted_us: u64,
 }
 
 /// Why a VM's directory cannot be used.

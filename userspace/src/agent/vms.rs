@@ -66,6 +66,8 @@ struct Tracked {
     /// unsplit) of the package.
     energy: BTreeMap<&'static str, (f64, f64)>,
     threads: [f64; 3],
+    /// Host time the counters cover, ns.
+    counted_ns: u64,
     /// The files under the zones are still to be made.
     first: bool,
     /// An earlier run's last write, when this run continues its counters.
@@ -117,6 +119,7 @@ impl VmSink {
             meta,
             energy: BTreeMap::new(),
             threads: [0.0; 3],
+            counted_ns: 0,
             first: true,
             resumed_from: None,
         };
@@ -154,6 +157,7 @@ impl VmSink {
                 }
                 let p = prev.meta.threads;
                 t.threads = [p.vcpu_uj as f64, p.emulator_uj as f64, p.unsplit_uj as f64];
+                t.counted_ns = prev.meta.counted_us.saturating_mul(1000);
                 t.meta.seq = prev.meta.seq;
                 t.meta.gaps = prev.meta.gaps;
                 t.meta.last_gap = prev.meta.last_gap;
@@ -374,6 +378,7 @@ impl Sink for VmSink {
             {
                 t.threads[i] += part.get("package").copied().unwrap_or(0.0).max(0.0) * 1e6;
             }
+            t.counted_ns += w.events.end_ns.saturating_sub(w.events.start_ns);
             let Some(dir) = t.dir.clone() else {
                 continue;
             };
@@ -415,6 +420,7 @@ impl Sink for VmSink {
                 emulator_uj: t.threads[1] as u64,
                 unsplit_uj: t.threads[2] as u64,
             };
+            m.counted_us = t.counted_ns / 1000;
             match vm_dir::write(&dir, t.live.gid, m, t.first) {
                 Ok(()) => t.first = false,
                 Err(err) => failures.push(format!("{}: {err}", t.live.name())),

@@ -107,6 +107,9 @@ pub struct Meta {
     /// The latest of them.
     #[serde(default)]
     pub last_gap: Option<HostGap>,
+    /// Host time the counters cover, µs, cumulative (0 from hosts that do not say).
+    #[serde(default)]
+    pub counted_us: u64,
 }
 
 fn yes() -> bool {
@@ -237,14 +240,25 @@ pub fn open(dir: &Path) -> Result<Vec<HypervisorZone>, EnergyError> {
             ),
         });
     };
-    // The static share per second: between two updates both seen as they happened (so the
-    // time between them is the host's real interval, longer than nominal on a loaded host);
+    // The static share per second. Timed by the host's own clock where the host says how
+    // much time its counters cover (`counted_us`): exact, whatever the guest's scheduling.
+    // Otherwise between two updates both seen as they happened (the time between them is
+    // the host's real interval, longer than nominal on a loaded host, give or take a poll);
     // when the second does not come in time, over the nominal interval of the first.
-    let (a, b, host_s) = match next_update(dir, &next)? {
-        Some((second, waited_ns)) => (next, second, waited_ns as f64 / 1e9),
-        None => {
-            let host_s = (next.seq - first.seq) as f64 * next.interval_ns() as f64 / 1e9;
-            (first, next, host_s)
+    let (a, b, host_s) = if next.counted_us > first.counted_us && next.seq == first.seq + 1 {
+        let host_s = (next.counted_us - first.counted_us) as f64 / 1e6;
+        (first, next, host_s)
+    } else {
+        match next_update(dir, &next)? {
+            Some((second, _)) if second.counted_us > next.counted_us => {
+                let host_s = (second.counted_us - next.counted_us) as f64 / 1e6;
+                (next, second, host_s)
+            }
+            Some((second, waited_ns)) => (next, second, waited_ns as f64 / 1e9),
+            None => {
+                let host_s = (next.seq - first.seq) as f64 * next.interval_ns() as f64 / 1e9;
+                (first, next, host_s)
+            }
         }
     };
     let infos = powercap::zones_in(dir)?;
