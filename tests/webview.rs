@@ -1,14 +1,17 @@
 //! The agent's web view in a real browser: Debian's headless Chromium driven through
-//! `chromedriver` (WebDriver over plain HTTP on loopback). The agent reads an emulated RAPL
-//! package driven by the machine's busy time and records to a rotating directory; two busy
-//! C processes share one CPU at nice 0 and nice 5, so the kernel gives them CPU time about
-//! 3:1 (weights 1024 and 335). Checked:
+//! `chromedriver` (WebDriver over plain HTTP on loopback). The agent runs as a user starts
+//! it (no recordings: flamegraphs come from the stacks it holds in memory) on an emulated
+//! RAPL package driven by the machine's busy time; two busy C processes share one CPU at
+//! nice 0 and nice 5, so the kernel gives them CPU time about 3:1 (weights 1024 and 335).
+//! Checked:
 //! - the page's chart shows both processes, and the series the page fetched put their power
 //!   at 3.0 ± 0.3 : 1;
 //! - clicking the heavier row draws its energy flamegraph, whose hottest frame is the
 //!   program's hot function;
 //! - comparing two ranges draws a differential flamegraph;
-//! - a screenshot of each view is saved under `target/test-artifacts/`.
+//! - a screenshot of each view is saved under `target/test-artifacts/`;
+//! - then an agent with `--record-dir` serves the heavier process's flamegraph from its
+//!   recordings, with the same hottest frame.
 //!
 //! Also, without a browser: a non-loopback address without a token refuses to start, a
 //! wrong token gets 401, an oversized range 400 with its reason, a POST 405, and every
@@ -295,17 +298,14 @@ fn web_view_charts_two_processes_at_3_to_1_and_draws_the_heavier_ones_code() {
     util::wait_running(heavy.pid(), 50_000_000);
     util::wait_running(light.pid(), 10_000_000);
 
-    let rec = tmp.join("rec");
     let sysfs = fake.sysfs.to_str().expect("utf-8 path");
-    let (_agent, addr, _log) = spawn_agent(
+    let (agent, addr, _log) = spawn_agent(
         tmp,
         &[
             "--energy-source",
             "powercap",
             "--sysfs-root",
             sysfs,
-            "--record-dir",
-            rec.to_str().expect("utf-8 path"),
             // The emulator draws the same watts per busy CPU-second for every process: the
             // time split is its truth (a regression fitted on a loaded machine's classes
             // need not be).
@@ -383,6 +383,10 @@ fn web_view_charts_two_processes_at_3_to_1_and_draws_the_heavier_ones_code() {
         hottest, "hot_leaf_energy",
         "the flamegraph's hottest frame ({note})"
     );
+    assert!(
+        note.as_str().is_some_and(|n| n.contains("in memory")),
+        "the note says where the stacks came from: {note}"
+    );
     let frames = browser.eval("return document.querySelectorAll('#flame g.frame').length;");
     assert!(frames.as_u64().unwrap_or(0) >= 3, "{frames} frames drawn");
     browser.screenshot("webview-flamegraph.png");
@@ -400,6 +404,73 @@ fn web_view_charts_two_processes_at_3_to_1_and_draws_the_heavier_ones_code() {
     );
     browser.eval("document.getElementById('diff').scrollIntoView(false); return true;");
     browser.screenshot("webview-compare.png");
+    let note = browser.eval("return document.getElementById('diff-note').textContent;");
+    assert!(
+        note.as_str()
+            .is_some_and(|n| n.contains("no significance test")),
+        "{note}"
+    );
+    drop(browser);
+    drop(agent);
+
+    // With recordings: the same flamegraph from them.
+    let rec = tmp.join("rec");
+    let (_agent, addr, _log) = spawn_agent(
+        tmp,
+        &[
+            "--energy-source",
+            "powercap",
+            "--sysfs-root",
+            sysfs,
+            "--record-dir",
+            rec.to_str().expect("utf-8 path"),
+            "--power-model",
+            "time",
+        ],
+    );
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let from_ms = unix_ms();
+    let (mut last, mut hottest) = (String::new(), None);
+    // Until the recordings hold a second of the process's energy (a file is written when
+    // it rotates), a minute and a half at most.
+    util::until(Duration::from_secs(90), || {
+        std::thread::sleep(Duration::from_secs(1));
+        let path = format!("/api/v1/profile?from={from_ms}&to={}&row={hp}", unix_ms());
+        let Ok((status, _, body)) = http(&addr, "GET", &path, &[], None) else {
+            return false;
+        };
+        last = format!("{status} {}", String::from_utf8_lossy(&body));
+        let Some(p) = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .filter(|_| status == 200)
+        else {
+            return false;
+        };
+        assert_eq!(p["from"], "recordings", "{p}");
+        hottest = hottest_leaf(&p).filter(|_| p["total"].as_f64().unwrap_or(0.0) > 1.0);
+        hottest.is_some()
+    });
+    let hottest = hottest.unwrap_or_else(|| panic!("no flamegraph from the recordings: {last}"));
+    eprintln!("flamegraph of {hp} from the recordings: hottest frame {hottest}");
+    assert_eq!(hottest, "hot_leaf_energy", "{last}");
+}
+
+/// The leaf frame with the most energy of a `/api/v1/profile` answer.
+fn hottest_leaf(p: &Value) -> Option<String> {
+    let mut by_leaf = std::collections::BTreeMap::<String, f64>::new();
+    for s in p["stacks"].as_array()? {
+        let stack = s[0].as_str()?;
+        let leaf = stack.rsplit(';').next()?;
+        *by_leaf.entry(leaf.to_string()).or_default() += s[1].as_f64()?;
+    }
+    by_leaf
+        .into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(leaf, _)| leaf)
 }
 
 #[test]
@@ -477,4 +548,133 @@ fn web_view_refuses_exposure_without_a_token_and_guards_its_api() {
     assert_eq!(s, 405);
     // /metrics stays as it was: no token.
     assert_eq!(api(None, "/metrics").0, 200);
+}
+
+/// A process's resident and peak memory, bytes: (VmRSS, VmHWM).
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+#[test]
+fn a_profile_over_a_gibibyte_of_recordings_reads_within_its_cap() {
+    if !util::require_root("a_profile_over_a_gibibyte_of_recordings_reads_within_its_cap") {
+        return;
+    }
+    let _guard = util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // One real recording of the whole machine, then a store of 1 GiB of it: hard links
+    // named as the agent names its files, one a second over the last hour (the reader
+    // sees 1 GiB of files; the disk holds one).
+    let base = dir.path().join("base.ebpr");
+    let busy = Workload::spawn("while :; do :; done", None);
+    let out = util::run(&[
+        "record",
+        "--energy-source",
+        "model",
+        "-F",
+        "999",
+        "-d",
+        "3",
+        "-o",
+        base.to_str().expect("utf-8"),
+    ]);
+    drop(busy);
+    assert!(out.status.success(), "{}", util::text(&out));
+    let size = std::fs::metadata(&base).expect("base").len();
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).expect("store");
+    let count = (1u64 << 30).div_ceil(size);
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    for i in 0..count {
+        let start_s = now_s - 3590 + i * 3580 / count;
+        let name = format!("energy-bpf-{start_s:020}-{:06}.ebpr", i + 1);
+        std::fs::hard_link(&base, store.join(name)).expect("link");
+    }
+    let (agent, addr, _log) = spawn_agent(
+        dir.path(),
+        &[
+            "--energy-source",
+            "model",
+            "--record-dir",
+            store.to_str().expect("utf-8"),
+        ],
+    );
+    let pid = agent.0.id();
+    // Settled: a few windows in.
+    let settled = util::until(Duration::from_secs(30), || {
+        http(&addr, "GET", "/api/v1/series?range=60", &[], None).is_ok_and(|(s, _, b)| {
+            s == 200 && String::from_utf8_lossy(&b).contains("\"windows\":3")
+        })
+    });
+    assert!(settled, "no windows within 30 s");
+    let (rss0, hwm0) = memory(pid);
+    // The resident memory, every 2 ms, while the request runs.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poll = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(memory(pid).0);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak
+        })
+    };
+    let to_ms = now_s * 1000;
+    let path = format!("/api/v1/profile?from={}&to={to_ms}", to_ms - 3_599_000);
+    let started = Instant::now();
+    let (status, _, body) = http(&addr, "GET", &path, &[], None).expect("profile");
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = poll.join().expect("poll");
+    let (_, hwm1) = memory(pid);
+    let p: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|e| panic!("{status} {e}: {}", String::from_utf8_lossy(&body)));
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "1 GiB store ({count} files of {size} bytes): answered {status} in {:.1} s, read {} of the \
+         files; agent RSS {:.0} MiB before, {:.0} MiB at most during (+{:.0} MiB); peak {:.0} -> {:.0} MiB",
+        took.as_secs_f64(),
+        p["files"],
+        mib(rss0),
+        mib(peak),
+        mib(peak.saturating_sub(rss0)),
+        mib(hwm0),
+        mib(hwm1)
+    );
+    assert_eq!(status, 200, "{}", p["files"]);
+    let files = &p["files"];
+    let read = files[0].as_u64().expect("files read");
+    assert!(
+        files[1].as_u64() >= Some(count),
+        "{files}: the store's files in the range"
+    );
+    assert!(
+        read >= 2 && read * size <= 16 << 20,
+        "{read} files of {size} bytes read"
+    );
+    assert!(
+        p["total"].as_f64().unwrap_or(0.0) > 0.0,
+        "no energy: {}",
+        p["total"]
+    );
+    // The memory a request may take (docs/dashboards.md): 256 MiB over what the agent held.
+    assert!(
+        peak.saturating_sub(rss0) <= 256 << 20,
+        "the request took {:.0} MiB",
+        mib(peak.saturating_sub(rss0))
+    );
 }

@@ -19,6 +19,7 @@ pub(crate) mod otlp;
 pub(crate) mod outputs;
 pub(crate) mod selfstat;
 pub(crate) mod settings;
+pub(crate) mod stacks;
 pub(crate) mod vm_dir;
 pub(crate) mod vms;
 pub(crate) mod web;
@@ -128,9 +129,12 @@ pub fn extra_sinks(
         })?;
     sinks.push(Box::new(outputs::SocketSink::new(server)));
     if let Some(record) = &settings.record {
+        // Files of a minute (8 MiB at most): the web view reads a range's files, at most
+        // `web::api::MAX_READ_BYTES` of them, so the files are small beside that cap.
         let rotation = crate::record::rotate::Rotation {
             retain: record.retain,
-            ..Default::default()
+            max_file_bytes: 8 << 20,
+            max_file_age: std::time::Duration::from_secs(60),
         };
         sinks.push(Box::new(crate::record::Recorder::new(
             crate::record::Target::Rotating(record.dir.clone(), rotation),

@@ -30,7 +30,7 @@ mod writer;
 
 pub use reader::{ReadError, read_file, read_from};
 pub use recorder::{Ended, Finished, RecordError, Recorder, Target};
-pub(crate) use series::{TimeRange, read_path};
+pub(crate) use series::{TimeRange, files_in_range, read_files_in, read_path};
 pub(crate) use switch_log::{CpuOrders, SwitchLog};
 pub(crate) use unwind_counts::{UnwindCounts, stop_name};
 pub(crate) use validate::{MAX_CPUS, MAX_RUNS, MAX_SOURCES};

@@ -7,7 +7,7 @@
 //! readings outside it are dropped, so no energy from outside the range is spread over
 //! what ran inside it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{
     MAX_SOURCES, ReadError, Recording, budget::Budget, merge_thread, read_file,
@@ -73,13 +73,18 @@ fn parse_time(text: &str, now_unix_ns: u64) -> Result<u64, ReadError> {
 
 /// Reads a recording file, or every recording of a directory, cut to `range`.
 pub fn read_path(path: &Path, range: &TimeRange) -> Result<Recording, ReadError> {
-    let mut rec = if path.is_dir() {
-        read_dir(path, range)?
-    } else {
-        read_file(path)?
-    };
+    if path.is_dir() {
+        return read_files_in(path, &files_in_range(path, range)?, range);
+    }
+    let mut rec = read_file(path)?;
+    cut_to(&mut rec, range, path)?;
+    Ok(rec)
+}
+
+/// Cuts `rec` (read from `path`) to `range`; an error when nothing is left.
+fn cut_to(rec: &mut Recording, range: &TimeRange, path: &Path) -> Result<(), ReadError> {
     if !range.is_all() {
-        cut(&mut rec, range);
+        cut(rec, range);
         if rec.end_ns <= rec.header.start_ns {
             return Err(ReadError::NoFiles {
                 path: path.into(),
@@ -87,10 +92,11 @@ pub fn read_path(path: &Path, range: &TimeRange) -> Result<Recording, ReadError>
             });
         }
     }
-    Ok(rec)
+    Ok(())
 }
 
-fn read_dir(dir: &Path, range: &TimeRange) -> Result<Recording, ReadError> {
+/// The recordings of `dir` that may hold part of `range`, oldest first, with their sizes.
+pub fn files_in_range(dir: &Path, range: &TimeRange) -> Result<Vec<(PathBuf, u64)>, ReadError> {
     let files = series_files(dir);
     if files.is_empty() {
         return Err(ReadError::NoFiles {
@@ -122,8 +128,23 @@ fn read_dir(dir: &Path, range: &TimeRange) -> Result<Recording, ReadError> {
         {
             continue;
         }
-        chosen.push((path, meta.len()));
+        chosen.push((path.clone(), meta.len()));
     }
+    Ok(chosen)
+}
+
+/// Reads `files` of `dir` (from [`files_in_range`]) as one recording, cut to `range`.
+pub fn read_files_in(
+    dir: &Path,
+    files: &[(PathBuf, u64)],
+    range: &TimeRange,
+) -> Result<Recording, ReadError> {
+    let mut rec = read_files(dir, files)?;
+    cut_to(&mut rec, range, dir)?;
+    Ok(rec)
+}
+
+fn read_files(dir: &Path, chosen: &[(PathBuf, u64)]) -> Result<Recording, ReadError> {
     // One memory bound for the whole directory, from the size of all its files: many
     // small files must not each bring the allowance of a file.
     let total = chosen.iter().map(|(_, len)| *len).sum::<u64>();

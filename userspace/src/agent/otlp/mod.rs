@@ -5,13 +5,11 @@
 //! export become one OTLP request (a CPU profile and an energy profile per zone, see
 //! [`crate::output::otlp`]), symbolized here, and go to the [`Exporter`]'s bounded queue.
 //!
-//! The sink keeps what profiles need between windows, and no more: thread names, executable
-//! mappings, perf-map (JIT) entries and Python frame names of live processes (dropped at
-//! exit, see [`python`]), and the samples and their energy since the last export. Symbolizing and encoding happen on a thread of their own
+//! The sink keeps what profiles need between windows, and no more: the tables of live
+//! processes ([`StackTables`]) and the samples and their energy since the last export. Symbolizing and encoding happen on a thread of their own
 //! (it owns the symbolizer's caches), fed through a channel of two profiles: capture never
 //! waits on them, and a backlog is dropped and counted like a full export queue.
 
-pub(crate) mod python;
 pub(crate) mod transport;
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,52 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::sink::{Sink, SinkError};
+use super::stacks::{Batch, StackTables};
 use crate::{
-    analysis,
     container::ContainerRef,
     output::otlp::{self, Origin},
-    pb::v1::{self as pb, process_event::Kind},
+    pb::v1 as pb,
     pipeline::Window,
-    profile::{self, Filter, SampleValues, Stacks},
-    record::{PythonFrames, merge_thread},
+    profile::{self, Filter},
     symbolize::Symbolizer,
 };
 use transport::Exporter;
-
-/// The samples of the windows since the last export, the tables that resolve them as they
-/// stood at the latest window, and their weights: what one profile is built from.
-struct Batch {
-    hostname: String,
-    sample_hz: u32,
-    start_ns: u64,
-    start_unix_ns: u64,
-    end_ns: u64,
-    samples: Vec<pb::Sample>,
-    threads: HashMap<u32, pb::ThreadInfo>,
-    mappings: HashMap<u32, Vec<pb::Mapping>>,
-    jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
-    /// Names of the Python frames the samples refer to.
-    python_frames: PythonFrames,
-    weights: SampleValues,
-}
-
-impl Batch {
-    /// The profile builder's view of the batch.
-    fn stacks(&self) -> Stacks<'_> {
-        Stacks {
-            hostname: &self.hostname,
-            sample_hz: self.sample_hz,
-            start_unix_ns: self.start_unix_ns,
-            duration_ns: self.end_ns.saturating_sub(self.start_ns),
-            lost_events: 0,
-            samples: &self.samples,
-            threads: &self.threads,
-            mappings: &self.mappings,
-            python_frames: &self.python_frames,
-            jit_symbols: &self.jit_symbols,
-        }
-    }
-}
 
 /// One profile's worth of windows, on its way to the encoding thread.
 struct Job {
@@ -81,10 +43,7 @@ pub struct OtlpSink {
     jobs: std::sync::mpsc::SyncSender<Job>,
     stats: std::sync::Arc<transport::ExportStats>,
     interval_ns: u64,
-    threads: HashMap<u32, pb::ThreadInfo>,
-    mappings: HashMap<u32, Vec<pb::Mapping>>,
-    jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
-    python: python::PythonTable,
+    tables: StackTables,
     pending: Option<Batch>,
     /// Energy the windows since the last export gave threads, µJ per zone: what the
     /// exported profiles must add up to.
@@ -155,10 +114,7 @@ impl OtlpSink {
             interval_ns: u64::try_from(interval.as_nanos())
                 .unwrap_or(u64::MAX)
                 .max(1),
-            threads: HashMap::new(),
-            mappings: HashMap::new(),
-            jit_symbols: HashMap::new(),
-            python: python::PythonTable::default(),
+            tables: StackTables::default(),
             pending: None,
             attributed_uj: BTreeMap::new(),
             co2e_ng: BTreeMap::new(),
@@ -232,16 +188,7 @@ impl Sink for OtlpSink {
     }
 
     fn chunk(&mut self, chunk: &pb::Chunk) -> Result<(), SinkError> {
-        for t in &chunk.threads {
-            merge_thread(&mut self.threads, t.clone());
-        }
-        for m in &chunk.mappings {
-            self.mappings.entry(m.tgid).or_default().push(m.clone());
-        }
-        for j in &chunk.jit_symbols {
-            self.jit_symbols.entry(j.tgid).or_default().push(j.clone());
-        }
-        self.python.chunk(chunk);
+        self.tables.chunk(chunk);
         Ok(())
     }
 
@@ -265,32 +212,7 @@ impl Sink for OtlpSink {
             .start_unix_ns
             .saturating_add(window.start_ns().saturating_sub(header.start_ns));
         // The window's samples, resolved by the tables the sink keeps from chunks.
-        let stacks = Stacks {
-            hostname: &header.hostname,
-            sample_hz: header.sample_hz,
-            start_unix_ns,
-            duration_ns: window.end_ns().saturating_sub(window.start_ns()),
-            lost_events: 0,
-            samples: &window.events.samples,
-            threads: &self.threads,
-            mappings: &self.mappings,
-            python_frames: self.python.rows(),
-            jit_symbols: &self.jit_symbols,
-        };
-        let weights = analysis::sample_values(stacks, &window.analysis);
-        let batch = Batch {
-            hostname: header.hostname.clone(),
-            sample_hz: header.sample_hz,
-            start_ns: window.start_ns(),
-            start_unix_ns,
-            end_ns: window.end_ns(),
-            samples: window.events.samples.clone(),
-            threads: self.threads.clone(),
-            mappings: self.mappings.clone(),
-            jit_symbols: self.jit_symbols.clone(),
-            python_frames: self.python.used_by(&window.events.samples),
-            weights,
-        };
+        let batch = self.tables.batch(window, header, start_unix_ns);
         let attr = &window.analysis.attribution;
         // Grams per window, never per sample: this window's energy at its intensity.
         let ng_per_uj =
@@ -312,25 +234,17 @@ impl Sink for OtlpSink {
                 }
             }
         }
-        match &mut self.pending {
-            None => self.pending = Some(batch),
-            Some(acc) if acc.weights.value_types == batch.weights.value_types => {
-                acc.samples.extend(batch.samples);
-                acc.threads = batch.threads;
-                acc.mappings = batch.mappings;
-                acc.jit_symbols = batch.jit_symbols;
-                // Ids are never reused: the rows of processes that exited since stay
-                // valid for their samples gathered before.
-                acc.python_frames.extend(batch.python_frames);
-                acc.end_ns = batch.end_ns;
-                acc.weights.values.extend(batch.weights.values);
-                acc.weights.residuals.extend(batch.weights.residuals);
-            }
-            // The zones changed (a source came or went): send what was gathered first.
-            Some(_) => {
-                self.export();
+        let rest = match &mut self.pending {
+            None => {
                 self.pending = Some(batch);
+                None
             }
+            Some(acc) => acc.absorb(batch),
+        };
+        // The zones changed (a source came or went): send what was gathered first.
+        if let Some(batch) = rest {
+            self.export();
+            self.pending = Some(batch);
         }
         if let Some(acc) = &mut self.pending {
             acc.sample_hz = header.sample_hz;
@@ -338,17 +252,9 @@ impl Sink for OtlpSink {
                 self.export();
             }
         }
-        // Forget processes that exited in this window (their last samples are exported).
-        for e in &window.events.process_events {
-            if e.kind() == Kind::Exit {
-                self.threads.remove(&e.tid);
-                if e.tid == e.tgid {
-                    self.mappings.remove(&e.tgid);
-                    self.jit_symbols.remove(&e.tgid);
-                    self.python.exited(e.tgid);
-                }
-            }
-        }
+        // Forget processes that exited in this window (their batch holds what their last
+        // samples need).
+        self.tables.forget_exited(window);
         if self.containers.len() > 4096 {
             self.containers.clear();
         }

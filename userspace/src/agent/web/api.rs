@@ -9,11 +9,14 @@ pub const MAX_SERIES_RANGE_S: u64 = 24 * 3600;
 pub const MAX_TOP: usize = 50;
 /// Most points per series; longer ranges are averaged into this many buckets.
 pub const MAX_POINTS: usize = 1200;
-/// Longest profile or diff range: recordings over it are read whole, so the range bounds
-/// the memory a request takes.
+/// Longest profile or diff range (the recordings read are bounded by
+/// [`MAX_READ_BYTES`]).
 pub const MAX_PROFILE_RANGE_S: u64 = 3600;
 /// Most stacks a profile answers with (the smallest are merged into one `[other stacks]`).
 pub const MAX_STACKS: usize = 4000;
+/// Recordings one profile or diff request reads at most, bytes: a range whose files are
+/// larger is read from files spread evenly over it, and the answer says how many.
+pub const MAX_READ_BYTES: u64 = 16 << 20;
 /// Largest response body, bytes.
 pub const MAX_RESPONSE_BYTES: usize = 8 << 20;
 /// Longest query string accepted.

@@ -1,8 +1,9 @@
 //! The agent's own web view, on the metrics listener: `/` is a page (HTML, script and style
 //! embedded in the binary, nothing fetched from elsewhere) that charts power over time from
 //! the agent's own windows ([`ring`]), draws a row's energy flamegraph for a time range from
-//! the rotating recordings ([`profile`]) and compares two ranges or two processes as a
-//! differential flamegraph with `diff`'s significance marks. Its JSON API
+//! the rotating recordings, or without them from the recent windows' stacks kept in memory
+//! ([`recent`]), ([`profile`]) and compares two ranges or two processes as a differential
+//! flamegraph (with `diff`'s significance marks, from recordings). Its JSON API
 //! (`/api/v1/series`, `/api/v1/profile`, `/api/v1/diff`, decoded by [`api`]) is bounded in
 //! range, rows and response size; a request over a bound gets 400 and the reason.
 //!
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub(crate) mod profile;
+pub(crate) mod recent;
 pub(crate) mod ring;
 
 use std::{
@@ -25,6 +27,7 @@ use std::{
 use hyper::StatusCode;
 
 use super::sink::{Sink, SinkError};
+use super::stacks::StackTables;
 use crate::{pb::v1 as pb, pipeline::Window};
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
@@ -68,10 +71,12 @@ pub fn read_token(path: &std::path::Path) -> Result<String, String> {
     Ok(token)
 }
 
-/// The web view's state: the ring of windows, where recordings are, the token.
+/// The web view's state: the ring of windows, where recordings are (or the recent
+/// windows' stacks, without them), the token.
 pub struct WebView {
     ring: Mutex<ring::Ring>,
     record_dir: Option<PathBuf>,
+    recent: Mutex<recent::Recent>,
     token: Option<String>,
 }
 
@@ -81,8 +86,20 @@ impl WebView {
         Arc::new(Self {
             ring: Mutex::new(ring::Ring::default()),
             record_dir,
+            recent: Mutex::new(recent::Recent::new(recent::CAP_BYTES)),
             token,
         })
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, recent::Recent> {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether flamegraphs come from the stacks kept in memory (no recordings).
+    fn keeps_stacks(&self) -> bool {
+        self.record_dir.is_none()
     }
 
     fn ring(&self) -> std::sync::MutexGuard<'_, ring::Ring> {
@@ -163,12 +180,6 @@ impl WebView {
             Ok(body) => (StatusCode::OK, "application/json", body),
             Err(reason) => text(StatusCode::BAD_REQUEST, format!("{reason}\n")),
         };
-        let recordings = || {
-            self.record_dir.clone().ok_or_else(|| {
-                "flamegraphs need the agent's recordings: start it with --record-dir DIR"
-                    .to_string()
-            })
-        };
         let encode = |v: Result<Vec<u8>, serde_json::Error>| v.map_err(|e| e.to_string());
         Some(match path {
             "/api/v1/series" => json(api::series(query).and_then(|q| {
@@ -178,26 +189,45 @@ impl WebView {
                 encode(serde_json::to_vec(&resp))
             })),
             "/api/v1/profile" => json(api::profile(query).and_then(|q| {
-                let r = profile::profile(&recordings()?, &q)?;
+                let r = match &self.record_dir {
+                    Some(dir) => profile::profile(dir, &q)?,
+                    None => {
+                        let (from, to) = profile::range_ns(&q);
+                        let found = self.recent().overlapping(from, to);
+                        profile::recent(found, &q)?
+                    }
+                };
                 encode(serde_json::to_vec(&r))
             })),
             _ => json(api::diff(query).and_then(|q| {
-                let r = profile::compare(&recordings()?, &q.a, &q.b)?;
+                let r = match &self.record_dir {
+                    Some(dir) => profile::compare(dir, &q.a, &q.b)?,
+                    None => {
+                        let side = |p: &api::ProfileQuery| {
+                            let (from, to) = profile::range_ns(p);
+                            self.recent().overlapping(from, to)
+                        };
+                        profile::compare_recent(side(&q.a), &q.a, side(&q.b), &q.b)?
+                    }
+                };
                 encode(serde_json::to_vec(&r))
             })),
         })
     }
 }
 
-/// Feeds the web view's ring from the capture loop.
+/// Feeds the web view's ring from the capture loop, and its store of recent stacks when
+/// the agent keeps no recordings.
 pub struct WebSink {
     view: Arc<WebView>,
+    tables: Option<StackTables>,
 }
 
 impl WebSink {
     /// Feeds `view`.
     pub fn new(view: Arc<WebView>) -> Self {
-        Self { view }
+        let tables = view.keeps_stacks().then(StackTables::default);
+        Self { view, tables }
     }
 }
 
@@ -206,7 +236,14 @@ impl Sink for WebSink {
         "web"
     }
 
-    fn window(&mut self, w: &Window, _header: &pb::Header) -> Result<(), SinkError> {
+    fn chunk(&mut self, chunk: &pb::Chunk) -> Result<(), SinkError> {
+        if let Some(t) = &mut self.tables {
+            t.chunk(chunk);
+        }
+        Ok(())
+    }
+
+    fn window(&mut self, w: &Window, header: &pb::Header) -> Result<(), SinkError> {
         let secs = w.totals.duration_ns as f64 / 1e9;
         let per_s = if secs > 0.0 { 1.0 / secs } else { 0.0 };
         let estimated = w
@@ -230,6 +267,14 @@ impl Sink for WebSink {
             .collect();
         self.view
             .push(crate::clock::realtime_ns() / 1_000_000, estimated, rows);
+        if let Some(tables) = &mut self.tables {
+            let start_unix_ns = header
+                .start_unix_ns
+                .saturating_add(w.start_ns().saturating_sub(header.start_ns));
+            let batch = tables.batch(w, header, start_unix_ns);
+            tables.forget_exited(w);
+            self.view.recent().push(batch);
+        }
         Ok(())
     }
 }
@@ -284,7 +329,11 @@ mod tests {
             .answer("/api/v1/profile", "from=1&to=2", Some("Bearer s3cret"))
             .expect("answer");
         assert_eq!(s, StatusCode::BAD_REQUEST);
-        assert!(String::from_utf8_lossy(&body).contains("--record-dir"));
+        assert!(
+            String::from_utf8_lossy(&body).contains("--record-dir"),
+            "{}",
+            String::from_utf8_lossy(&body)
+        );
     }
 
     #[test]

@@ -161,7 +161,9 @@ async function loadProfile() {
   try {
     const p = await api(`/api/v1/profile?from=${from}&to=${to}&row=${state.row}`);
     state.flame = { tree: tree(p.stacks.map(([s, v]) => [s, v, v])), unit: p.unit, estimated: p.estimated };
-    $('flame-note').textContent = `${p.total.toPrecision(4)} ${p.unit}${p.estimated ? ' (estimated)' : ''} in ${p.stacks.length} stacks`;
+    const held = p.held_ms ? `; from the ${Math.round((p.held_ms[1] - p.held_ms[0]) / 1000)} s of stacks the agent holds in memory (older ranges: --record-dir)` : '';
+    const part = p.files ? `; read ${p.files[0]} of the range's ${p.files[1]} recordings, spread over it (a request reads at most 16 MiB)` : '';
+    $('flame-note').textContent = `${p.total.toPrecision(4)} ${p.unit}${p.estimated ? ' (estimated)' : ''} in ${p.stacks.length} stacks${held}${part}`;
     drawFlame($('flame'), state.flame.tree, state.flame.unit, null);
     document.body.dataset.loaded = 'profile';
   } catch (e) {
@@ -278,7 +280,10 @@ async function runDiff() {
       });
       body.appendChild(tr);
     }
-    $('diff-note').textContent = `${d.unit}${d.estimated ? ', estimated' : ''}: red is more in B, blue less; grey is not significant`;
+    const sigNote = d.from === 'memory'
+      ? 'no significance test: the agent keeps no recordings (--record-dir)'
+      : 'grey is not significant';
+    $('diff-note').textContent = `${d.unit}${d.estimated ? ', estimated' : ''}: red is more in B, blue less; ${sigNote}`;
     document.body.dataset.loaded = 'diff';
   } catch (e) {
     $('diff-note').textContent = e.message;

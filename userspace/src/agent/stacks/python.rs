@@ -1,5 +1,5 @@
 //! The names of the Python frames that live processes' samples refer to, kept between
-//! windows by the OTLP sink.
+//! windows for the sinks that build stacks.
 //!
 //! A chunk carries a frame's row ([`pb::PythonFrame`]) once, when the recorder first
 //! names it, and a row may serve several processes (rows are shared by name), so each row
