@@ -10,6 +10,8 @@
 //!   program's hot function;
 //! - comparing two ranges draws a differential flamegraph;
 //! - a screenshot of each view is saved under `target/test-artifacts/`;
+//! - by VM, a fake VM beside them is a row, and that row's flamegraph holds its code and
+//!   no other process's;
 //! - then an agent with `--record-dir` serves the heavier process's flamegraph from its
 //!   recordings, with the same hottest frame.
 //!
@@ -297,6 +299,22 @@ fn web_view_charts_two_processes_at_3_to_1_and_draws_the_heavier_ones_code() {
     let light = Workload::spawn(&format!("exec nice -n 5 {}", bin.display()), Some(1));
     util::wait_running(heavy.pid(), 50_000_000);
     util::wait_running(light.pid(), 10_000_000);
+    // A virtual machine on CPU 0 (the fake hypervisor of the VM tests): a row of the chart
+    // by VM, and that row's flamegraph.
+    let qemu = util::gcc(
+        &util::workload("fake_vm.c"),
+        &tmp.join("qemu-system-x86_64"),
+        &["-O1", "-pthread"],
+    );
+    let _vm = Daemon(
+        Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(&qemu)
+            .args(["-name", "guest=web,debug-threads=on", "-smp", "1"])
+            .env("FAKE_VM_VCPU_PCT", "30")
+            .spawn()
+            .expect("start the fake VM"),
+    );
 
     let sysfs = fake.sysfs.to_str().expect("utf-8 path");
     let (agent, addr, _log) = spawn_agent(
@@ -411,6 +429,49 @@ fn web_view_charts_two_processes_at_3_to_1_and_draws_the_heavier_ones_code() {
         "{note}"
     );
     drop(browser);
+
+    // By VM: the VM's row, and its flamegraph from the processes that made the row.
+    let get = |path: &str| -> Value {
+        let (status, _, body) = http(&addr, "GET", path, &[], None).expect("GET");
+        let v = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        assert_eq!(status, 200, "{path}: {}", String::from_utf8_lossy(&body));
+        v
+    };
+    let vms = get("/api/v1/series?range=300&by=vm");
+    let names: Vec<&str> = vms["series"]
+        .as_array()
+        .expect("series")
+        .iter()
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"web") && names.contains(&"[host]"),
+        "{names:?}"
+    );
+    let t = vms["times_ms"].as_array().expect("times");
+    let (from, to) = (
+        t[0].as_u64().expect("ms") - 1000,
+        t[t.len() - 1].as_u64().expect("ms"),
+    );
+    let p = get(&format!(
+        "/api/v1/profile?from={from}&to={to}&by=vm&name=web"
+    ));
+    let stacks: Vec<&str> = p["stacks"]
+        .as_array()
+        .expect("stacks")
+        .iter()
+        .filter_map(|s| s[0].as_str())
+        .collect();
+    eprintln!(
+        "the VM's flamegraph: {} J in {} stacks",
+        p["total"],
+        stacks.len()
+    );
+    assert!(
+        stacks.iter().any(|s| s.contains(";burn"))
+            && !stacks.iter().any(|s| s.contains("hot_leaf")),
+        "the VM's stacks, and only its: {stacks:?}"
+    );
     drop(agent);
 
     // With recordings: the same flamegraph from them.

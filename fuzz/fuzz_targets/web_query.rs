@@ -15,7 +15,12 @@ fuzz_target!(|data: &[u8]| {
         assert!(q.top >= 1 && q.top <= api::MAX_TOP);
     }
     let bounded = |q: &api::ProfileQuery| {
-        q.to_ms > q.from_ms && q.to_ms - q.from_ms <= api::MAX_PROFILE_RANGE_S * 1000
+        q.to_ms > q.from_ms
+            && q.to_ms - q.from_ms <= api::MAX_PROFILE_RANGE_S * 1000
+            && q.group
+                .as_ref()
+                .is_none_or(|(_, name)| !name.is_empty() && name.len() <= 256)
+            && !(q.pid.is_some() && q.group.is_some())
     };
     if let Ok(q) = api::profile(query) {
         assert!(bounded(&q));

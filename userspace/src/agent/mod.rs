@@ -210,7 +210,9 @@ async fn serve(settings: Settings, reload: Reload) -> Result<(), AgentError> {
         )
     });
     if let Some(view) = &view {
-        sinks.push(Box::new(web::WebSink::new(Arc::clone(view))));
+        sinks.push(Box::new(
+            web::WebSink::new(Arc::clone(view)).with_names(names.clone()),
+        ));
     }
     sinks.extend(extra_sinks(
         &settings,

@@ -18,10 +18,7 @@ pub const HOST: &str = "[host]";
 fn vm_of(p: &ProcessRow) -> Option<(String, Vec<ThreadClass>)> {
     let args: Vec<&str> = p.cmdline.split_whitespace().collect();
     let vm = detect::recognise(&args, &p.comm, &p.cgroup)?;
-    let name = vm
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("{}-{}", vm.hypervisor.name(), p.pid));
+    let name = vm_name(p)?;
     let named = vm.named_threads
         || p.threads.iter().any(|t| {
             matches!(
@@ -35,6 +32,16 @@ fn vm_of(p: &ProcessRow) -> Option<(String, Vec<ThreadClass>)> {
         .map(|t| detect::classify(vm.hypervisor, &t.comm, named))
         .collect();
     Some((name, classes))
+}
+
+/// The name of the VM a process row runs (as `report --by vm` names it), or `None`.
+pub fn vm_name(p: &ProcessRow) -> Option<String> {
+    let args: Vec<&str> = p.cmdline.split_whitespace().collect();
+    let vm = detect::recognise(&args, &p.comm, &p.cgroup)?;
+    Some(
+        vm.name
+            .unwrap_or_else(|| format!("{}-{}", vm.hypervisor.name(), p.pid)),
+    )
 }
 
 fn part(c: ThreadClass) -> &'static str {

@@ -31,6 +31,8 @@ pub enum By {
     Container,
     /// A pod (its UID; `[host]` for processes in none).
     Pod,
+    /// A virtual machine (its name; `[host]` for processes that are none).
+    Vm,
 }
 
 impl By {
@@ -40,7 +42,20 @@ impl By {
             By::Process => "process",
             By::Container => "container",
             By::Pod => "pod",
+            By::Vm => "vm",
         }
+    }
+
+    fn parse(text: &str, key: &str) -> Result<Self, String> {
+        Ok(match text {
+            "process" => By::Process,
+            "container" => By::Container,
+            "pod" => By::Pod,
+            "vm" => By::Vm,
+            other => {
+                return Err(format!("{key}={other}: give process, container, pod or vm"));
+            }
+        })
     }
 }
 
@@ -55,15 +70,31 @@ pub struct SeriesQuery {
     pub top: usize,
 }
 
-/// `/api/v1/profile?from=MS&to=MS&row=PID`: unix milliseconds, a process id.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `/api/v1/profile?from=MS&to=MS[&row=PID | &by=container|pod|vm&name=NAME]`: unix
+/// milliseconds, and a process id or a chart row's group (its name as the chart shows it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProfileQuery {
     /// Start, unix ms.
     pub from_ms: u64,
     /// End, unix ms.
     pub to_ms: u64,
-    /// The process; `None` for every process.
+    /// The process; `None` for every process (or the group's).
     pub pid: Option<u32>,
+    /// A group of the chart: its kind and name.
+    pub group: Option<(By, String)>,
+    /// The group's processes over the range, as the chart's windows had them (filled in
+    /// by the view before the profile is built).
+    pub pids: Vec<u32>,
+}
+
+impl ProfileQuery {
+    /// The processes it is of; empty for every process.
+    pub fn processes(&self) -> Vec<u32> {
+        match self.pid {
+            Some(pid) => vec![pid],
+            None => self.pids.clone(),
+        }
+    }
 }
 
 /// `/api/v1/diff?a_from=MS&a_to=MS&b_from=MS&b_to=MS[&a_row=PID&b_row=PID]`: two time
@@ -159,12 +190,7 @@ pub fn series(query: &str) -> Result<SeriesQuery, String> {
             "range={range_s} s: give 1 to {MAX_SERIES_RANGE_S} (a day)"
         ));
     }
-    let by = match get(&p, "by").unwrap_or("process") {
-        "process" => By::Process,
-        "container" => By::Container,
-        "pod" => By::Pod,
-        other => return Err(format!("by={other}: give process, container or pod")),
-    };
+    let by = By::parse(get(&p, "by").unwrap_or("process"), "by")?;
     let top = number::<usize>(&p, "top")?.unwrap_or(10);
     if top == 0 || top > MAX_TOP {
         return Err(format!("top={top}: give 1 to {MAX_TOP}"));
@@ -172,10 +198,14 @@ pub fn series(query: &str) -> Result<SeriesQuery, String> {
     Ok(SeriesQuery { range_s, by, top })
 }
 
-fn range(p: &[(String, String)], from: &str, to: &str, row: &str) -> Result<ProfileQuery, String> {
+/// The range and row of one side: keys `{side}from`, `{side}to`, `{side}row`, `{side}by`,
+/// `{side}name`.
+fn range(p: &[(String, String)], side: &str) -> Result<ProfileQuery, String> {
+    let [from, to, row, by, name] =
+        ["from", "to", "row", "by", "name"].map(|k| format!("{side}{k}"));
     let from_ms =
-        number::<u64>(p, from)?.ok_or_else(|| format!("`{from}` (unix ms) is missing"))?;
-    let to_ms = number::<u64>(p, to)?.ok_or_else(|| format!("`{to}` (unix ms) is missing"))?;
+        number::<u64>(p, &from)?.ok_or_else(|| format!("`{from}` (unix ms) is missing"))?;
+    let to_ms = number::<u64>(p, &to)?.ok_or_else(|| format!("`{to}` (unix ms) is missing"))?;
     if to_ms <= from_ms {
         return Err(format!("{to}={to_ms} is not after {from}={from_ms}"));
     }
@@ -185,27 +215,46 @@ fn range(p: &[(String, String)], from: &str, to: &str, row: &str) -> Result<Prof
             (to_ms - from_ms) / 1000
         ));
     }
+    let group = match (get(p, &by), get(p, &name)) {
+        (None, None) => None,
+        (Some(kind), Some(n)) => match By::parse(kind, &by)? {
+            By::Process => return Err(format!("{by}=process: give {row}=PID instead")),
+            kind if !n.is_empty() && n.len() <= 256 => Some((kind, n.to_string())),
+            _ => return Err(format!("`{name}` must be 1 to 256 bytes")),
+        },
+        _ => return Err(format!("`{by}` and `{name}` go together")),
+    };
+    let pid = number::<u32>(p, &row)?;
+    if pid.is_some() && group.is_some() {
+        return Err(format!("give `{row}` or `{by}`+`{name}`, not both"));
+    }
     Ok(ProfileQuery {
         from_ms,
         to_ms,
-        pid: number::<u32>(p, row)?,
+        pid,
+        group,
+        pids: Vec::new(),
     })
 }
 
 /// Decodes a profile query.
 pub fn profile(query: &str) -> Result<ProfileQuery, String> {
     let p = pairs(query)?;
-    only(&p, &["from", "to", "row"])?;
-    range(&p, "from", "to", "row")
+    only(&p, &["from", "to", "row", "by", "name"])?;
+    range(&p, "")
 }
 
 /// Decodes a diff query.
 pub fn diff(query: &str) -> Result<DiffQuery, String> {
     let p = pairs(query)?;
-    only(&p, &["a_from", "a_to", "b_from", "b_to", "a_row", "b_row"])?;
+    let keys: Vec<String> = ["a_", "b_"]
+        .iter()
+        .flat_map(|s| ["from", "to", "row", "by", "name"].map(|k| format!("{s}{k}")))
+        .collect();
+    only(&p, &keys.iter().map(String::as_str).collect::<Vec<_>>())?;
     Ok(DiffQuery {
-        a: range(&p, "a_from", "a_to", "a_row")?,
-        b: range(&p, "b_from", "b_to", "b_row")?,
+        a: range(&p, "a_")?,
+        b: range(&p, "b_")?,
     })
 }
 
@@ -237,7 +286,8 @@ mod tests {
         );
         assert!(reason(series("range=86401")).contains("a day"));
         assert!(reason(series("top=51")).contains("1 to 50"));
-        assert!(reason(series("by=vm")).contains("process"));
+        assert_eq!(series("by=vm").map(|q| q.by), Ok(By::Vm));
+        assert!(reason(series("by=node")).contains("process"));
         assert!(reason(series("range=-1")).contains("whole number"));
         assert!(reason(series("range=1&range=2")).contains("twice"));
         assert!(reason(series("bogus=1")).contains("unknown parameter"));
@@ -251,7 +301,8 @@ mod tests {
             Ok(ProfileQuery {
                 from_ms: 1000,
                 to_ms: 2000,
-                pid: Some(42)
+                pid: Some(42),
+                ..Default::default()
             })
         );
         assert!(reason(profile("from=2000&to=1000")).contains("not after"));
@@ -260,5 +311,15 @@ mod tests {
         assert!(reason(profile("from=%zz&to=1")).contains("hex"));
         let d = diff("a_from=1&a_to=2&b_from=3&b_to=4&b_row=7").expect("diff");
         assert_eq!((d.a.pid, d.b.pid), (None, Some(7)));
+        // A chart row's group: its kind and name together, not with a pid.
+        let q = profile("from=1&to=2&by=pod&name=a%2Fb").expect("group");
+        assert_eq!(q.group, Some((By::Pod, "a/b".to_string())));
+        assert!(reason(profile("from=1&to=2&by=pod")).contains("go together"));
+        assert!(reason(profile("from=1&to=2&by=pod&name=x&row=3")).contains("not both"));
+        assert!(reason(profile("from=1&to=2&by=process&name=x")).contains("row=PID"));
+        assert!(reason(profile("from=1&to=2&by=vm&name=")).contains("1 to 256"));
+        let d = diff("a_from=1&a_to=2&b_from=3&b_to=4&a_by=vm&a_name=web&b_by=vm&b_name=db")
+            .expect("diff of groups");
+        assert_eq!(d.b.group, Some((By::Vm, "db".to_string())));
     }
 }

@@ -97,6 +97,21 @@ impl WebView {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Fills in the processes of `q`'s group from the chart's windows over its range.
+    fn resolve(&self, q: &mut api::ProfileQuery) -> Result<(), String> {
+        let Some((by, name)) = &q.group else {
+            return Ok(());
+        };
+        q.pids = self.ring().pids_of(*by, name, q.from_ms, q.to_ms);
+        if q.pids.is_empty() {
+            return Err(format!(
+                "no process of {} `{name}` in the chart's windows of that range",
+                by.name()
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether flamegraphs come from the stacks kept in memory (no recordings).
     fn keeps_stacks(&self) -> bool {
         self.record_dir.is_none()
@@ -188,7 +203,8 @@ impl WebView {
                     .series(&q, crate::clock::realtime_ns() / 1_000_000);
                 encode(serde_json::to_vec(&resp))
             })),
-            "/api/v1/profile" => json(api::profile(query).and_then(|q| {
+            "/api/v1/profile" => json(api::profile(query).and_then(|mut q| {
+                self.resolve(&mut q)?;
                 let r = match &self.record_dir {
                     Some(dir) => profile::profile(dir, &q)?,
                     None => {
@@ -199,7 +215,9 @@ impl WebView {
                 };
                 encode(serde_json::to_vec(&r))
             })),
-            _ => json(api::diff(query).and_then(|q| {
+            _ => json(api::diff(query).and_then(|mut q| {
+                self.resolve(&mut q.a)?;
+                self.resolve(&mut q.b)?;
                 let r = match &self.record_dir {
                     Some(dir) => profile::compare(dir, &q.a, &q.b)?,
                     None => {
@@ -221,13 +239,24 @@ impl WebView {
 pub struct WebSink {
     view: Arc<WebView>,
     tables: Option<StackTables>,
+    names: Option<Arc<crate::kube::Resolver>>,
 }
 
 impl WebSink {
     /// Feeds `view`.
     pub fn new(view: Arc<WebView>) -> Self {
         let tables = view.keeps_stacks().then(StackTables::default);
-        Self { view, tables }
+        Self {
+            view,
+            tables,
+            names: None,
+        }
+    }
+
+    /// Names pods `namespace/name` where `names` knows them (their UID otherwise).
+    pub fn with_names(mut self, names: Option<Arc<crate::kube::Resolver>>) -> Self {
+        self.names = names;
+        self
     }
 }
 
@@ -259,7 +288,15 @@ impl Sink for WebSink {
                     pid: p.pid,
                     comm: p.comm.clone(),
                     container: p.container_id.clone(),
-                    pod: p.pod_uid.clone(),
+                    pod: self
+                        .names
+                        .as_ref()
+                        .and_then(|r| r.names(&p.container()))
+                        .map_or_else(
+                            || p.pod_uid.clone(),
+                            |n| format!("{}/{}", n.namespace, n.pod),
+                        ),
+                    vm: crate::vm::rows::vm_name(p).unwrap_or_default(),
                 },
                 watts: p.power_w,
                 ci_w: [p.ci_j[0] * per_s, p.ci_j[1] * per_s],

@@ -128,15 +128,15 @@ fn estimated(rec: &Recording) -> bool {
 }
 
 /// Folded stacks of `rec`, of `pid` or every process: (value name, unit, stacks).
-fn stacks(rec: &Recording, pid: Option<u32>) -> (String, &'static str, BTreeMap<String, f64>) {
+fn stacks(rec: &Recording, pids: Vec<u32>) -> (String, &'static str, BTreeMap<String, f64>) {
     let cfg = analysis::config(rec, Options::default(), &ModelOverride::default());
     let analysis = analysis::analyze(rec, &cfg);
-    folded(&analysis::profile(rec, &analysis, &filter(pid)))
+    folded(&analysis::profile(rec, &analysis, &filter(pids)))
 }
 
-fn filter(pid: Option<u32>) -> Filter {
+fn filter(pids: Vec<u32>) -> Filter {
     Filter {
-        pids: pid.into_iter().collect(),
+        pids,
         comms: Vec::new(),
     }
 }
@@ -160,13 +160,13 @@ fn folded(prof: &Profile) -> (String, &'static str, BTreeMap<String, f64>) {
 }
 
 /// Folded stacks of a batch from memory, of `pid` or every process.
-fn batch_stacks(b: &Batch, pid: Option<u32>) -> (String, &'static str, BTreeMap<String, f64>) {
+fn batch_stacks(b: &Batch, pids: Vec<u32>) -> (String, &'static str, BTreeMap<String, f64>) {
     let mut symbolizer = Symbolizer::with_kallsyms(Some("/proc/kallsyms".into()));
     folded(&profile::build(
         b.stacks(),
         &b.weights,
         &mut symbolizer,
-        &filter(pid),
+        &filter(pids),
     ))
 }
 
@@ -199,7 +199,7 @@ fn from_memory(found: Found, q: &ProfileQuery) -> Result<(Batch, Option<[u64; 2]
 /// The energy stacks of `q`'s range of the recent windows kept in memory.
 pub fn recent(found: Found, q: &ProfileQuery) -> Result<ProfileResponse, String> {
     let (batch, held_ms) = from_memory(found, q)?;
-    let (value, unit, folded) = batch_stacks(&batch, q.pid);
+    let (value, unit, folded) = batch_stacks(&batch, q.processes());
     let stacks = capped(folded);
     Ok(ProfileResponse {
         value,
@@ -223,10 +223,10 @@ pub fn compare_recent(
 ) -> Result<DiffResponse, String> {
     let (ba, _) = from_memory(a_found, a)?;
     let (bb, _) = from_memory(b_found, b)?;
-    let (_, unit, mut sa) = batch_stacks(&ba, a.pid);
-    let (_, _, mut sb) = batch_stacks(&bb, b.pid);
+    let (_, unit, mut sa) = batch_stacks(&ba, a.processes());
+    let (_, _, mut sb) = batch_stacks(&bb, b.processes());
     let mut unit = unit.to_string();
-    if a.pid.is_none() && b.pid.is_none() {
+    if a.processes().is_empty() && b.processes().is_empty() {
         // Two ranges: per second of each, as `diff` compares them.
         for (m, q) in [(&mut sa, a), (&mut sb, b)] {
             let secs = (q.to_ms.saturating_sub(q.from_ms) as f64 / 1e3).max(1e-3);
@@ -262,7 +262,7 @@ fn capped(folded: BTreeMap<String, f64>) -> Vec<(String, f64)> {
 /// The energy stacks of `q`'s range of the recordings in `dir`.
 pub fn profile(dir: &Path, q: &ProfileQuery) -> Result<ProfileResponse, String> {
     let (rec, files) = read(dir, q)?;
-    let (value, unit, folded) = stacks(&rec, q.pid);
+    let (value, unit, folded) = stacks(&rec, q.processes());
     let stacks = capped(folded);
     Ok(ProfileResponse {
         value,
@@ -282,9 +282,9 @@ pub fn compare(dir: &Path, a: &ProfileQuery, b: &ProfileQuery) -> Result<DiffRes
     let ((ra, fa), (rb, fb)) = (read(dir, a)?, read(dir, b)?);
     let files = [fa, fb];
     let est = estimated(&ra) || estimated(&rb);
-    if a.pid.is_some() || b.pid.is_some() {
-        let (_, unit, sa) = stacks(&ra, a.pid);
-        let (_, _, sb) = stacks(&rb, b.pid);
+    if !a.processes().is_empty() || !b.processes().is_empty() {
+        let (_, unit, sa) = stacks(&ra, a.processes());
+        let (_, _, sb) = stacks(&rb, b.processes());
         return Ok(DiffResponse {
             unit: unit.into(),
             estimated: est,

@@ -29,6 +29,8 @@ pub struct RowKey {
     pub container: String,
     /// Pod UID, empty when none.
     pub pod: String,
+    /// The VM's name when the process is a VM, empty otherwise.
+    pub vm: String,
 }
 
 /// One process row of a window.
@@ -150,6 +152,7 @@ impl Ring {
                     comm: "[rest]".into(),
                     container: String::new(),
                     pod: String::new(),
+                    vm: String::new(),
                 },
                 watts: sum(&|r| r.watts),
                 ci_w: [sum(&|r| r.ci_w[0]), sum(&|r| r.ci_w[1])],
@@ -212,7 +215,35 @@ impl Ring {
                 None,
             ),
             By::Pod => (or_host(&k.pod), None),
+            By::Vm => (or_host(&k.vm), None),
         }
+    }
+
+    /// The processes whose rows made the chart's group `name` of kind `by` in the windows
+    /// that end within `[from_ms, to_ms]` (and the first after: it covers the range's end).
+    pub fn pids_of(&self, by: By, name: &str, from_ms: u64, to_ms: u64) -> Vec<u32> {
+        let start = self.windows.partition_point(|w| w.end_ms < from_ms);
+        let mut seen: Vec<bool> = vec![false; self.keys.len()];
+        let mut pids = Vec::new();
+        for w in self.windows.range(start..) {
+            for e in &w.rows {
+                if std::mem::replace(&mut seen[e.key as usize], true) {
+                    continue;
+                }
+                if let Some((k, _)) = &self.keys[e.key as usize]
+                    && k.pid != 0
+                    && self.group(e.key, by).0 == name
+                {
+                    pids.push(k.pid);
+                }
+            }
+            if w.end_ms > to_ms {
+                break;
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// The chart of `q` as of `now_ms`: the top rows by mean power over the range, the
@@ -338,6 +369,11 @@ mod tests {
                 comm: comm.into(),
                 container: String::new(),
                 pod: pod.into(),
+                vm: if comm == "qemu" {
+                    "web".into()
+                } else {
+                    String::new()
+                },
             },
             watts,
             ci_w: [watts * 0.9, watts * 1.1],
@@ -382,6 +418,34 @@ mod tests {
         let p1 = pods.series.iter().find(|r| r.name == "p1").expect("pod p1");
         assert!((p1.mean_w - 4.0).abs() < 1e-6);
         assert!(pods.series.iter().any(|r| r.name == "[host]"));
+    }
+
+    #[test]
+    fn a_groups_flamegraph_is_of_the_processes_its_rows_had_in_the_range() {
+        let mut ring = Ring::default();
+        for t in 1..=10u64 {
+            let mut rows = vec![row(1, "big", "p1", 3.0), row(3, "qemu", "", 2.0)];
+            // Process 2 joins pod p1 in the second half only.
+            if t > 5 {
+                rows.push(row(2, "small", "p1", 1.0));
+            }
+            ring.push(t * 1000, false, rows);
+        }
+        assert_eq!(ring.pids_of(By::Pod, "p1", 1000, 4000), [1]);
+        assert_eq!(ring.pids_of(By::Pod, "p1", 1000, 10_000), [1, 2]);
+        assert_eq!(ring.pids_of(By::Vm, "web", 1000, 10_000), [3]);
+        assert_eq!(ring.pids_of(By::Vm, "[host]", 1000, 10_000), [1, 2]);
+        assert!(ring.pids_of(By::Pod, "p9", 1000, 10_000).is_empty());
+        let vms = ring.series(
+            &SeriesQuery {
+                range_s: 60,
+                by: By::Vm,
+                top: 5,
+            },
+            10_000,
+        );
+        let web = vms.series.iter().find(|r| r.name == "web").expect("vm row");
+        assert!((web.mean_w - 2.0).abs() < 1e-6);
     }
 
     #[test]

@@ -115,9 +115,13 @@ function drawRows(s) {
   const est = s.estimated ? ' (estimated)' : '';
   s.series.forEach((row, k) => {
     const tr = document.createElement('tr');
-    tr.className = row.pid !== undefined ? 'row' : '';
+    // A process row by its pid; a container, pod or VM row by its name ([rest] is none).
+    const pick = row.pid !== undefined ? { pid: row.pid, label: `process ${row.pid}` }
+      : (s.by !== 'process' && row.name !== '[rest]')
+        ? { by: s.by, name: row.name, label: `${s.by} ${row.name}` } : null;
+    tr.className = pick ? 'row' : '';
     if (row.pid !== undefined) tr.dataset.pid = row.pid;
-    if (row.pid !== undefined && row.pid === state.row) tr.classList.add('picked');
+    if (pick && state.row && state.row.label === pick.label) tr.classList.add('picked');
     tr.dataset.name = row.name;
     tr.dataset.meanW = row.mean_w;
     const mean = (v) => v.reduce((a, b) => a + b, 0) / Math.max(1, v.length);
@@ -136,8 +140,8 @@ function drawRows(s) {
       if (i >= 2) td.className = 'num';
       tr.appendChild(td);
     });
-    if (row.pid !== undefined) {
-      tr.onclick = () => { state.row = row.pid; state.zoom = null; loadProfile(); drawRows(state.series); };
+    if (pick) {
+      tr.onclick = () => { state.row = pick; state.zoom = null; loadProfile(); drawRows(state.series); };
     }
     body.appendChild(tr);
   });
@@ -153,13 +157,21 @@ function pickedRange() {
   return [from, Math.max(to, from + 1000)];
 }
 
+// The picked row as query parameters, each key after `prefix`.
+function rowQuery(prefix) {
+  const r = state.row;
+  if (!r) return '';
+  if (r.pid !== undefined) return `&${prefix}row=${r.pid}`;
+  return `&${prefix}by=${r.by}&${prefix}name=${encodeURIComponent(r.name)}`;
+}
+
 async function loadProfile() {
   const [from, to] = pickedRange();
   $('code').hidden = false;
-  $('flame-title').textContent = `process ${state.row}, ${clock(from)} – ${clock(to)}`;
+  $('flame-title').textContent = `${state.row.label}, ${clock(from)} – ${clock(to)}`;
   $('flame-note').textContent = 'loading…';
   try {
-    const p = await api(`/api/v1/profile?from=${from}&to=${to}&row=${state.row}`);
+    const p = await api(`/api/v1/profile?from=${from}&to=${to}${rowQuery('')}`);
     state.flame = { tree: tree(p.stacks.map(([s, v]) => [s, v, v])), unit: p.unit, estimated: p.estimated };
     const held = p.held_ms ? `; from the ${Math.round((p.held_ms[1] - p.held_ms[0]) / 1000)} s of stacks the agent holds in memory (older ranges: --record-dir)` : '';
     const part = p.files ? `; read ${p.files[0]} of the range's ${p.files[1]} recordings, spread over it (a request reads at most 16 MiB)` : '';
@@ -251,7 +263,7 @@ async function runDiff() {
     return;
   }
   const q = `a_from=${state.a[0]}&a_to=${state.a[1]}&b_from=${state.b[0]}&b_to=${state.b[1]}` +
-    (state.row !== null ? `&a_row=${state.row}&b_row=${state.row}` : '');
+    rowQuery('a_') + rowQuery('b_');
   $('diff-note').textContent = 'comparing…';
   try {
     const d = await api('/api/v1/diff?' + q);
