@@ -344,6 +344,8 @@ fn plan_model(
     // it). Read less often than it updates, the counter is on average half an update old;
     // read more often (a counter updated once a second, read every 10 ms), an interval
     // ends at the first read that sees an update, on average half a read after it.
+    // That is where the search for the lag starts ([`fit_lag`]): a writer that runs late
+    // under load makes readings older than that.
     let lag = counter_lag_ns(source.update_period_ns, read_period_ns);
     // Two row lengths, and the one whose fit pins the classes' watts down better (the
     // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
@@ -363,6 +365,17 @@ fn plan_model(
     } else {
         vec![long_ns]
     };
+    let lag = fit_lag(
+        intervals,
+        &mut *occupancy,
+        lag,
+        static_w,
+        &class_of,
+        other,
+        short_ns,
+        by_activity,
+        &opts.fit,
+    );
     let (rows, global, row_ns) = candidates
         .into_iter()
         .map(|row_ns| {
@@ -380,7 +393,7 @@ fn plan_model(
             (rows, fit, row_ns)
         })
         .min_by(|a, b| weighted_se(&a.1).total_cmp(&weighted_se(&b.1)))?;
-    let held = regression::heldout(&rows, k, 5, &opts.fit);
+    let held = regression::heldout(&rows, k, FOLDS, &opts.fit);
     let mut labels: Vec<ClassLabel> = ranked.iter().map(|&t| ClassLabel::Process(t)).collect();
     labels.push(ClassLabel::Other);
     // Parameters the rows must pin down: the classes fitted on their own.
@@ -432,9 +445,10 @@ fn plan_model(
     let first_ns = intervals[0].start_ns;
     let last_ns = intervals[intervals.len() - 1].end_ns;
     let mut windows = Vec::new();
+    let whole = blend(&global);
     if use_regression {
         if last_ns - first_ns <= opts.regression_window_ns {
-            windows.push(blend(&global));
+            windows.push(whole.clone());
         } else {
             let stride = opts.regression_stride_ns.max(1);
             let mut start = first_ns;
@@ -448,11 +462,46 @@ fn plan_model(
                     .cloned()
                     .collect();
                 let f = regression::fit(&in_window, k, &opts.fit);
-                windows.push(blend(&f));
+                // A window's watts move from the whole recording's only as far as the
+                // window's own rows show they differ: shrunk toward equal power instead,
+                // a 30-row window of a once-a-second counter lost what 120 rows had
+                // pinned down (a 5 W process 29% over, its interval, the whole fit's,
+                // too narrow to say so).
+                windows.push(if opts.power_model == PowerModel::Regression {
+                    blend(&f)
+                } else {
+                    regression::shrunk_toward(&f, &whole)
+                });
                 start += stride;
             }
         }
     }
+    // The watts the split used, per class: with sliding windows, each window's watts
+    // weighted by the class's busy time in the intervals it weights, so the intervals and
+    // the uncertainty flag judge the split that was made, not the whole recording's fit.
+    let split_w = if windows.len() > 1 {
+        let stride = opts.regression_stride_ns.max(1);
+        let (mut num, mut den) = (vec![0.0; k], vec![0.0; k]);
+        for r in &rows {
+            let w = ((r.start_ns.saturating_sub(first_ns)) / stride) as usize;
+            let watts = &windows[w.min(windows.len() - 1)];
+            for c in 0..k {
+                num[c] += r.t_s[c] * watts[c];
+                den[c] += r.t_s[c];
+            }
+        }
+        (0..k)
+            .map(|c| {
+                if den[c] > 0.0 {
+                    num[c] / den[c]
+                } else {
+                    whole[c]
+                }
+            })
+            .collect()
+    } else {
+        whole
+    };
     report.regression = Some(RegressionReport {
         classes: labels
             .iter()
@@ -466,8 +515,9 @@ fn plan_model(
         heldout_sse_time: held.sse_time,
         heldout_sse_regression: held.sse_regression,
         regression_weight: weight,
-        split_w: blend(&global),
+        split_w,
         windows: windows.len(),
+        lag_ns: lag,
     });
     if !use_regression {
         return None;
@@ -506,6 +556,67 @@ fn counter_lag_ns(update_period_ns: u64, read_period_ns: u64) -> u64 {
         0 => update_period_ns / 2,
         r => update_period_ns.min(r) / 2,
     }
+}
+
+/// Lags [`fit_lag`] tries: 0 to this many halves of the expected lag (0 to twice the shorter
+/// of update period and read spacing).
+const LAG_CANDIDATES: u64 = 8;
+/// Contiguous folds of the held-out comparisons.
+const FOLDS: usize = 5;
+
+/// The counter lag whose rows the regression predicts best on held-out rows, among 0 to
+/// twice the shorter of update period and read spacing in quarters of it (`expected` is
+/// half that spacing, [`counter_lag_ns`]). A counter whose writer waits for a CPU when the
+/// CPUs are busy is read later after its energy ends than its period says, by an amount
+/// the readings do not show; rows whose busy time is cut off from the energy it drew
+/// blur the differences between processes (and invent some between processes whose busy
+/// stretches start and end at different rates). `expected` is kept on ties and when the
+/// rows are too few to compare (fewer than two per fold). Chosen on `row_ns` rows, the
+/// shortest the regression uses, where the lag is the largest share of a row.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the rows' inputs, as for build_rows, and the fit's options"
+)]
+fn fit_lag(
+    intervals: &[Interval],
+    occupancy: &mut DomainTally<'_, '_, '_>,
+    expected: u64,
+    static_w: f64,
+    class_of: &HashMap<u32, usize>,
+    other: usize,
+    row_ns: u64,
+    by_activity: bool,
+    fit: &regression::FitOptions,
+) -> u64 {
+    let k = other + 1;
+    let score = |occupancy: &mut DomainTally<'_, '_, '_>, lag: u64| -> Option<f64> {
+        let rows = build_rows(
+            intervals,
+            occupancy,
+            lag,
+            static_w,
+            class_of,
+            other,
+            row_ns,
+            by_activity,
+        );
+        (rows.len() >= 2 * FOLDS).then(|| regression::heldout(&rows, k, FOLDS, fit).sse_regression)
+    };
+    let Some(mut best_sse) = score(occupancy, expected) else {
+        return expected;
+    };
+    let mut best = expected;
+    for lag in (0..=LAG_CANDIDATES).map(|i| expected * i / 2) {
+        if lag == expected {
+            continue;
+        }
+        if let Some(sse) = score(occupancy, lag)
+            && sse < best_sse
+        {
+            (best, best_sse) = (lag, sse);
+        }
+    }
+    best
 }
 
 /// Occupancy-weighted standard error of a fit's watts, W: how well its rows pin the busy

@@ -132,10 +132,13 @@ pub struct RegressionReport {
     /// `--power-model regression`; 0: the time model).
     pub regression_weight: f64,
     /// The watts per class that weight the split (the whole-recording fit's, shrunk and
-    /// weighted), W.
+    /// weighted; with sliding windows, theirs averaged over the class's busy time), W.
     pub split_w: Vec<f64>,
     /// Sliding windows fitted.
     pub windows: usize,
+    /// How long before each reading its rows' busy time was taken to end, ns: the counter
+    /// lag that predicted held-out rows best.
+    pub lag_ns: u64,
 }
 
 /// One interval's books (for audits and conservation tests).

@@ -1,7 +1,8 @@
 //! Cutting time into reading intervals for one energy source.
 //!
 //! An interval runs between two consecutive readings of a source. Intervals shorter than the
-//! counter's update period, or whose delta is zero, are merged into the next one: RAPL
+//! counter's update period (half of it after a kept interval, whose end saw an update), or
+//! whose delta is zero, are merged into the next one: RAPL
 //! updates about every 1 ms (seeds 000, 004), so a shorter window reads 0 or a whole update
 //! step, and a window that read 0 must never be reported as 0 W (docs/ARCHITECTURE.md, "Energy counters").
 //! Flagged readings (counter went backwards, implausible power) end a bad interval, which is
@@ -99,7 +100,21 @@ pub fn cut(readings: &[&EnergyReading], min_len_ns: u64) -> (Vec<Interval>, Inte
             }
             None => piece,
         };
-        if current.energy_uj > 0.0 && current.len_ns() >= min_len_ns.max(1) {
+        // An interval that began where the last kept one ended starts at a reading that saw
+        // an update, so it holds whole updates once it ends at the next reading that sees
+        // one: from half a period on it closes there. Held to a whole period, it would take
+        // in the reads after that update that saw nothing new (time none of its energy
+        // covers) whenever two updates came a little less than a period apart, and its
+        // end, and every later one, would drift further behind the updates: a counter
+        // updated once a second and read every 10 ms drifted 6 ms a second, 120 ms after
+        // 20 s, and busy time that far from the energy it drew biased the regression.
+        let chained = out.last().is_some_and(|l| l.end_ns == current.start_ns);
+        let long_enough = if chained {
+            current.len_ns() >= (min_len_ns / 2).max(1)
+        } else {
+            current.len_ns() >= min_len_ns.max(1)
+        };
+        if current.energy_uj > 0.0 && long_enough {
             out.push(current);
         } else {
             pending = Some(current);
@@ -178,6 +193,26 @@ mod tests {
         let refs: Vec<_> = rs.iter().collect();
         let (iv, _) = cut(&refs, 1000);
         assert_eq!(spans(&iv), vec![(0, 1100, 4.0), (1100, 2200, 2.0)]);
+    }
+
+    #[test]
+    fn a_slow_counter_read_often_keeps_its_intervals_on_its_updates() {
+        // Updated every 995 ns (a little under its nominal 1,000), read every 10 ns: each
+        // interval must end at the first read that saw an update, not drift past it.
+        let updates: Vec<u64> = (1..=40).map(|k| k * 995).collect();
+        let rs: Vec<EnergyReading> = (0..=4_000u64)
+            .step_by(10)
+            .map(|t| r(t, updates.iter().filter(|&&u| u <= t).count() as f64, ""))
+            .collect();
+        let refs: Vec<_> = rs.iter().collect();
+        let (iv, _) = cut(&refs, 1000);
+        assert!(iv.len() >= 3, "{:?}", spans(&iv));
+        for i in &iv {
+            let last_update = updates.iter().rev().find(|&&u| u <= i.end_ns).copied();
+            let late = last_update.map(|u| i.end_ns - u);
+            assert!(late.is_some_and(|l| l < 10), "{:?}", spans(&iv));
+            assert_eq!(i.energy_uj.fract(), 0.0);
+        }
     }
 
     #[test]

@@ -381,6 +381,31 @@ pub fn shrunk_watts(fit: &Fit) -> Vec<f64> {
         .collect()
 }
 
+/// Per-class watts of a fit over part of a recording, shrunk toward `target` (the whole
+/// recording's watts) as [`shrunk_watts`] shrinks toward equal power: a window keeps its
+/// own difference from the whole only as far as its rows show it (`max(0, 1 − z95² / z²)`),
+/// and a class the window cannot fit takes the whole's value.
+pub fn shrunk_toward(fit: &Fit, target: &[f64]) -> Vec<f64> {
+    let z95_sq = super::linalg::Z95 * super::linalg::Z95;
+    fit.classes
+        .iter()
+        .zip(target)
+        .map(|(c, &t)| {
+            if c.not_identifiable.is_some() || !(c.se_w.is_finite() && c.se_w > 0.0) {
+                return t;
+            }
+            let d = c.watts - t;
+            let z_sq = (d / c.se_w).powi(2);
+            let keep = if z_sq > 0.0 {
+                (1.0 - z95_sq / z_sq).max(0.0)
+            } else {
+                0.0
+            };
+            t + keep * d
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,6 +514,31 @@ mod tests {
         // z = 4: 1 − 3.84 / 16 of the difference kept.
         let keep = 1.0 - z95_sq / 16.0;
         assert!((w[2] - (10.0 - keep)).abs() < 1e-9, "{w:?}");
+    }
+
+    #[test]
+    fn a_window_keeps_the_whole_recordings_watts_unless_its_rows_show_otherwise() {
+        let class = |watts: f64, se_w: f64, not_identifiable| ClassFit {
+            watts,
+            se_w,
+            occupancy: 0.3,
+            not_identifiable,
+        };
+        let window = Fit {
+            classes: vec![
+                class(6.0, 1.0, None),  // 1 σ from the whole's 5 W: the whole's
+                class(20.0, 0.5, None), // 10 σ from 15 W: kept, 96% of it
+                class(10.0, 0.0, Some(NotIdentifiable::LowOccupancy)),
+            ],
+            prior_w: 10.0,
+            condition: 1.0,
+            rows: 30,
+        };
+        let w = shrunk_toward(&window, &[5.0, 15.0, 8.0]);
+        assert_eq!(w[0], 5.0);
+        let keep = 1.0 - super::super::linalg::Z95.powi(2) / 100.0;
+        assert!((w[1] - (15.0 + 5.0 * keep)).abs() < 1e-9, "{w:?}");
+        assert_eq!(w[2], 8.0, "not fitted in the window: the whole's");
     }
 
     #[test]
