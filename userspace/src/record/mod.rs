@@ -16,6 +16,7 @@ pub mod columns;
 mod damage_tests;
 pub(crate) mod early;
 pub mod frame;
+pub(crate) mod live;
 mod parallel;
 mod reader;
 mod recorder;
@@ -28,6 +29,7 @@ mod unwind_counts;
 mod validate;
 mod writer;
 
+pub(crate) use live::LiveTables;
 pub use reader::{ReadError, read_file, read_from};
 pub use recorder::{Ended, Finished, RecordError, Recorder, Target};
 pub(crate) use series::{TimeRange, files_in_range, read_files_in, read_path};

@@ -7,17 +7,13 @@
 //! leaves every file readable (the last one marked cut short).
 
 use std::{
-    collections::HashMap,
     path::{Path, PathBuf},
     str::FromStr,
     time::Duration,
 };
 
-use super::{WriteError, Writer, merge_thread};
-use crate::pb::v1::{
-    Chunk, EnergySource, Header, JitSymbol, LossCounters, Mapping, ThreadInfo, Trailer,
-    process_event::Kind,
-};
+use super::{LiveTables, WriteError, Writer};
+use crate::pb::v1::{Chunk, EnergySource, Header, LossCounters, Trailer};
 
 /// File names are `energy-bpf-<unix seconds, 20 digits>-<sequence>.ebpr`: sorting by name
 /// is sorting by time.
@@ -93,9 +89,7 @@ pub struct RotatingWriter {
     rotation: Rotation,
     current: Option<(Writer, PathBuf, u64)>,
     seq: u64,
-    threads: HashMap<u32, ThreadInfo>,
-    mappings: HashMap<u32, Vec<Mapping>>,
-    jit_symbols: HashMap<u32, Vec<JitSymbol>>,
+    live: LiveTables,
     sources: Vec<EnergySource>,
     losses: LossCounters,
 }
@@ -121,9 +115,7 @@ impl RotatingWriter {
             rotation,
             current: None,
             seq: 0,
-            threads: HashMap::new(),
-            mappings: HashMap::new(),
-            jit_symbols: HashMap::new(),
+            live: LiveTables::default(),
             sources: Vec::new(),
             losses: LossCounters::default(),
         })
@@ -164,24 +156,8 @@ impl RotatingWriter {
     }
 
     fn remember(&mut self, chunk: &Chunk) {
-        for t in &chunk.threads {
-            merge_thread(&mut self.threads, t.clone());
-        }
-        for m in &chunk.mappings {
-            self.mappings.entry(m.tgid).or_default().push(m.clone());
-        }
-        for j in &chunk.jit_symbols {
-            self.jit_symbols.entry(j.tgid).or_default().push(j.clone());
-        }
-        for e in &chunk.process_events {
-            if e.kind() == Kind::Exit {
-                self.threads.remove(&e.tid);
-                if e.tid == e.tgid {
-                    self.mappings.remove(&e.tgid);
-                    self.jit_symbols.remove(&e.tgid);
-                }
-            }
-        }
+        self.live.remember(chunk);
+        self.live.exited(&chunk.process_events);
         for s in &chunk.sources {
             if !self.sources.iter().any(|k| k.id == s.id) {
                 self.sources.push(s.clone());
@@ -213,9 +189,9 @@ impl RotatingWriter {
         let mut w = Writer::create(&path, &header)?;
         // What earlier files told, so this file reports alone.
         w.chunk(Chunk {
-            threads: self.threads.values().cloned().collect(),
-            mappings: self.mappings.values().flatten().cloned().collect(),
-            jit_symbols: self.jit_symbols.values().flatten().cloned().collect(),
+            threads: self.live.threads.values().cloned().collect(),
+            mappings: self.live.mappings.values().flatten().cloned().collect(),
+            jit_symbols: self.live.jit_symbols.values().flatten().cloned().collect(),
             sources: self.sources.clone(),
             losses: Some(self.losses),
             ..Chunk::default()
@@ -279,6 +255,7 @@ pub fn series_files(dir: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pb::v1::ThreadInfo;
 
     #[test]
     fn retention_parses_durations_and_sizes() {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::sink::{Sink, SinkError};
-use super::stacks::{Batch, StackTables};
+use super::stacks::{self, Batch, StackTables};
 use crate::{
     container::ContainerRef,
     output::otlp::{self, Origin},
@@ -234,13 +234,7 @@ impl Sink for OtlpSink {
                 }
             }
         }
-        let rest = match &mut self.pending {
-            None => {
-                self.pending = Some(batch);
-                None
-            }
-            Some(acc) => acc.absorb(batch),
-        };
+        let rest = stacks::gather(&mut self.pending, batch);
         // The zones changed (a source came or went): send what was gathered first.
         if let Some(batch) = rest {
             self.export();

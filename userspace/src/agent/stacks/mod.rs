@@ -10,10 +10,10 @@ use std::collections::{HashMap, HashSet};
 
 use crate::{
     analysis,
-    pb::v1::{self as pb, process_event::Kind},
+    pb::v1 as pb,
     pipeline::Window,
     profile::{SampleValues, Stacks},
-    record::{PythonFrames, merge_thread},
+    record::{LiveTables, PythonFrames, merge_thread},
 };
 
 /// Samples of one or more windows, the tables that resolve them, and their weights: what
@@ -123,27 +123,29 @@ impl Batch {
     }
 }
 
+/// Adds `batch` to `pending`, or makes it the pending one; hands it back when its value
+/// types differ from the pending one's, for the caller to close that one first.
+pub fn gather(pending: &mut Option<Batch>, batch: Batch) -> Option<Batch> {
+    match pending {
+        None => {
+            *pending = Some(batch);
+            None
+        }
+        Some(acc) => acc.absorb(batch),
+    }
+}
+
 /// The tables that resolve samples, kept from chunks while their processes live.
 #[derive(Default)]
 pub struct StackTables {
-    threads: HashMap<u32, pb::ThreadInfo>,
-    mappings: HashMap<u32, Vec<pb::Mapping>>,
-    jit_symbols: HashMap<u32, Vec<pb::JitSymbol>>,
+    live: LiveTables,
     python: python::PythonTable,
 }
 
 impl StackTables {
     /// Takes what a chunk names.
     pub fn chunk(&mut self, chunk: &pb::Chunk) {
-        for t in &chunk.threads {
-            merge_thread(&mut self.threads, t.clone());
-        }
-        for m in &chunk.mappings {
-            self.mappings.entry(m.tgid).or_default().push(m.clone());
-        }
-        for j in &chunk.jit_symbols {
-            self.jit_symbols.entry(j.tgid).or_default().push(j.clone());
-        }
+        self.live.remember(chunk);
         self.python.chunk(chunk);
     }
 
@@ -158,10 +160,10 @@ impl StackTables {
             duration_ns: window.end_ns().saturating_sub(window.start_ns()),
             lost_events: 0,
             samples: &window.events.samples,
-            threads: &self.threads,
-            mappings: &self.mappings,
+            threads: &self.live.threads,
+            mappings: &self.live.mappings,
             python_frames: self.python.rows(),
-            jit_symbols: &self.jit_symbols,
+            jit_symbols: &self.live.jit_symbols,
         };
         let weights = analysis::sample_values(stacks, &window.analysis);
         let tgids: HashSet<u32> = window
@@ -179,13 +181,14 @@ impl StackTables {
             end_ns: window.end_ns(),
             samples: window.events.samples.clone(),
             threads: self
+                .live
                 .threads
                 .iter()
                 .filter(|(_, t)| tgids.contains(&t.tgid))
                 .map(|(&tid, t)| (tid, t.clone()))
                 .collect(),
-            mappings: pick(&tgids, &self.mappings),
-            jit_symbols: pick(&tgids, &self.jit_symbols),
+            mappings: pick(&tgids, &self.live.mappings),
+            jit_symbols: pick(&tgids, &self.live.jit_symbols),
             python_frames: self.python.used_by(&window.events.samples),
             weights,
         }
@@ -193,15 +196,8 @@ impl StackTables {
 
     /// Forgets the processes that exited in `window` (call after taking its batch).
     pub fn forget_exited(&mut self, window: &Window) {
-        for e in &window.events.process_events {
-            if e.kind() == Kind::Exit {
-                self.threads.remove(&e.tid);
-                if e.tid == e.tgid {
-                    self.mappings.remove(&e.tgid);
-                    self.jit_symbols.remove(&e.tgid);
-                    self.python.exited(e.tgid);
-                }
-            }
+        for tgid in self.live.exited(&window.events.process_events) {
+            self.python.exited(tgid);
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::agent::stacks::Batch;
+use crate::agent::stacks::{self, Batch};
 use crate::pb::v1 as pb;
 
 /// Windows gathered into one batch, ns.
@@ -40,13 +40,7 @@ impl Recent {
     /// Adds a window's batch.
     pub fn push(&mut self, batch: Batch) {
         let batch = folded(batch);
-        let rest = match &mut self.pending {
-            None => {
-                self.pending = Some(batch);
-                None
-            }
-            Some(acc) => acc.absorb(batch),
-        };
+        let rest = stacks::gather(&mut self.pending, batch);
         if let Some(batch) = rest {
             self.seal();
             self.pending = Some(batch);
