@@ -344,8 +344,9 @@ fn plan_model(
     // it). Read less often than it updates, the counter is on average half an update old;
     // read more often (a counter updated once a second, read every 10 ms), an interval
     // ends at the first read that sees an update, on average half a read after it.
-    // That is where the search for the lag starts ([`fit_lag`]): a writer that runs late
-    // under load makes readings older than that.
+    // (A writer that runs late under load makes readings older than that. Choosing the lag
+    // by held-out error was tried and withdrawn: between lags whose errors differ by
+    // noise the choice flipped, and two replays of one machine got different joules.)
     let lag = counter_lag_ns(source.update_period_ns, read_period_ns);
     // Two row lengths, and the one whose fit pins the classes' watts down better (the
     // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
@@ -365,17 +366,6 @@ fn plan_model(
     } else {
         vec![long_ns]
     };
-    let lag = fit_lag(
-        intervals,
-        &mut *occupancy,
-        lag,
-        static_w,
-        &class_of,
-        other,
-        short_ns,
-        by_activity,
-        &opts.fit,
-    );
     let (rows, global, row_ns) = candidates
         .into_iter()
         .map(|row_ns| {
@@ -558,66 +548,8 @@ fn counter_lag_ns(update_period_ns: u64, read_period_ns: u64) -> u64 {
     }
 }
 
-/// Lags [`fit_lag`] tries: 0 to this many halves of the expected lag (0 to twice the shorter
-/// of update period and read spacing).
-const LAG_CANDIDATES: u64 = 8;
 /// Contiguous folds of the held-out comparisons.
 const FOLDS: usize = 5;
-
-/// The counter lag whose rows the regression predicts best on held-out rows, among 0 to
-/// twice the shorter of update period and read spacing in quarters of it (`expected` is
-/// half that spacing, [`counter_lag_ns`]). A counter whose writer waits for a CPU when the
-/// CPUs are busy is read later after its energy ends than its period says, by an amount
-/// the readings do not show; rows whose busy time is cut off from the energy it drew
-/// blur the differences between processes (and invent some between processes whose busy
-/// stretches start and end at different rates). `expected` is kept on ties and when the
-/// rows are too few to compare (fewer than two per fold). Chosen on `row_ns` rows, the
-/// shortest the regression uses, where the lag is the largest share of a row.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "the rows' inputs, as for build_rows, and the fit's options"
-)]
-fn fit_lag(
-    intervals: &[Interval],
-    occupancy: &mut DomainTally<'_, '_, '_>,
-    expected: u64,
-    static_w: f64,
-    class_of: &HashMap<u32, usize>,
-    other: usize,
-    row_ns: u64,
-    by_activity: bool,
-    fit: &regression::FitOptions,
-) -> u64 {
-    let k = other + 1;
-    let score = |occupancy: &mut DomainTally<'_, '_, '_>, lag: u64| -> Option<f64> {
-        let rows = build_rows(
-            intervals,
-            occupancy,
-            lag,
-            static_w,
-            class_of,
-            other,
-            row_ns,
-            by_activity,
-        );
-        (rows.len() >= 2 * FOLDS).then(|| regression::heldout(&rows, k, FOLDS, fit).sse_regression)
-    };
-    let Some(mut best_sse) = score(occupancy, expected) else {
-        return expected;
-    };
-    let mut best = expected;
-    for lag in (0..=LAG_CANDIDATES).map(|i| expected * i / 2) {
-        if lag == expected {
-            continue;
-        }
-        if let Some(sse) = score(occupancy, lag)
-            && sse < best_sse
-        {
-            (best, best_sse) = (lag, sse);
-        }
-    }
-    best
-}
 
 /// Occupancy-weighted standard error of a fit's watts, W: how well its rows pin the busy
 /// classes down (infinite when a fitted class has no finite error).

@@ -171,27 +171,6 @@ fn phases_of_seconds_on_a_once_a_second_counter_are_split_by_their_watts() {
 }
 
 #[test]
-fn a_counter_written_late_under_load_is_taken_as_older_than_half_its_period() {
-    // The lagging writer updates every 3 ms and, with the CPUs busy, up to 5 ms late, so
-    // a reading is older than half a period; RAPL's clock updates on time, 1 ms apart, and
-    // is read every 10 ms, so half an update (0.5 ms) it stays near.
-    let lag_of = |counter: Counter| {
-        let cfg = counter.apply(scenarios::mixed_duty(1));
-        let out = simulate(&cfg);
-        let attr = attribute(&sim_input(&out), &Options::default());
-        let reg = attr.sources[0].regression.as_ref().expect("a regression");
-        (reg.lag_ns, cfg.update_period_ns)
-    };
-    let (late, period) = lag_of(Counter::Lagging);
-    assert!(late > period / 2, "lag {late} ns of a {period} ns period");
-    let (on_time, period) = lag_of(Counter::Rapl);
-    assert!(
-        on_time.abs_diff(period / 2) <= period / 4,
-        "lag {on_time} ns of a {period} ns period"
-    );
-}
-
-#[test]
 fn json_says_power_model_uncertain_only_when_it_is() {
     let quiet = serde_json::to_value(crate::pipeline::Totals::default()).expect("json");
     assert!(quiet.get("power_model_uncertain").is_none(), "{quiet}");
