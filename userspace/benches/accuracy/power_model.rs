@@ -24,14 +24,7 @@ fn span_errors(cfg: &SimConfig, out: &SimOutput, end_ns: u64, rows: &[Row]) -> V
         .iter()
         .zip(rows)
         .map(|(c, r)| {
-            let busy_ns: u64 = out
-                .timeline
-                .cpus
-                .iter()
-                .flat_map(|ct| ct.runs_in(0, end_ns))
-                .filter(|run| run.is_busy() && run.tgid == c.tgid)
-                .map(|run| run.overlap_ns(0, end_ns))
-                .sum();
+            let busy_ns = out.busy_ns(c.tgid, end_ns);
             let truth_j = c.watts * busy_ns as f64 * 1e-9;
             (r.ours_j - truth_j) / truth_j
         })

@@ -115,14 +115,7 @@ fn measured_span_errors(
     cfg.classes
         .iter()
         .map(|c| {
-            let busy_ns: u64 = out
-                .timeline
-                .cpus
-                .iter()
-                .flat_map(|ct| ct.runs_in(0, end_ns))
-                .filter(|run| run.is_busy() && run.tgid == c.tgid)
-                .map(|run| run.overlap_ns(0, end_ns))
-                .sum();
+            let busy_ns = out.busy_ns(c.tgid, end_ns);
             let truth_uj = c.watts * busy_ns as f64 * 1e-3;
             let got: f64 = attr
                 .threads

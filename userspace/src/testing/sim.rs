@@ -205,6 +205,19 @@ pub struct SimOutput {
     pub truth: Truth,
 }
 
+impl SimOutput {
+    /// Busy ns of process `tgid` over `[0, end_ns)`, from the timeline.
+    pub fn busy_ns(&self, tgid: u32, end_ns: u64) -> u64 {
+        self.timeline
+            .cpus
+            .iter()
+            .flat_map(|ct| ct.runs_in(0, end_ns))
+            .filter(|run| run.is_busy() && run.tgid == tgid)
+            .map(|run| run.overlap_ns(0, end_ns))
+            .sum()
+    }
+}
+
 /// Address of function `f` of process `tgid` in simulated stacks.
 pub fn function_addr(tgid: u32, f: usize) -> u64 {
     0x40_0000 + u64::from(tgid) * 0x1000 + f as u64 * 0x10

@@ -22,7 +22,8 @@ pub const MAX_AGE_NS: u64 = 3_600_000_000_000;
 /// The store.
 #[derive(Default)]
 pub struct Recent {
-    done: VecDeque<Arc<Batch>>,
+    /// Sealed batches with their size in bytes.
+    done: VecDeque<(Arc<Batch>, usize)>,
     bytes: usize,
     pending: Option<Batch>,
     cap_bytes: usize,
@@ -58,13 +59,14 @@ impl Recent {
         let Some(batch) = self.pending.take() else {
             return;
         };
-        self.bytes += batch.bytes();
+        let bytes = batch.bytes();
+        self.bytes += bytes;
         let end_ns = batch.end_ns;
-        self.done.push_back(Arc::new(batch));
-        while let Some(old) = self.done.front()
+        self.done.push_back((Arc::new(batch), bytes));
+        while let Some((old, old_bytes)) = self.done.front()
             && (self.bytes > self.cap_bytes || end_ns.saturating_sub(old.end_ns) > MAX_AGE_NS)
         {
-            self.bytes -= old.bytes();
+            self.bytes -= old_bytes;
             self.done.pop_front();
         }
     }
@@ -85,7 +87,7 @@ impl Recent {
         let all: Vec<Arc<Batch>> = self
             .done
             .iter()
-            .cloned()
+            .map(|(b, _)| Arc::clone(b))
             .chain(self.pending.clone().map(Arc::new))
             .collect();
         let covered = all
