@@ -31,6 +31,24 @@ fn busy(timeline: &Timeline, a: u64, b: u64, pids: &[u32]) -> (Vec<u64>, Vec<u64
     (per_pid, per_cpu)
 }
 
+/// The most threads of process `pid` that ran in one slot on one CPU, over `[a, b)`.
+fn most_threads_in_a_slot(timeline: &Timeline, a: u64, b: u64, pid: u32) -> usize {
+    let slot_ns = energy_bpf_abi::AGG_SLOT_NS;
+    let mut most = 0;
+    for cpu in &timeline.cpus {
+        for slot in a / slot_ns..b / slot_ns {
+            let (from, to) = (slot * slot_ns, (slot + 1) * slot_ns);
+            let tids: std::collections::HashSet<u32> = cpu
+                .runs_in(from, to)
+                .filter(|r| r.tgid == pid && r.is_busy())
+                .map(|r| r.tid)
+                .collect();
+            most = most.max(tids.len());
+        }
+    }
+    most
+}
+
 #[test]
 fn aggregated_runs_agree_with_the_exact_stream() {
     if !crate::util::require_root("aggregated_runs_agree_with_the_exact_stream") {
@@ -45,7 +63,15 @@ fn aggregated_runs_agree_with_the_exact_stream() {
         Some(1),
     );
     let churn = crate::util::Workload::spawn("while :; do /bin/true; sleep 0.01; done", None);
-    let pids = [spinner.pid(), bursty.pid(), churn.pid()];
+    // More threads than a slot table holds (63) waking on one CPU within a slot: their
+    // tables fill up and go out early.
+    let crowd = crate::util::Workload::spawn(
+        "exec /usr/bin/python3 -c 'import threading, time\n\
+         def nap():\n    while True: time.sleep(0.005)\n\
+         for _ in range(80): threading.Thread(target=nap).start()'",
+        Some(1),
+    );
+    let pids = [spinner.pid(), bursty.pid(), churn.pid(), crowd.pid()];
     let options = || LiveOptions::timeline(EnergyArgs::default()).stacks(49, Default::default());
     let mut stream = Live::start(options()).expect("streaming capture (root)");
     let mut agg = Live::start(options().aggregated(true)).expect("aggregating capture (root)");
@@ -68,8 +94,10 @@ fn aggregated_runs_agree_with_the_exact_stream() {
     // The stream's batches wait in the kernel for up to one sampling period.
     std::thread::sleep(std::time::Duration::from_millis(100));
     let (last, _) = stream.finish();
+    eprintln!("streaming capture's losses: {:?}", last.losses);
     streamed.extend(last.switches);
     let (last, _) = agg.finish();
+    eprintln!("aggregating capture's losses: {:?}", last.losses);
     folded.extend(last.switches);
     let (a, b) = (boundaries[1], boundaries[boundaries.len() - 1]);
     let exact = Timeline::build(a, b, &cpus, &streamed);
@@ -86,6 +114,12 @@ fn aggregated_runs_agree_with_the_exact_stream() {
     );
     assert!(exact_pid[0] as f64 > 0.1 * window, "the spinner ran");
     assert!(exact_pid[1] > 0, "the bursty worker ran");
+    let crowded = most_threads_in_a_slot(&exact, a, b, crowd.pid());
+    eprintln!("the crowd ran {crowded} threads in one slot of one CPU at most");
+    assert!(
+        crowded > energy_bpf_abi::SWITCH_BATCH,
+        "the crowd's tables never filled up ({crowded} threads in a slot at most)"
+    );
     for (k, (e, f)) in exact_pid.iter().zip(&agg_pid).enumerate() {
         assert!(
             (*e as f64 - *f as f64).abs() <= 0.005 * window,

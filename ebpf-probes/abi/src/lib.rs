@@ -115,75 +115,66 @@ pub struct CountBatch {
     pub events: [CountEvent; SWITCH_BATCH],
 }
 
-/// Rows the aggregating mode holds at once at most: one per thread, CPU and time slot it
-/// ran in, until userspace reads them (a few hundred milliseconds of slots). Userspace
-/// sizes the map to the machine ([`agg_rows`]): reading it walks every bucket, so a map
-/// far larger than its rows costs for nothing. A row the map cannot take loses its time,
-/// counted in [`counter::AGG_DROPPED`].
-pub const AGG_ROWS: u32 = 65_536;
-
-/// The aggregating mode's map size for `cpus` CPUs: 2,048 rows per CPU (80 threads per CPU
-/// and slot over a quarter second of slots), between 4,096 and [`AGG_ROWS`].
-pub const fn agg_rows(cpus: u32) -> u32 {
-    let rows = cpus.saturating_mul(2048);
-    if rows < 4096 {
-        4096
-    } else if rows > AGG_ROWS {
-        AGG_ROWS
-    } else {
-        rows
-    }
-}
-
 /// The aggregating mode's time slot by default: runs are summed per slot of this length,
 /// cut exactly at its edges (multiples of it on CLOCK_MONOTONIC). As long as the energy
 /// readings' interval at least (10 ms), so splitting energy by busy time per slot loses
 /// little of what the exact stream knows.
 pub const AGG_SLOT_NS: u64 = 10_000_000;
 
-/// Key of an aggregation row: a thread on a CPU in a time slot. Each key is written by its
-/// own CPU only.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct AggKey {
-    /// The CPU the thread ran on.
-    pub cpu: u32,
-    /// The thread.
-    pub tid: u32,
-    /// The slot: `[slot × slot_ns, (slot + 1) × slot_ns)`.
-    pub slot: u64,
-}
-
 /// What one thread did on one CPU in one slot (the aggregating mode: the agent's
 /// default, where `sched_switch` adds to these rows instead of sending an event).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RunTotal {
+pub struct AggRow {
+    /// The slot: `[slot × slot_ns, (slot + 1) × slot_ns)`.
+    pub slot: u64,
     /// On-CPU ns within the slot.
     pub busy_ns: u64,
     /// Activity count of those runs, split at slot edges in proportion to time (when
-    /// [`run_total_flags::NO_ACTIVITY`] is clear).
+    /// [`agg_row_flags::NO_ACTIVITY`] is clear).
     pub activity: u64,
-    /// The thread's process.
+    /// The thread.
+    pub tid: u32,
+    /// Its process.
     pub tgid: u32,
-    /// [`run_total_flags`].
+    /// [`agg_row_flags`].
     pub flags: u32,
+    /// Padding.
+    pub _pad: u32,
 }
 
-/// [`RunTotal::flags`] bits.
-pub mod run_total_flags {
+/// One CPU's rows of its current slot (the aggregating mode), one per thread that ran in
+/// it, all of one slot. The probe sends the table to the ring as one record of
+/// [`SWITCH_BATCH_HEADER`] + `len` rows when the CPU leaves the slot, or earlier when it
+/// is full (a thread can then have two rows in a slot: userspace adds them up).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AggTable {
+    /// Valid rows.
+    pub len: u32,
+    /// The CPU.
+    pub cpu: u32,
+    /// Rows, in the order the threads first ran in the slot.
+    pub rows: [AggRow; SWITCH_BATCH],
+}
+
+/// [`AggRow::flags`] bits.
+pub mod agg_row_flags {
     /// Some run of the row had no activity count: `activity` is incomplete.
     pub const NO_ACTIVITY: u32 = 1;
 }
 
 /// The aggregating mode's state on one CPU: the task that runs since `start_ns`. Every
-/// slot before the one holding `start_ns` is complete on this CPU: userspace reads a
-/// slot's rows once every CPU is past it.
+/// slot before the one holding `start_ns` is complete on this CPU, its table in the ring
+/// before `start_ns` moved past it: userspace reads a slot's rows once every CPU is past it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AggCursor {
     /// Start of the current run, or of its slot if it began in an earlier one.
     pub start_ns: u64,
+    /// The slot holding `start_ns`: the probe keeps it so that a switch inside the same
+    /// slot divides nothing (a 64-bit division is a hardware divide in eBPF, tens of ns).
+    pub slot: u64,
     /// The running thread (0: idle).
     pub tid: u32,
     /// Its process.
@@ -388,7 +379,7 @@ pub mod counter {
     pub const IDLE_SAMPLES: u32 = 4;
     /// Run-counter events ([`super::CountEvent`]) dropped because their ring buffer was full.
     pub const COUNT_DROPPED: u32 = 5;
-    /// Aggregation rows that could not be added because the row map was full (the
+    /// Aggregation rows lost because the ring could not take their slot table (the
     /// aggregating mode; their time is lost).
     pub const AGG_DROPPED: u32 = 6;
     /// Number of counters.
@@ -546,10 +537,6 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::PyProcess {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::AggKey {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::RunTotal {}
-    // SAFETY: as above.
     unsafe impl aya::Pod for super::AggCursor {}
 }
 
@@ -569,8 +556,9 @@ const _: () = assert!(core::mem::size_of::<UnwindRow>() == 16);
 const _: () = assert!(core::mem::size_of::<UnwindMapping>() == 32);
 const _: () = assert!(core::mem::size_of::<UnwindProcess>() == 8 + 32 * UNWIND_MAPPINGS);
 const _: () = assert!(core::mem::size_of::<PyFrame>() == 16);
-const _: () = assert!(core::mem::size_of::<RunTotal>() == 24);
-const _: () = assert!(core::mem::size_of::<AggCursor>() == 24);
-const _: () = assert!(core::mem::size_of::<AggKey>() == 16);
+// The same size as a switch event, so the probe's bounds on a batch hold for the table.
+const _: () = assert!(core::mem::size_of::<AggRow>() == 40);
+const _: () = assert!(core::mem::offset_of!(AggTable, rows) == SWITCH_BATCH_HEADER);
+const _: () = assert!(core::mem::size_of::<AggCursor>() == 32);
 const _: () = assert!(core::mem::size_of::<PyProcess>() == 8 + 4 * 14);
 const _: () = assert!(core::mem::size_of::<SampleEvent>().is_multiple_of(8));

@@ -3,14 +3,16 @@
 //! one record of up to [`SWITCH_BATCH`] events, the batch's header included, so the ring
 //! buffer is written once per batch rather than per event.
 //!
-//! Both batch types share one layout (`len`, `cpu`, then the events; checked in the ABI
+//! The aggregating mode's slot tables ([`AggTable`]) are sent the same way.
+//!
+//! All batch types share one layout (`len`, `cpu`, then the events; checked in the ABI
 //! crate), and a slot is never used by two programs at once on one CPU: `sched_switch` runs
 //! with interrupts off and the sampler from the timer interrupt.
 
 use aya_ebpf::{helpers::bpf_get_smp_processor_id, maps::RingBuf};
 use energy_bpf_abi::{
-    CountBatch, CountEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER, SWITCH_BATCH_MAX_AGE_NS,
-    SwitchBatch, SwitchEvent,
+    AGG_SLOT_NS, AggRow, AggTable, CountBatch, CountEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER,
+    SWITCH_BATCH_MAX_AGE_NS, SwitchBatch, SwitchEvent,
 };
 
 use crate::{BPF_RB_NO_WAKEUP, bump_by};
@@ -46,6 +48,19 @@ impl Batch for CountBatch {
     #[inline(always)]
     fn ts_ns(event: &CountEvent) -> u64 {
         event.ts_ns
+    }
+}
+
+/// The aggregating mode's slot table (`agg.rs` fills it in place and only [`flush`]es it).
+impl Batch for AggTable {
+    type Event = AggRow;
+    #[inline(always)]
+    fn fields(&mut self) -> (&mut u32, &mut u32, &mut [AggRow; SWITCH_BATCH]) {
+        (&mut self.len, &mut self.cpu, &mut self.rows)
+    }
+    #[inline(always)]
+    fn ts_ns(row: &AggRow) -> u64 {
+        row.slot * AGG_SLOT_NS
     }
 }
 

@@ -1,7 +1,8 @@
 //! The aggregating mode, userspace side (the probe side is `ebpf-probes/probes/src/agg.rs`):
 //! the probes sum each thread's on-CPU time and activity per CPU and fixed time slot
-//! (10 ms by default); each poll reads the slots every CPU has left and turns their rows
-//! into switch events the pipeline reads like the exact stream.
+//! (10 ms by default) and send each CPU's table of a slot to a ring when the CPU leaves it;
+//! each poll reads the slots every CPU has left and turns their rows into switch events
+//! the pipeline reads like the exact stream.
 //!
 //! What is exact and what is not: each thread's busy time and activity per CPU and slot
 //! are exact, cut at the slot edges. Where inside a slot its runs fell is not kept: the
@@ -11,15 +12,12 @@
 //! the split differs from the exact stream's by what happens within a slot at either end
 //! of each reading interval (docs/ARCHITECTURE.md, "Aggregating mode").
 
-use std::os::fd::{AsFd as _, AsRawFd as _};
-
 use aya::{
     Ebpf,
-    maps::{MapData, PerCpuArray},
+    maps::{MapData, PerCpuArray, RingBuf},
 };
-use energy_bpf_abi::{AggCursor, AggKey, RunTotal, run_total_flags};
+use energy_bpf_abi::{AggCursor, AggRow, agg_row_flags};
 
-use super::bpf_sys;
 use crate::pb::v1 as pb;
 
 /// One thread's row of one slot.
@@ -55,15 +53,15 @@ pub struct Slots {
 /// The maps of the aggregating mode, and how far they were read.
 pub struct Aggregator {
     cursors: PerCpuArray<MapData, AggCursor>,
-    rows: MapData,
+    tables: RingBuf<MapData>,
     /// The online CPUs (the cursors of the others never move).
     cpus: Vec<u32>,
     slot_ns: u64,
     /// The first slot not read yet.
     next: u64,
-    keys: Vec<AggKey>,
-    values: Vec<RunTotal>,
-    done: Vec<AggKey>,
+    /// Rows taken from the ring whose slot some CPU had not left at the last read (the
+    /// tables of a slot that filled up early).
+    pending: Vec<Row>,
 }
 
 impl Aggregator {
@@ -74,23 +72,18 @@ impl Aggregator {
             .take_map("AGG_CURSOR")
             .and_then(|m| PerCpuArray::try_from(m).ok())
             .ok_or("AGG_CURSOR")?;
-        let rows = ebpf
-            .take_map("AGG_ROWS_MAP")
-            .and_then(|m| match m {
-                aya::maps::Map::HashMap(data) => Some(data),
-                _ => None,
-            })
-            .ok_or("AGG_ROWS_MAP")?;
+        let tables = ebpf
+            .take_map("AGG_SLOTS")
+            .and_then(|m| RingBuf::try_from(m).ok())
+            .ok_or("AGG_SLOTS")?;
         let slot_ns = slot_ns.max(1);
         Ok(Self {
             cursors,
-            rows,
+            tables,
             cpus: cpus.to_vec(),
             slot_ns,
             next: crate::clock::monotonic_ns() / slot_ns + 1,
-            keys: Vec::new(),
-            values: Vec::new(),
-            done: Vec::new(),
+            pending: Vec::new(),
         })
     }
 
@@ -118,45 +111,60 @@ impl Aggregator {
             .unwrap_or(0)
     }
 
-    /// Reads and removes the rows of every slot all CPUs have left since the last call, or
-    /// `None` when no new slot is complete.
+    /// The rows of every slot all CPUs have left since the last call, or `None` when no new
+    /// slot is complete.
+    ///
+    /// The cursors are read before the ring: a CPU sends a slot's table before its cursor
+    /// moves past the slot, so every table of a slot before `end` is in the ring by then.
     pub fn read(&mut self) -> std::io::Result<Option<Slots>> {
         let end = self.first_open_slot();
+        while let Some(record) = self.tables.next() {
+            decode_table(&record, &mut self.pending);
+        }
         if end <= self.next {
             return Ok(None);
         }
-        let fd = self.rows.fd().as_fd().as_raw_fd();
-        bpf_sys::lookup_all(fd, 4096, &mut self.keys, &mut self.values)?;
-        self.done.clear();
-        let mut rows = Vec::new();
-        for (k, v) in self.keys.iter().zip(&self.values) {
-            if k.slot >= end {
-                continue;
-            }
-            // Slots before the first read (the probes' first moments) are dropped.
-            self.done.push(*k);
-            if k.slot < self.next {
-                continue;
-            }
-            rows.push(Row {
-                cpu: k.cpu,
-                tid: k.tid,
-                tgid: v.tgid,
-                slot: k.slot,
-                busy_ns: v.busy_ns,
-                activity: (v.flags & run_total_flags::NO_ACTIVITY == 0).then_some(v.activity),
-            });
-        }
-        bpf_sys::delete_keys(fd, &self.done)?;
         let slots = Slots {
             first: self.next,
             end,
             slot_ns: self.slot_ns,
-            rows,
+            rows: take_slots(&mut self.pending, self.next, end),
         };
         self.next = end;
         Ok(Some(slots))
     }
+}
+
+/// Takes the rows of slots `[first, end)` out of `pending`, drops those before `first` (the
+/// probes' first moments, before the first read) and keeps the rest.
+fn take_slots(pending: &mut Vec<Row>, first: u64, end: u64) -> Vec<Row> {
+    let mut rows = Vec::new();
+    pending.retain(|r| {
+        if r.slot >= end {
+            return true;
+        }
+        if r.slot >= first {
+            rows.push(*r);
+        }
+        false
+    });
+    rows
+}
+
+/// Appends the rows of one ring record, a slot table (`len`, `cpu`, `len` rows), to `out`;
+/// a malformed record is skipped, as malformed switch batches are.
+pub fn decode_table(record: &[u8], out: &mut Vec<Row>) {
+    let Some((cpu, rows)) = super::decode::batch::<AggRow>(record) else {
+        return;
+    };
+    out.extend(rows.map(|r| Row {
+        cpu,
+        tid: r.tid,
+        tgid: r.tgid,
+        slot: r.slot,
+        busy_ns: r.busy_ns,
+        activity: (r.flags & agg_row_flags::NO_ACTIVITY == 0).then_some(r.activity),
+    }));
 }
 
 /// Switch events for the rows of `slots` on `cpus`, each CPU's in time order: in each slot,

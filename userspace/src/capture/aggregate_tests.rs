@@ -263,3 +263,100 @@ fn readings_off_the_slot_edges_cost_a_few_percent_at_most() {
     let gap = largest_gap("mixed duty", scenarios::mixed_duty(1), Energy::Drifting);
     assert!(gap < 0.05, "{gap}");
 }
+
+/// A slot table as the probe sends it: `len`, `cpu`, then `len` rows.
+fn table_record(cpu: u32, rows: &[energy_bpf_abi::AggRow]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend((rows.len() as u32).to_ne_bytes());
+    out.extend(cpu.to_ne_bytes());
+    for r in rows {
+        // SAFETY: AggRow is plain old data of its size.
+        out.extend(unsafe {
+            std::slice::from_raw_parts(
+                std::ptr::from_ref(r).cast::<u8>(),
+                std::mem::size_of::<energy_bpf_abi::AggRow>(),
+            )
+        });
+    }
+    out
+}
+
+#[test]
+fn slot_tables_decode_and_wait_until_every_cpu_left_their_slot() {
+    let row = |slot, tid, busy_ns, flags| energy_bpf_abi::AggRow {
+        slot,
+        busy_ns,
+        activity: 7,
+        tid,
+        tgid: tid + 1,
+        flags,
+        _pad: 0,
+    };
+    let mut pending = Vec::new();
+    // A table of slot 4 on CPU 1, one of slot 5 that filled up early, one from before the
+    // first read, and records that are no table: the wrong length, a length over the batch.
+    decode_table(
+        &table_record(1, &[row(4, 10, 6_000_000, 0), row(4, 11, 1_000_000, 1)]),
+        &mut pending,
+    );
+    decode_table(&table_record(0, &[row(5, 12, 9_000_000, 0)]), &mut pending);
+    decode_table(&table_record(0, &[row(2, 13, 5, 0)]), &mut pending);
+    let mut short = table_record(0, &[row(4, 14, 5, 0)]);
+    short.pop();
+    decode_table(&short, &mut pending);
+    let mut long = table_record(0, &[]);
+    long[..4].copy_from_slice(&(energy_bpf_abi::SWITCH_BATCH as u32 + 1).to_ne_bytes());
+    decode_table(&long, &mut pending);
+    assert_eq!(pending.len(), 4);
+    assert_eq!(
+        pending[1],
+        Row {
+            cpu: 1,
+            tid: 11,
+            tgid: 12,
+            slot: 4,
+            busy_ns: 1_000_000,
+            activity: None,
+        }
+    );
+    assert_eq!(pending[0].activity, Some(7));
+
+    // Slots [3, 5) are complete: slot 4's rows are taken, slot 2's dropped (before the
+    // first read), slot 5's kept for a later read.
+    let taken = take_slots(&mut pending, 3, 5);
+    assert_eq!(taken.iter().map(|r| r.tid).collect::<Vec<_>>(), [10, 11]);
+    assert_eq!(pending.iter().map(|r| r.tid).collect::<Vec<_>>(), [12]);
+    assert_eq!(take_slots(&mut pending, 5, 6)[0].busy_ns, 9_000_000);
+    assert!(pending.is_empty());
+}
+
+#[test]
+fn a_thread_split_over_two_tables_of_one_slot_is_laid_out_as_one_run() {
+    // A table that filled up mid-slot is sent early: the thread's time in the slot then
+    // comes in two rows, which the layout adds up.
+    let row = |tid, busy_ns| Row {
+        cpu: 0,
+        tid,
+        tgid: tid,
+        slot: 7,
+        busy_ns,
+        activity: None,
+    };
+    let slots = Slots {
+        first: 7,
+        end: 8,
+        slot_ns: SLOT_NS,
+        rows: vec![row(5, 2_000_000), row(6, 1_000_000), row(5, 3_000_000)],
+    };
+    let events = synthesize(&slots, &[0], false);
+    let runs: Vec<(u64, u32)> = events.iter().map(|e| (e.ts_ns, e.tid)).collect();
+    let start = 7 * SLOT_NS;
+    assert_eq!(
+        runs,
+        [
+            (start + 5_000_000, 5),
+            (start + 6_000_000, 6),
+            (start + SLOT_NS, 0)
+        ]
+    );
+}

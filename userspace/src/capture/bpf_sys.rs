@@ -1,15 +1,11 @@
 //! The `bpf(2)` map calls aya has none for: storing an arbitrary perf event fd in a
 //! `PERF_EVENT_ARRAY` (aya's `open` makes output buffers), `BPF_MAP_UPDATE_BATCH` (a row
-//! per call cost ~2 µs, so a 400k-row unwind table took most of a second), and
-//! `BPF_MAP_LOOKUP_BATCH` / `BPF_MAP_DELETE_BATCH` (the aggregating mode reads and removes
-//! its rows in a few calls instead of two per row).
+//! per call cost ~2 µs, so a 400k-row unwind table took most of a second).
 
 use std::io;
 
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
 
 /// The `BPF_MAP_*_ELEM` member of `union bpf_attr` (include/uapi/linux/bpf.h).
 #[repr(C)]
@@ -61,73 +57,6 @@ pub fn update_batch<K, V>(map_fd: i32, keys: &[K], values: &[V]) -> io::Result<(
         flags: 0,
     };
     bpf(BPF_MAP_UPDATE_BATCH, &mut attr)
-}
-
-/// `BPF_MAP_LOOKUP_BATCH` (Linux 5.6) on a hash map: copies every row into `keys` and
-/// `values` (cleared first), `chunk` rows per call. Rows a probe adds meanwhile may or may
-/// not be seen. Fails with `EINVAL` where the kernel has no batch operations.
-pub fn lookup_all<K: Copy + Default, V: Copy + Default>(
-    map_fd: i32,
-    chunk: usize,
-    keys: &mut Vec<K>,
-    values: &mut Vec<V>,
-) -> io::Result<()> {
-    keys.clear();
-    values.clear();
-    let chunk = chunk.max(1);
-    // For hash maps the batch token is a bucket index (u32).
-    let (mut token_in, mut token_out) = (0u32, 0u32);
-    let mut first = true;
-    loop {
-        let at = keys.len();
-        keys.resize(at + chunk, K::default());
-        values.resize(at + chunk, V::default());
-        let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                std::ptr::from_ref(&token_in) as u64
-            },
-            out_batch: std::ptr::from_mut(&mut token_out) as u64,
-            keys: keys[at..].as_mut_ptr() as u64,
-            values: values[at..].as_mut_ptr() as u64,
-            count: chunk as u32,
-            map_fd: map_fd as u32,
-            elem_flags: 0,
-            flags: 0,
-        };
-        let rc = bpf(BPF_MAP_LOOKUP_BATCH, &mut attr);
-        let got = (attr.count as usize).min(chunk);
-        keys.truncate(at + got);
-        values.truncate(at + got);
-        match rc {
-            Ok(()) => {}
-            // ENOENT: no rows after this call's.
-            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-            Err(err) => return Err(err),
-        }
-        token_in = token_out;
-        first = false;
-    }
-}
-
-/// `BPF_MAP_DELETE_BATCH` (Linux 5.6): removes the rows of `keys` (missing ones are an
-/// error: `ENOENT`, after the ones before it were removed).
-pub fn delete_keys<K>(map_fd: i32, keys: &[K]) -> io::Result<()> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let mut attr = BatchAttr {
-        in_batch: 0,
-        out_batch: 0,
-        keys: keys.as_ptr() as u64,
-        values: 0,
-        count: keys.len() as u32,
-        map_fd: map_fd as u32,
-        elem_flags: 0,
-        flags: 0,
-    };
-    bpf(BPF_MAP_DELETE_BATCH, &mut attr)
 }
 
 /// `bpf(2)`; the kernel may write back to `attr` (the batch calls' `count`).

@@ -59,10 +59,19 @@ pub(super) fn read<T: Copy>(bytes: &[u8]) -> Option<T> {
 /// The CPU and events of one ring-buffer record of switches (a [`SwitchBatch`] cut after
 /// its valid events), or `None` if the record is malformed.
 pub(super) fn switch_batch(bytes: &[u8]) -> Option<(u32, impl Iterator<Item = SwitchEvent> + '_)> {
+    batch(bytes)
+}
+
+/// The CPU and entries of one ring-buffer record of a per-CPU batch of `T` (`len`, `cpu`,
+/// then the entries: [`SwitchBatch`] and the batches laid out like it), or `None` if the
+/// record is malformed.
+pub(super) fn batch<T: Copy + 'static>(
+    bytes: &[u8],
+) -> Option<(u32, impl Iterator<Item = T> + '_)> {
     let header = bytes.get(..SWITCH_BATCH_HEADER)?;
     let len = u32::from_ne_bytes(header[..4].try_into().ok()?) as usize;
     let cpu = u32::from_ne_bytes(header[4..8].try_into().ok()?);
-    let size = std::mem::size_of::<SwitchEvent>();
+    let size = std::mem::size_of::<T>();
     let body = bytes.get(SWITCH_BATCH_HEADER..SWITCH_BATCH_HEADER + len.checked_mul(size)?)?;
     (len <= SWITCH_BATCH).then(|| (cpu, body.chunks_exact(size).filter_map(read)))
 }

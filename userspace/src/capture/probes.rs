@@ -198,14 +198,9 @@ impl Probes {
             if let Some(bytes) = sample_ring_bytes {
                 loader.map_max_entries("SAMPLES", bytes);
             }
-            // Each mode's unused maps at their smallest: aggregating sends no switch events,
-            // streaming adds to no rows.
-            if aggregate {
-                loader.map_max_entries("SWITCHES", 4096);
-                loader.map_max_entries("AGG_ROWS_MAP", energy_bpf_abi::agg_rows(cpus.len() as u32));
-            } else {
-                loader.map_max_entries("AGG_ROWS_MAP", 1);
-            }
+            // Each mode's unused ring at its smallest (4 KiB, as built): aggregating sends no
+            // switch events, streaming no slot tables.
+            loader.map_max_entries(if aggregate { "SWITCHES" } else { "AGG_SLOTS" }, 4096);
             loader
                 .load(super::PROBES_OBJECT)
                 .map_err(|e| CaptureError::Load(Box::new(e)))
@@ -520,7 +515,7 @@ impl Probes {
                 .unwrap_or(0)
         };
         pb::LossCounters {
-            // Aggregated rows the map could not take count as lost switches.
+            // Aggregated rows the ring could not take count as lost switches.
             switch_dropped: get(counter::SWITCH_DROPPED) + get(counter::AGG_DROPPED),
             sample_dropped: get(counter::SAMPLE_DROPPED),
             process_dropped: get(counter::PROC_DROPPED),
