@@ -20,6 +20,7 @@
 //!   switch and the 95% interval of the paired change ([`server`]).
 //! - `vms [SECS] [N] [ROUNDS]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
 mod agent;
+mod probe;
 mod server;
 mod vms;
 
@@ -65,13 +66,17 @@ pub fn run(args: &[String]) -> Result {
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(15),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(400_000),
         ),
+        Some("probe") => probe::run(
+            args.get(1).and_then(|s| s.parse().ok()).unwrap_or(15),
+            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(300_000),
+        ),
         Some("vms") => vms::run(
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20),
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3),
         ),
         Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | probe [ROUNDS] [SWITCHES] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
     }
 }
 

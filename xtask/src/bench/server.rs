@@ -353,7 +353,7 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
 /// The eBPF program of process `pid` that ran most (its id, run time ns and runs, from
 /// `/proc/PID/fdinfo`): `sched_switch` for our tools. `None` where the kernel does not
 /// count (`kernel.bpf_stats_enabled` is 0) or the process holds no program.
-fn busiest_program(pid: u32) -> Option<(u64, u64, u64)> {
+pub(super) fn busiest_program(pid: u32) -> Option<(u64, u64, u64)> {
     let mut best: Option<(u64, u64, u64)> = None;
     for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
         let link = std::fs::read_link(fd.path()).unwrap_or_default();
