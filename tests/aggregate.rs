@@ -2,7 +2,7 @@
 //! two captures at once, one streaming every switch and one summing runs in the kernel,
 //! over the same workload. Between two slot edges the aggregating capture has read up to,
 //! every process's on-CPU time and every CPU's busy time must agree within 0.5% of the
-//! span (they agree within 0.01% on this machine).
+//! span (they agree within 0.03% on this machine).
 
 use energy_bpf::{
     capture::{Live, LiveOptions},
