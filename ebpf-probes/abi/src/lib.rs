@@ -363,6 +363,9 @@ pub struct ProcEvent {
     pub exit_code: u32,
     /// Command name of the task after the event.
     pub comm: [u8; COMM_LEN],
+    /// The cgroup v2 id of the task the event is about (for FORK, the parent's, which the
+    /// child starts in), so userspace need not ask `/proc` for every new process.
+    pub cgroup_id: u64,
 }
 
 /// Indices of the per-CPU counters the probes keep (map `COUNTERS`). Every output reports them.

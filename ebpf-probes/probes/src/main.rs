@@ -493,6 +493,8 @@ fn emit_proc(kind: u32, child_tid: u32, child_tgid: u32, exit_code: u32) {
         child_tgid,
         exit_code,
         comm: current_comm(),
+        // SAFETY: helper with no preconditions.
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
     });
     entry.submit(BPF_RB_NO_WAKEUP);
 }

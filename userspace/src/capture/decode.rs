@@ -29,8 +29,17 @@ pub enum Event {
     Switch(pb::SwitchEvent),
     /// A stack sample.
     Sample(Box<DecodedSample>),
-    /// A lifecycle event.
-    Process(pb::ProcessEvent),
+    /// A lifecycle event, boxed as samples are (they are rare).
+    Process(Box<DecodedProc>),
+}
+
+/// A lifecycle event as decoded, with what the session needs beside it.
+#[derive(Debug)]
+pub struct DecodedProc {
+    /// The event, as recorded.
+    pub event: pb::ProcessEvent,
+    /// The cgroup v2 id of the task it is about (for a fork, the parent's).
+    pub cgroup_id: u64,
 }
 
 // A drain holds every event of a poll: keep an event the size of a switch.
@@ -152,22 +161,25 @@ pub(super) fn decode_sample(e: &SampleEvent) -> Event {
     }))
 }
 
-pub(super) fn decode_proc(e: &ProcEvent) -> pb::ProcessEvent {
+pub(super) fn decode_proc(e: &ProcEvent) -> Box<DecodedProc> {
     let kind = match e.kind {
         proc_kind::EXEC => Kind::Exec,
         proc_kind::FORK => Kind::Fork,
         proc_kind::EXIT => Kind::Exit,
         _ => Kind::Unspecified,
     };
-    pb::ProcessEvent {
-        ts_ns: e.ts_ns,
-        kind: kind as i32,
-        tid: e.tid,
-        tgid: e.tgid,
-        child_tid: e.child_tid,
-        child_tgid: e.child_tgid,
-        comm: comm_string(&e.comm),
-    }
+    Box::new(DecodedProc {
+        event: pb::ProcessEvent {
+            ts_ns: e.ts_ns,
+            kind: kind as i32,
+            tid: e.tid,
+            tgid: e.tgid,
+            child_tid: e.child_tid,
+            child_tgid: e.child_tgid,
+            comm: comm_string(&e.comm),
+        },
+        cgroup_id: e.cgroup_id,
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Comm, DecodedSample, Event, Probes, comm_string, host};
+use super::{Comm, DecodedSample, Event, Probes, comm_string, decode::DecodedProc, host};
 use crate::pb::v1::{self as pb, process_event::Kind};
 
 /// Reads the executable mappings of a process (build-ids included where available).
@@ -55,7 +55,8 @@ pub struct Session {
     /// Name and cgroup id last reported per thread (looked up for every event: a fast
     /// hash, as the fold's; never iterated, so its order reaches no output).
     comms: foldhash::HashMap<u32, (Comm, u64)>,
-    processes: foldhash::HashSet<u32>,
+    /// Processes named so far, with their start (ns, 0 when unknown): an exec keeps it.
+    processes: foldhash::HashMap<u32, u64>,
     /// cgroup ids whose path was already recorded.
     cgroups: foldhash::HashSet<u64>,
     /// Threads that exited during the previous poll and during this one, as (tid, tgid).
@@ -79,7 +80,7 @@ impl Session {
             probes,
             targets,
             comms: foldhash::HashMap::default(),
-            processes: foldhash::HashSet::default(),
+            processes: foldhash::HashMap::default(),
             cgroups: foldhash::HashSet::default(),
             exited: [Vec::new(), Vec::new()],
             vanished: 0,
@@ -186,8 +187,9 @@ impl Session {
                     }
                 }
                 Event::Process(p) => {
-                    self.on_lifecycle(&mut chunk, &p);
-                    chunk.process_events.push(p);
+                    let DecodedProc { event, cgroup_id } = *p;
+                    self.on_lifecycle(&mut chunk, &event, cgroup_id);
+                    chunk.process_events.push(event);
                 }
             }
         }
@@ -209,11 +211,13 @@ impl Session {
         chunk
     }
 
-    fn on_lifecycle(&mut self, chunk: &mut pb::Chunk, p: &pb::ProcessEvent) {
+    /// A lifecycle event; `cgroup_id` is the probe's (the task's, for a fork its parent's),
+    /// so a new process costs no `/proc` read for it.
+    fn on_lifecycle(&mut self, chunk: &mut pb::Chunk, p: &pb::ProcessEvent, cgroup_id: u64) {
         match p.kind() {
             Kind::Exec => {
-                // New program image: new name, new mappings, same pid.
-                self.processes.remove(&p.tgid);
+                // New program image: new name, new mappings, same pid and start.
+                let started = self.processes.remove(&p.tgid);
                 // The event is drained after the fact: tables and an interpreter looked
                 // up since (the command `record` started, or samples of the new program
                 // drained before this event) are the new program's and stay.
@@ -225,6 +229,8 @@ impl Session {
                 self.comms.remove(&p.tid);
                 let seen = Sighting {
                     comm: Some(raw_comm(&p.comm)),
+                    cgroup_id,
+                    started: started.filter(|&ns| ns != 0),
                     ..Sighting::new(p.tid, p.tgid, p.ts_ns)
                 };
                 self.observe(chunk, seen);
@@ -238,6 +244,7 @@ impl Session {
                     // process started at the fork.
                     let seen = Sighting {
                         comm: Some(raw_comm(&p.comm)),
+                        cgroup_id,
                         forked_at: (p.child_tgid != p.tgid).then_some(p.ts_ns),
                         ..Sighting::new(p.child_tid, p.child_tgid, p.ts_ns)
                     };
@@ -316,6 +323,7 @@ impl Session {
             ts_ns,
             comm,
             forked_at,
+            started,
         } = seen;
         if tid == crate::timeline::IDLE_TID {
             return;
@@ -349,9 +357,9 @@ impl Session {
             String::new()
         };
         self.comms.insert(tid, (comm, cgroup_id));
-        let new_process = self.processes.insert(tgid);
+        let new_process = !self.processes.contains_key(&tgid);
         let (process_start_ns, cmdline) = if new_process {
-            match host::process_start_ns(tgid) {
+            match started.or_else(|| host::process_start_ns(tgid)) {
                 Some(start) => (start, host::cmdline(tgid)),
                 None => {
                     self.vanished += 1;
@@ -361,6 +369,9 @@ impl Session {
         } else {
             (0, String::new())
         };
+        if new_process {
+            self.processes.insert(tgid, process_start_ns);
+        }
         if new_process && self.targets.contains(tgid) {
             match (self.read_mappings)(tgid, ts_ns) {
                 Ok(maps) => chunk.mappings.extend(maps),
@@ -390,6 +401,8 @@ struct Sighting {
     comm: Option<Comm>,
     /// For a process first seen at its fork: when it started.
     forked_at: Option<u64>,
+    /// For an exec of a process named before: its start as then read (an exec keeps it).
+    started: Option<u64>,
 }
 
 impl Sighting {
@@ -401,6 +414,7 @@ impl Sighting {
             ts_ns,
             comm: None,
             forked_at: None,
+            started: None,
         }
     }
 }
