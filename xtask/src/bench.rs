@@ -23,6 +23,7 @@ mod agent;
 mod probe;
 mod server;
 mod vms;
+mod web;
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -70,13 +71,14 @@ pub fn run(args: &[String]) -> Result {
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(15),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(300_000),
         ),
+        Some("web") => web::run(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(15)),
         Some("vms") => vms::run(
             args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60),
             args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20),
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3),
         ),
         Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | probe [ROUNDS] [SWITCHES] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | probe [ROUNDS] [SWITCHES] | web [ROUNDS] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
     }
 }
 

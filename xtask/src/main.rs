@@ -48,7 +48,7 @@ fn main() -> ExitCode {
         Some("bench") if std::env::var_os("ENERGY_BPF_BIN").is_some() => bench::run(&args[1..]),
         Some("bench") => setup::run().and_then(|()| bench::run(&args[1..])),
         _ => Err(
-            "usage: cargo xtask setup | cycles | test [--slow-machine] | fuzz [SECS] | run ARGS... | deb [--install-test] | bench overhead|python|accuracy|outputs|diff|top|agent|server|probe|agent-scale"
+            "usage: cargo xtask setup | cycles | test [--slow-machine] | fuzz [SECS] | run ARGS... | deb [--install-test] | bench overhead|python|accuracy|outputs|diff|top|agent|server|probe|web|agent-scale"
                 .into(),
         ),
     };

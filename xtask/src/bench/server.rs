@@ -379,9 +379,10 @@ pub(super) fn busiest_program(pid: u32) -> Option<(u64, u64, u64)> {
     best.filter(|b| b.2 > 0)
 }
 
-/// The 95% interval of the median of `paired` (ratios of paired rounds): 2,000 bootstrap
-/// resamples of the rounds, a fixed seed so a run's figures can be recomputed.
-fn median_interval(paired: &[f64]) -> (f64, f64) {
+/// The 95% interval of the median of `paired` (one figure per paired round: a ratio, or a
+/// difference): 2,000 bootstrap resamples of the rounds, a fixed seed so a run's figures
+/// can be recomputed.
+pub(super) fn median_interval(paired: &[f64]) -> (f64, f64) {
     if paired.is_empty() {
         return (f64::NAN, f64::NAN);
     }
