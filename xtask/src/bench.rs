@@ -18,6 +18,9 @@
 //! - `server [ROUNDS] [REQUESTS]`: redis throughput alone and under the agent (aggregating
 //!   and streaming), `record` and `perf record -a -g`, with each tool's CPU per context
 //!   switch and the 95% interval of the paired change ([`server`]).
+//! - `probe [ROUNDS] [SWITCHES]`: the agent's `sched_switch` run time per switch in both
+//!   modes against two floor programs on the same switches ([`probe`]).
+//! - `web [ROUNDS]`: the agent's CPU with its web view and with `--no-web`, paired ([`web`]).
 //! - `vms [SECS] [N] [ROUNDS]`: the agent's CPU per running VM at 1 s updates, N fake VMs ([`vms`]).
 mod agent;
 mod probe;
@@ -27,7 +30,7 @@ mod web;
 
 use std::{
     io::{BufRead as _, BufReader},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -509,6 +512,57 @@ fn median(v: &[f64]) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// A release agent a bench started (metrics on a free loopback port, its socket in a
+/// directory of its own), serving once [`BenchAgent::start`] returns; stopped with SIGINT,
+/// and waited for, when dropped.
+struct BenchAgent {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl BenchAgent {
+    /// Starts `bin agent` with `args` and waits until it serves metrics.
+    fn start(bin: &Path, args: &[&str]) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("energy-bpf-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let child = Command::new(bin)
+            .args([
+                "agent",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--vm-share",
+                "none",
+                "--socket",
+            ])
+            .arg(dir.join("agent.sock"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting the agent: {e}"))?;
+        let mut agent = Self { child, dir };
+        let mut lines = BufReader::new(agent.child.stderr.take().ok_or("no stderr")?).lines();
+        if !lines.any(|l| l.is_ok_and(|l| l.contains("metrics at http://"))) {
+            return Err("the agent exited before serving metrics".into());
+        }
+        thread::spawn(move || lines.for_each(drop));
+        Ok(agent)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for BenchAgent {
+    fn drop(&mut self) {
+        // SAFETY: plain kill(2) of our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

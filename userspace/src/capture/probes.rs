@@ -439,13 +439,8 @@ impl Probes {
         let Some(agg) = &mut self.aggregate else {
             return 0;
         };
-        let slots = match agg.read() {
-            Ok(Some(slots)) => slots,
-            Ok(None) => return 0,
-            Err(err) => {
-                tracing::warn!("cannot read the aggregated runs: {err}");
-                return 0;
-            }
+        let Some(slots) = agg.read() else {
+            return 0;
         };
         let events = super::aggregate::synthesize(&slots, &self.cpus, !self.aggregated_once);
         self.aggregated_once = true;

@@ -19,7 +19,7 @@ use aya::{
     Ebpf,
     maps::{MapData, PerCpuArray, RingBuf},
 };
-use energy_bpf_abi::{CountBatch, CountEvent, SWITCH_BATCH, SWITCH_BATCH_HEADER};
+use energy_bpf_abi::{CountBatch, CountEvent, SWITCH_BATCH};
 
 use super::activity::{map_update, perf_event_open};
 use crate::{
@@ -334,18 +334,7 @@ fn errno_name(errno: i32) -> &'static str {
 
 /// The CPU and events of one ring-buffer record of counts, `None` if malformed.
 fn count_batch(bytes: &[u8]) -> Option<(u32, impl Iterator<Item = CountEvent> + '_)> {
-    let header = bytes.get(..SWITCH_BATCH_HEADER)?;
-    let len = u32::from_ne_bytes(header[..4].try_into().ok()?) as usize;
-    let cpu = u32::from_ne_bytes(header[4..8].try_into().ok()?);
-    let size = std::mem::size_of::<CountEvent>();
-    let body = bytes.get(SWITCH_BATCH_HEADER..SWITCH_BATCH_HEADER + len.checked_mul(size)?)?;
-    let read = |chunk: &[u8]| {
-        // SAFETY: `chunk` is exactly size_of::<CountEvent>() bytes (chunks_exact);
-        // CountEvent is a Pod ABI struct valid for any bit pattern; read_unaligned
-        // tolerates the ring buffer's 8-byte alignment.
-        unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<CountEvent>()) }
-    };
-    (len <= SWITCH_BATCH).then(|| (cpu, body.chunks_exact(size).map(read)))
+    super::decode::batch(bytes)
 }
 
 /// Appends a CPU's count events, skipping any already delivered.
@@ -378,6 +367,7 @@ fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use energy_bpf_abi::SWITCH_BATCH_HEADER;
 
     #[test]
     fn event_lists_parse_and_names_are_stable() {

@@ -10,9 +10,8 @@
 //! trips between two threads pinned to CPU 0, and reads every program's run time and run
 //! count over the ping-pong. Reports each round and the median per program.
 use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
+    io::{Read as _, Write as _},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    process::{Command, Stdio},
     thread,
     time::Duration,
 };
@@ -67,55 +66,20 @@ fn rounds_of(bin: &std::path::Path, rounds: usize, switches: u64) -> Result {
 
 /// One round: the agent in `mode` and the floors over one ping-pong; ns per run of each.
 fn one_run(bin: &std::path::Path, mode: &str, switches: u64) -> Result<[f64; 3]> {
-    let dir = std::env::temp_dir().join(format!("energy-bpf-bench-probe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut child = Command::new(bin)
-        .args([
-            "agent",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--no-web",
-            "--vm-share",
-            "none",
-        ])
-        .args(["--switches", mode, "--socket"])
-        .arg(dir.join("agent.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting the agent: {e}"))?;
-    let mut lines = BufReader::new(child.stderr.take().ok_or("no stderr")?).lines();
-    let started = lines.any(|l| l.is_ok_and(|l| l.contains("metrics at http://")));
-    thread::spawn(move || lines.for_each(drop));
-    let result = if started {
-        thread::sleep(Duration::from_secs(3));
-        measure(child.id(), switches)
-    } else {
-        Err("the agent exited before serving metrics".into())
-    };
-    // SAFETY: plain kill(2) of our child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn measure(agent: u32, switches: u64) -> Result<[f64; 3]> {
+    let agent = super::BenchAgent::start(bin, &["--no-web", "--switches", mode])?;
+    thread::sleep(Duration::from_secs(3));
     let empty = Floor::attach(&[mov_r0_0(), exit()])?;
     let clock = Floor::attach(&[call(BPF_FUNC_KTIME_GET_NS), mov_r0_0(), exit()])?;
-    let before = [
-        super::server::busiest_program(agent).ok_or("the agent holds no program that ran")?,
-        empty.stats()?,
-        clock.stats()?,
-    ];
+    let agent_stats = || {
+        super::server::busiest_program(agent.pid())
+            .map(|(_, ns, runs)| (ns, runs))
+            .ok_or("the agent holds no program that ran")
+    };
+    let before = [agent_stats()?, empty.stats()?, clock.stats()?];
     ping_pong(switches)?;
-    let after = [
-        super::server::busiest_program(agent).ok_or("the agent's program is gone")?,
-        empty.stats()?,
-        clock.stats()?,
-    ];
+    let after = [agent_stats()?, empty.stats()?, clock.stats()?];
     let per_run = |i: usize| {
-        let (ns, runs) = (after[i].1 - before[i].1, after[i].2 - before[i].2);
+        let (ns, runs) = (after[i].0 - before[i].0, after[i].1 - before[i].1);
         ns as f64 / runs.max(1) as f64
     };
     Ok([per_run(0), per_run(1), per_run(2)])
@@ -210,8 +174,8 @@ impl Floor {
         Ok(Self { prog, _link: link })
     }
 
-    /// (id 0, run time ns, runs) so far, from our own fdinfo.
-    fn stats(&self) -> Result<(u64, u64, u64)> {
+    /// (run time ns, runs) so far, from our own fdinfo.
+    fn stats(&self) -> Result<(u64, u64)> {
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", self.prog.as_raw_fd()))
             .map_err(|e| format!("reading a floor program's fdinfo: {e}"))?;
         let field = |name: &str| {
@@ -219,7 +183,7 @@ impl Floor {
                 .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
                 .unwrap_or(0)
         };
-        Ok((0, field("run_time_ns:"), field("run_cnt:")))
+        Ok((field("run_time_ns:"), field("run_cnt:")))
     }
 }
 

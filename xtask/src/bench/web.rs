@@ -4,12 +4,7 @@
 //! warm-up, then its CPU over 20 s, beside two busy shells that keep the sampler's stacks
 //! coming (one spinning, one in short bursts). Reports each round, the median CPU of each
 //! side, and the median paired difference with its 95% bootstrap interval.
-use std::{
-    io::{BufRead as _, BufReader},
-    process::{Child, Command, Stdio},
-    thread,
-    time::Duration,
-};
+use std::{process::Command, thread, time::Duration};
 
 use crate::util::Result;
 
@@ -68,43 +63,10 @@ fn rounds_of(bin: &std::path::Path, rounds: usize) -> Result {
 
 /// The agent's CPU over [`MEASURED`], in % of one CPU.
 fn one_run(bin: &std::path::Path, no_web: bool) -> Result<f64> {
-    let dir = std::env::temp_dir().join(format!("energy-bpf-bench-web-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "agent",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--vm-share",
-        "none",
-        "--socket",
-    ])
-    .arg(dir.join("agent.sock"));
-    if no_web {
-        cmd.arg("--no-web");
-    }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting the agent: {e}"))?;
-    let result = measure(&mut child);
-    // SAFETY: plain kill(2) of our child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn measure(child: &mut Child) -> Result<f64> {
-    let mut lines = BufReader::new(child.stderr.take().ok_or("no stderr")?).lines();
-    if !lines.any(|l| l.is_ok_and(|l| l.contains("metrics at http://"))) {
-        return Err("the agent exited before serving metrics".into());
-    }
-    thread::spawn(move || lines.for_each(drop));
+    let agent = super::BenchAgent::start(bin, if no_web { &["--no-web"] } else { &[] })?;
     thread::sleep(WARM);
-    let before = super::agent::cpu_seconds(child.id())?;
+    let before = super::agent::cpu_seconds(agent.pid())?;
     thread::sleep(MEASURED);
-    let after = super::agent::cpu_seconds(child.id())?;
+    let after = super::agent::cpu_seconds(agent.pid())?;
     Ok((after - before) / MEASURED.as_secs_f64() * 100.0)
 }
