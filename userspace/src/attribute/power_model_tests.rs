@@ -164,6 +164,31 @@ fn phases_of_seconds_on_a_once_a_second_counter_are_split_by_their_watts() {
 }
 
 #[test]
+fn a_process_more_than_a_quarter_off_is_flagged() {
+    // A minute of a once-a-second counter, seed 5: the 5 W process is fitted at 6.0 ± 0.5 W
+    // and split 26.8% over its energy, and the 95% reach of its interval is 24%. The flag
+    // judges the 99% reach, so the output says the power model is uncertain.
+    let mut cfg = Counter::Vm.apply(scenarios::mixed_duty(5));
+    cfg.duration_ns = 60_000_000_000;
+    let out = simulate(&cfg);
+    let opts = Options {
+        static_w: Some(cfg.static_w),
+        ..Options::default()
+    };
+    let attr = attribute(&sim_input(&out), &opts);
+    assert_conserved(&attr);
+    let src = &attr.sources[0];
+    for (tgid, err) in measured_span_errors(&cfg, &out, &attr) {
+        assert!(
+            err.abs() <= 0.25 || src.power_model_uncertain.is_some(),
+            "class {tgid}: {:.1}% off without the flag, {:?}",
+            err * 100.0,
+            src.regression
+        );
+    }
+}
+
+#[test]
 fn json_says_power_model_uncertain_only_when_it_is() {
     let quiet = serde_json::to_value(crate::pipeline::Totals::default()).expect("json");
     assert!(quiet.get("power_model_uncertain").is_none(), "{quiet}");
