@@ -7,6 +7,12 @@
 //! half a file. A damaged or foreign file is ignored and rebuilt. A file without a build-id
 //! is keyed by what `stat` says of it (device, inode, size, modification time, path), so
 //! it is compiled again only when it changes.
+//!
+//! The directory is bounded ([`DEFAULT_BUDGET`], or [`UnwindCache::with_budget`]): a store
+//! that takes it over the budget removes the least recently used files (a load marks its
+//! file used) down to three quarters of it. A build machine makes new binaries all day,
+//! each without a build-id its stat key has not seen; unbounded, their tables filled
+//! 3.9 GiB of `/var/cache` on a developer's VM.
 
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::io::{Read, Write};
@@ -22,6 +28,10 @@ const VERSION: u32 = 1;
 const HEADER: usize = 48;
 /// Longest build-id taken as a file name (GNU build-ids are 20 bytes; 64 is generous).
 const MAX_BUILD_ID: usize = 64;
+/// Most bytes of tables kept on disk unless told otherwise. A store can pass it by one table
+/// and its temporary file (at most 128 MiB each) before the trim, so 256 MiB stays under
+/// the 512 MiB the Kubernetes DaemonSet gives the cache's emptyDir.
+pub const DEFAULT_BUDGET: u64 = 256 << 20;
 /// Largest cache file [`decode`] accepts.
 pub(crate) const MAX_FILE_BYTES: usize = HEADER + MAX_ROWS * ROW_BYTES + 4;
 
@@ -131,6 +141,7 @@ fn cache_key(build_id: &[u8], path: &Path) -> Vec<u8> {
 #[derive(Clone, Debug)]
 pub struct UnwindCache {
     dir: PathBuf,
+    budget: u64,
 }
 
 impl UnwindCache {
@@ -170,7 +181,17 @@ impl UnwindCache {
                 uid: meta.uid(),
             });
         }
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            budget: DEFAULT_BUDGET,
+        })
+    }
+
+    /// The same cache, keeping at most `bytes` of tables on disk.
+    #[must_use]
+    pub fn with_budget(mut self, bytes: u64) -> Self {
+        self.budget = bytes;
+        self
     }
 
     /// The table of the ELF file at `path`: from the cache when its build-id is there,
@@ -239,10 +260,15 @@ impl UnwindCache {
         let file = fs::File::open(self.path_for(build_id)).ok()?;
         let mut bytes = Vec::new();
         // One byte over the cap, so an oversized file is seen as such, not truncated.
-        file.take(MAX_FILE_BYTES as u64 + 1)
+        (&file)
+            .take(MAX_FILE_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
             .ok()?;
-        decode(&bytes).ok()
+        let table = decode(&bytes).ok()?;
+        // Used now: the budget removes least recently used files first. Best effort: a
+        // file that keeps its old time is only removed sooner.
+        let _ = file.set_modified(std::time::SystemTime::now());
+        Some(table)
     }
 
     /// Stores `table` under `build_id` (0600, atomically).
@@ -268,7 +294,46 @@ impl UnwindCache {
             let _ = fs::remove_file(&tmp);
             return Err(err(e));
         }
+        self.trim(&path);
         Ok(())
+    }
+
+    /// Keeps the directory within the budget: when its tables take more, removes the least
+    /// recently used (oldest modification time) down to three quarters of it, never
+    /// `keep`, the file just stored. Returns the bytes removed. Files another process
+    /// removes meanwhile are skipped; one this cannot remove stays counted.
+    pub fn trim(&self, keep: &Path) -> u64 {
+        let Ok(dir) = fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = dir
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "unw"))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((m.modified().ok()?, m.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = files.iter().map(|f| f.1).sum();
+        if total <= self.budget {
+            return 0;
+        }
+        files.sort();
+        let target = self.budget / 4 * 3;
+        let mut removed = 0;
+        for (_, len, path) in files {
+            if total <= target {
+                break;
+            }
+            if path == keep {
+                continue;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total -= len;
+                removed += len;
+            }
+        }
+        removed
     }
 }
 

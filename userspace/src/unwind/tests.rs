@@ -310,3 +310,37 @@ fn unwind_compiler_survives_garbage() {
     assert!(t.rows.is_empty());
     assert!(t.stats.skipped > 0);
 }
+
+#[test]
+fn unwind_cache_keeps_within_its_budget_removing_the_least_recently_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let table = compile_elf(&std::fs::read(&exe).unwrap()).unwrap();
+    let size = encode(&table).len() as u64;
+    // Room for a little under three tables: storing a third takes it over and trims to
+    // three quarters, which two tables fit.
+    let cache = UnwindCache::open(dir.path())
+        .unwrap()
+        .with_budget(size * 29 / 10);
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+    cache.store(b"a", &table).unwrap();
+    pause();
+    cache.store(b"b", &table).unwrap();
+    pause();
+    assert!(cache.load(b"a").is_some(), "a used after b was stored");
+    pause();
+    cache.store(b"c", &table).unwrap();
+    assert!(
+        cache.load(b"b").is_none(),
+        "b, least recently used, removed"
+    );
+    assert!(cache.load(b"a").is_some() && cache.load(b"c").is_some());
+    // A table larger than the whole budget is still kept, alone.
+    let small = UnwindCache::open(dir.path()).unwrap().with_budget(size / 2);
+    small.store(b"d", &table).unwrap();
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["64.unw"], "only d's file ({:02x}) is left", b'd');
+}
