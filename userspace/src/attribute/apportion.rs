@@ -16,7 +16,7 @@ use super::samples::SampleSplitter;
 use super::split::{self, Occupancy, Split, ThreadKey};
 use super::tally::{Tally, ThreadIndex};
 use super::{ActivityWeights, Input, Options, PowerModel};
-use super::{smt, static_power, uncertainty};
+use super::{history, smt, static_power, uncertainty};
 
 /// What one source contributes.
 pub(super) struct SourceOutcome {
@@ -348,8 +348,20 @@ fn plan_model(
         );
         return None;
     }
+    // A live view's window adds its intervals to the rows of past windows, and the fit
+    // reads them all (`history`).
+    let past = (opts.power_model == PowerModel::Auto)
+        .then_some(opts.history.as_ref())
+        .flatten()
+        .map(|h| {
+            let rows = past_rows(intervals, occupancy, lag, by_activity);
+            h.extend_and_read(source.id, by_activity, rows)
+        });
     // Classes: the busiest processes on this source's CPUs, plus "other" (seed 003 digest).
-    let ranked = rank_classes(intervals, occupancy, opts.regression_classes);
+    let ranked = match &past {
+        Some(past) => rank_past(past, opts.regression_classes),
+        None => rank_classes(intervals, occupancy, opts.regression_classes),
+    };
     let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
     let other = ranked.len();
     let k = other + 1;
@@ -374,16 +386,19 @@ fn plan_model(
     let (rows, global, row_ns) = candidates
         .into_iter()
         .map(|row_ns| {
-            let rows = build_rows(
-                intervals,
-                &mut *occupancy,
-                lag,
-                static_w,
-                &class_of,
-                other,
-                row_ns,
-                by_activity,
-            );
+            let rows = match &past {
+                Some(past) => merge_past(past, static_w, &class_of, other, row_ns),
+                None => build_rows(
+                    intervals,
+                    &mut *occupancy,
+                    lag,
+                    static_w,
+                    &class_of,
+                    other,
+                    row_ns,
+                    by_activity,
+                ),
+            };
             let fit = regression::fit(&rows, k, &opts.fit);
             (rows, fit, row_ns)
         })
@@ -442,7 +457,8 @@ fn plan_model(
     let mut windows = Vec::new();
     let whole = blend(&global);
     if use_regression {
-        if last_ns - first_ns <= opts.regression_window_ns {
+        // Past rows are a window of their own, the horizon long.
+        if past.is_some() || last_ns - first_ns <= opts.regression_window_ns {
             windows.push(whole.clone());
         } else {
             let stride = opts.regression_stride_ns.max(1);
@@ -573,6 +589,94 @@ fn weighted_se(fit: &regression::Fit) -> f64 {
         .map(|c| c.occupancy * c.se_w)
         .sum::<f64>()
         .max(0.0)
+}
+
+/// A window's intervals as rows of a live history: each interval's energy with the busy
+/// seconds per process over the span it was drawn in.
+fn past_rows(
+    intervals: &[Interval],
+    occupancy: &mut DomainTally<'_, '_, '_>,
+    lag: u64,
+    by_activity: bool,
+) -> Vec<history::PastRow> {
+    let time = |t: &split::ThreadTime| if by_activity { t.weighted } else { t.ns };
+    let mut occ = Occupancy::default();
+    intervals
+        .iter()
+        .map(|iv| {
+            occupancy.fill(
+                &mut occ,
+                iv.start_ns.saturating_sub(lag),
+                iv.end_ns.saturating_sub(lag),
+            );
+            let mut busy: HashMap<u32, f64> = HashMap::new();
+            for (&(tgid, _), t) in &occ.threads {
+                *busy.entry(tgid).or_insert(0.0) += time(t) * 1e-9;
+            }
+            // In process order, so that sums over them do not depend on the map's.
+            let mut busy_s: Vec<(u32, f64)> = busy.into_iter().collect();
+            busy_s.sort_unstable_by_key(|&(tgid, _)| tgid);
+            history::PastRow {
+                start_ns: iv.start_ns,
+                end_ns: iv.end_ns,
+                energy_uj: iv.energy_uj,
+                busy_s,
+                unknown_s: time(&occ.unknown) * 1e-9,
+            }
+        })
+        .collect()
+}
+
+/// The busiest processes over past rows, most busy first.
+fn rank_past(past: &[history::PastRow], n: usize) -> Vec<u32> {
+    let mut busy: HashMap<u32, f64> = HashMap::new();
+    for r in past {
+        for &(tgid, s) in &r.busy_s {
+            *busy.entry(tgid).or_insert(0.0) += s;
+        }
+    }
+    let mut ranked: Vec<(u32, f64)> = busy.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.into_iter().take(n).map(|(t, _)| t).collect()
+}
+
+/// Regression rows from past rows, as [`build_rows`] makes them from intervals: merged to
+/// at least `row_ns`, never across a gap between windows, static power at `static_w`.
+fn merge_past(
+    past: &[history::PastRow],
+    static_w: f64,
+    class_of: &HashMap<u32, usize>,
+    other: usize,
+    row_ns: u64,
+) -> Vec<Row> {
+    let k = other + 1;
+    let mut rows = Vec::new();
+    let mut cur: Option<Row> = None;
+    for p in past {
+        if cur.as_ref().is_some_and(|r| r.end_ns != p.start_ns) {
+            rows.extend(cur.take());
+        }
+        let row = cur.get_or_insert_with(|| Row {
+            start_ns: p.start_ns,
+            end_ns: p.end_ns,
+            t_s: vec![0.0; k],
+            y_j: 0.0,
+        });
+        row.end_ns = p.end_ns;
+        let st = split::static_uj(p.energy_uj, p.len_ns(), static_w);
+        row.y_j += (p.energy_uj - st) * 1e-6;
+        for &(tgid, s) in &p.busy_s {
+            row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += s;
+        }
+        row.t_s[other] += p.unknown_s;
+        if row.end_ns - row.start_ns >= row_ns
+            && let Some(done) = cur.take()
+        {
+            rows.push(done);
+        }
+    }
+    rows.extend(cur);
+    rows
 }
 
 /// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the

@@ -17,6 +17,7 @@ mod apportion;
 pub(crate) mod attribution;
 pub(crate) mod calibrate;
 pub(crate) mod ci;
+pub(crate) mod history;
 pub(crate) mod interval;
 pub(crate) mod linalg;
 pub(crate) mod load;
@@ -51,6 +52,7 @@ pub use attribution::{
     SourceAttribution, ThreadEnergy, domain_name,
 };
 pub use ci::{Estimate, estimate_samples};
+pub use history::{LIVE_HORIZON, SharedHistory};
 pub(crate) use split::ThreadKey;
 pub use static_power::{Calibrated, Learned, StaticOrigin, source_key};
 pub use zero_load::Unidentified;
@@ -133,6 +135,9 @@ pub struct Options {
     pub stack_window_ns: u64,
     /// Power a second busy SMT sibling adds, as a share of one thread's (`smt`).
     pub smt_sibling_extra: f64,
+    /// Rows of past windows (a live view's): with `auto`, each window's regression is fitted
+    /// on them, its own included, instead of on its own seconds ([`history`]).
+    pub history: Option<SharedHistory>,
 }
 
 impl Default for Options {
@@ -152,6 +157,7 @@ impl Default for Options {
             fit: regression::FitOptions::default(),
             stack_window_ns: 1_000_000_000,
             smt_sibling_extra: 0.2,
+            history: None,
         }
     }
 }

@@ -199,3 +199,90 @@ fn json_says_power_model_uncertain_only_when_it_is() {
     .expect("json");
     assert_eq!(flagged["power_model_uncertain"], true, "{flagged}");
 }
+
+/// A live replay: the simulated recording cut into `interval` windows through the folded
+/// pipeline `top` and the agent run, each process's energy summed over the windows that
+/// start at or after `from_ns`, against what it drew over those windows' measured spans.
+/// Also how many of those windows split by regression.
+fn live_errors(
+    cfg: &crate::testing::sim::SimConfig,
+    options: Options,
+    interval: std::time::Duration,
+    from_ns: u64,
+) -> (Vec<(u32, f64)>, usize) {
+    let out = simulate(cfg);
+    let truth_of = |tgid: u32, a: u64, b: u64| out.busy_ns(tgid, b) - out.busy_ns(tgid, a);
+    let mut truth: Vec<f64> = vec![0.0; cfg.classes.len()];
+    let mut got: Vec<f64> = vec![0.0; cfg.classes.len()];
+    let mut by_regression = 0;
+    let rec = out.clone().into_recording(cfg.duration_ns, cfg.sample_hz);
+    let pcfg = crate::pipeline::Config {
+        cpus: rec.header.cpus.clone(),
+        sources: rec.sources.clone(),
+        options,
+        activity_event: None,
+    };
+    for w in crate::pipeline::folded_windows(&rec, pcfg, interval) {
+        let attr = &w.analysis.attribution;
+        assert_conserved(attr);
+        let src = &attr.sources[0];
+        let (Some(first), Some(last)) = (src.intervals.first(), src.intervals.last()) else {
+            continue;
+        };
+        if first.start_ns < from_ns {
+            continue;
+        }
+        by_regression += usize::from(src.power_model == PowerModelUsed::Regression);
+        for (i, c) in cfg.classes.iter().enumerate() {
+            truth[i] += c.watts * truth_of(c.tgid, first.start_ns, last.end_ns) as f64 * 1e-3;
+            got[i] += attr
+                .threads
+                .iter()
+                .filter(|t| t.tgid == c.tgid)
+                .map(|t| attr.headline_uj(&t.energy))
+                .sum::<f64>();
+        }
+    }
+    let errors = cfg
+        .classes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.tgid, (got[i] - truth[i]) / truth[i]))
+        .collect();
+    (errors, by_regression)
+}
+
+#[test]
+fn a_live_view_splits_by_the_watts_of_its_past_windows() {
+    // Two minutes of a once-a-second counter in 5 s windows, as the agent closes them: a
+    // window's own five rows cannot tell 15, 5 and 8 W apart, the last two minutes can.
+    // Judged over the second minute, once the history holds a minute of rows.
+    let five = std::time::Duration::from_secs(5);
+    let minute = 60_000_000_000;
+    for (seed, watts, bound) in [
+        (1, [15.0, 5.0, 8.0], 0.15),
+        (2, [15.0, 5.0, 8.0], 0.15),
+        (1, [10.0; 3], 0.05),
+    ] {
+        let mut cfg = Counter::Vm.apply(scenarios::mixed_duty_watts(seed, watts));
+        cfg.duration_ns = 2 * minute;
+        let options = |history| Options {
+            static_w: Some(cfg.static_w),
+            history,
+            ..Options::default()
+        };
+        let live = Some(super::SharedHistory::new(super::LIVE_HORIZON));
+        let (errors, by_regression) = live_errors(&cfg, options(live), five, minute);
+        let (alone, _) = live_errors(&cfg, options(None), five, minute);
+        let worst = |e: &[(u32, f64)]| e.iter().fold(0.0f64, |w, &(_, x)| w.max(x.abs()));
+        assert!(
+            worst(&errors) < bound,
+            "seed {seed} {watts:?}: {errors:?} ({by_regression} windows by regression)"
+        );
+        if watts[0] != watts[1] {
+            // Each window on its own splits by time, which these watts put far off.
+            assert!(by_regression >= 10, "seed {seed}: {by_regression}");
+            assert!(worst(&alone) > 0.5, "seed {seed}: alone {alone:?}");
+        }
+    }
+}

@@ -1,12 +1,9 @@
 //! Tests of the diff on hand-made runs and on the attribution simulator (A/A pairs: the
 //! false-positive rate of `significant`).
 
-use std::collections::HashMap;
-
 use super::*;
-use crate::pb::v1::Header;
 use crate::record::Recording;
-use crate::testing::sim::{SimClass, SimConfig, SimOutput, simulate};
+use crate::testing::sim::{SimClass, SimConfig, simulate};
 
 fn run(total: f64, secs: f64, rows: &[(&str, f64, f64)]) -> side::Run {
     side::Run {
@@ -216,30 +213,7 @@ fn sim_recording(seed: u64, phase_ns: u64) -> Recording {
         ],
         ..SimConfig::default()
     };
-    recording_of(simulate(&cfg), cfg.duration_ns, cfg.sample_hz)
-}
-
-fn recording_of(out: SimOutput, end_ns: u64, hz: u32) -> Recording {
-    Recording {
-        header: Header {
-            format_version: crate::record::FORMAT_VERSION,
-            hostname: "sim".into(),
-            sample_hz: hz,
-            cpus: out.cpus.clone(),
-            ..Header::default()
-        },
-        switches: out.switches.into(),
-        samples: out.samples,
-        threads: out
-            .threads
-            .into_iter()
-            .map(|t| (t.tid, t))
-            .collect::<HashMap<_, _>>(),
-        sources: out.sources,
-        readings: out.readings,
-        end_ns,
-        ..Recording::default()
-    }
+    simulate(&cfg).into_recording(cfg.duration_ns, cfg.sample_hz)
 }
 
 fn sim_side(seeds: std::ops::Range<u64>, phase_ns: u64) -> Side {

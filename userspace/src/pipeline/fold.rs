@@ -27,6 +27,10 @@
 //!   started) splits the cells it crosses by their layout.
 //! - With both counters and modelled sources, windows end on counter readings, off the
 //!   grid the modelled readings of the window are taken on.
+//! - Each interval's energy is split over its span shifted back by the counter's lag. A
+//!   counter read more often than it updates (a VM's, updated once a second and read every
+//!   10 ms) is half a read old, which falls inside a cell: that cell is split by its
+//!   layout (up to 5 ms of a one-second row).
 //! - Switches of one CPU must arrive in time order (as the capture session hands them); an
 //!   older one than the last is dropped.
 //!
@@ -180,8 +184,12 @@ impl Folder {
             };
             if r.ts_ns > self.start_ns {
                 self.cuts.insert(r.ts_ns);
-                if lag > 0 && r.ts_ns - lag > self.start_ns {
-                    self.cuts.insert(r.ts_ns - lag);
+                if let Some(cut) = r
+                    .ts_ns
+                    .checked_sub(lag)
+                    .filter(|&c| lag > 0 && c > self.start_ns)
+                {
+                    self.cuts.insert(cut);
                 }
                 let n = self.newest.entry(r.source_id).or_default();
                 *n = (*n).max(r.ts_ns);

@@ -141,13 +141,28 @@ impl Windower {
         }
         let mut end = limit_ns;
         for &id in &self.counters {
-            let newest = self
+            let mut seen: Vec<(u64, f64)> = self
                 .readings
                 .iter()
                 .filter(|r| r.source_id == id && r.ts_ns <= limit_ns)
-                .map(|r| r.ts_ns)
-                .max()?;
-            end = end.min(newest);
+                .map(|r| (r.ts_ns, r.energy_uj))
+                .collect();
+            seen.sort_by_key(|&(ts, _)| ts);
+            let newest = seen.last()?.0;
+            // The newest reading that saw the counter move. A counter read more often than
+            // it updates (a VM's, once a second, read every 10 ms) would otherwise end the
+            // window in reads that saw nothing new, and the next window's first interval
+            // would hold an update's energy drawn before that window began: up to a second
+            // of it over a few ms of busy time, a row no regression can fit.
+            let mut prev = self.carry_reading.get(&id).map(|c| c.energy_uj);
+            let mut moved = None;
+            for &(ts, e) in &seen {
+                if prev.is_some_and(|p| p != e) {
+                    moved = Some(ts);
+                }
+                prev = Some(e);
+            }
+            end = end.min(moved.unwrap_or(newest));
         }
         Some(end)
     }
@@ -281,6 +296,28 @@ mod tests {
             w.push_readings(rs.iter().map(|&(s, t)| reading(s, t, t as f64)));
             assert_eq!(w.boundary(*limit), *want, "case {i}");
         }
+    }
+
+    #[test]
+    fn a_slow_counter_ends_the_window_on_its_last_update() {
+        // Updated at 1000 and 2000, read every 100: the window asked to end by 2500 ends
+        // at the read that saw the update at 2000, not in the reads after it that saw
+        // nothing new.
+        let mut w = Windower::new(0, vec![1]);
+        w.push_readings([reading(1, 0, 5.0)]);
+        let updates = |ts: u64| 5.0 + (ts / 1000) as f64;
+        w.push_readings((1..=25).map(|k| reading(1, k * 100, updates(k * 100))));
+        assert_eq!(w.boundary(2500), Some(2000));
+        let first = w.close(2500).expect("first window");
+        assert_eq!(first.end_ns, 2000);
+        // The next window starts from that reading, so its first interval's energy is
+        // drawn after it starts.
+        w.push_readings((26..=31).map(|k| reading(1, k * 100, updates(k * 100))));
+        assert_eq!(w.boundary(3500), Some(3000));
+        // A counter that has not moved since the window began ends it at its newest read.
+        let mut flat = Windower::new(0, vec![1]);
+        flat.push_readings((0..=5).map(|k| reading(1, k * 100, 5.0)));
+        assert_eq!(flat.boundary(450), Some(400));
     }
 
     #[test]

@@ -206,6 +206,27 @@ pub struct SimOutput {
 }
 
 impl SimOutput {
+    /// The output as a recording ending at `end_ns`, sampled at `hz`: what `report` and a
+    /// replay through the live pipeline read.
+    pub fn into_recording(self, end_ns: u64, hz: u32) -> crate::record::Recording {
+        crate::record::Recording {
+            header: crate::pb::v1::Header {
+                format_version: crate::record::FORMAT_VERSION,
+                hostname: "sim".into(),
+                sample_hz: hz,
+                cpus: self.cpus.clone(),
+                ..Default::default()
+            },
+            switches: self.switches.into(),
+            samples: self.samples,
+            threads: self.threads.into_iter().map(|t| (t.tid, t)).collect(),
+            sources: self.sources,
+            readings: self.readings,
+            end_ns,
+            ..Default::default()
+        }
+    }
+
     /// Busy ns of process `tgid` over `[0, end_ns)`, from the timeline.
     pub fn busy_ns(&self, tgid: u32, end_ns: u64) -> u64 {
         self.timeline

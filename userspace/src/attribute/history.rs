@@ -1,0 +1,157 @@
+//! Rows of past windows, for the regression of a live view (`top`, the agent).
+//!
+//! A live window holds seconds, where per-process watts need minutes of rows: a counter
+//! updated once a second gives one row a second, and mixed duty cycles need about 120 of
+//! them (docs/accuracy.md). So a live pipeline keeps, per source, the intervals of the last
+//! [`LIVE_HORIZON`] as rows of busy seconds per process, and each window's regression is
+//! fitted on all of them, its own included. Energy is kept as measured: static power is
+//! taken off when the rows are fitted, with the static power of that window.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How far back a live regression reads.
+pub const LIVE_HORIZON: Duration = Duration::from_secs(120);
+
+/// One interval of a past window: its energy and who ran over the span that energy was
+/// drawn in.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct PastRow {
+    /// The interval's start and end, ns (the readings' span).
+    pub start_ns: u64,
+    /// See `start_ns`.
+    pub end_ns: u64,
+    /// Energy the counter measured, µJ.
+    pub energy_uj: f64,
+    /// Busy seconds per process (activity-weighted where the split weighs activity).
+    pub busy_s: Vec<(u32, f64)>,
+    /// Busy seconds of threads not known.
+    pub unknown_s: f64,
+}
+
+impl PastRow {
+    pub(super) fn len_ns(&self) -> u64 {
+        self.end_ns - self.start_ns
+    }
+}
+
+/// One source's rows.
+#[derive(Debug, Default)]
+struct SourceRows {
+    rows: VecDeque<PastRow>,
+    by_activity: bool,
+}
+
+/// Past rows of every source.
+#[derive(Debug)]
+pub struct History {
+    horizon_ns: u64,
+    sources: HashMap<u32, SourceRows>,
+}
+
+impl History {
+    /// Adds `rows` of source `source` (a window's intervals, in order) and forgets rows
+    /// that ended more than the horizon before the last. Rows that start before the last
+    /// one held ends are skipped: a window analysed twice adds nothing. Columns counted
+    /// another way (`by_activity` changed) start the source over.
+    pub(super) fn extend(&mut self, source: u32, by_activity: bool, rows: Vec<PastRow>) {
+        let s = self.sources.entry(source).or_default();
+        if s.by_activity != by_activity {
+            s.rows.clear();
+            s.by_activity = by_activity;
+        }
+        for r in rows {
+            if s.rows.back().is_some_and(|last| r.start_ns < last.end_ns) {
+                continue;
+            }
+            s.rows.push_back(r);
+        }
+        let end = s.rows.back().map_or(0, |r| r.end_ns);
+        while s
+            .rows
+            .front()
+            .is_some_and(|r| r.end_ns.saturating_add(self.horizon_ns) <= end)
+        {
+            s.rows.pop_front();
+        }
+    }
+
+    /// Source `source`'s rows, oldest first.
+    pub(super) fn rows(&self, source: u32) -> Vec<PastRow> {
+        self.sources
+            .get(&source)
+            .map(|s| s.rows.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A [`History`] shared by every window of one live pipeline (it travels in
+/// [`super::Options`]). Two are always equal: they are state, not settings.
+#[derive(Clone, Debug)]
+pub struct SharedHistory(Arc<Mutex<History>>);
+
+impl SharedHistory {
+    /// An empty history reading back `horizon`.
+    pub fn new(horizon: Duration) -> Self {
+        Self(Arc::new(Mutex::new(History {
+            horizon_ns: u64::try_from(horizon.as_nanos()).unwrap_or(u64::MAX),
+            sources: HashMap::new(),
+        })))
+    }
+
+    /// Adds a window's rows of `source` and returns every row held for it.
+    pub(super) fn extend_and_read(
+        &self,
+        source: u32,
+        by_activity: bool,
+        rows: Vec<PastRow>,
+    ) -> Vec<PastRow> {
+        // A panic elsewhere while holding the lock leaves rows that are still rows.
+        let mut h = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        h.extend(source, by_activity, rows);
+        h.rows(source)
+    }
+}
+
+impl PartialEq for SharedHistory {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(start_s: u64, end_s: u64) -> PastRow {
+        PastRow {
+            start_ns: start_s * 1_000_000_000,
+            end_ns: end_s * 1_000_000_000,
+            energy_uj: 1.0,
+            busy_s: vec![(7, 0.5)],
+            unknown_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn keeps_the_horizon_once_and_starts_over_when_columns_change() {
+        let h = SharedHistory::new(Duration::from_secs(10));
+        let rows = h.extend_and_read(1, false, (0..5).map(|s| row(s, s + 1)).collect());
+        assert_eq!(rows.len(), 5);
+        // The same window again adds nothing.
+        let again = h.extend_and_read(1, false, (0..5).map(|s| row(s, s + 1)).collect());
+        assert_eq!(again, rows);
+        // Rows ending 10 s or more before the last one's end are forgotten.
+        let later = h.extend_and_read(1, false, (5..15).map(|s| row(s, s + 1)).collect());
+        assert_eq!(later.first().map(|r| r.start_ns), Some(5_000_000_000));
+        assert_eq!(later.len(), 10);
+        // Another source is kept apart.
+        assert_eq!(h.extend_and_read(2, false, Vec::new()).len(), 0);
+        // Activity-weighted columns do not mix with time.
+        assert_eq!(h.extend_and_read(1, true, vec![row(15, 16)]).len(), 1);
+    }
+}
