@@ -162,6 +162,19 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// These options for a live view (`top`, its replay, the agent): `auto` fits each
+    /// window's split on the rows of the last [`LIVE_HORIZON`] of windows, where a window
+    /// alone holds seconds ([`history`]).
+    #[must_use]
+    pub fn live(mut self) -> Self {
+        if self.power_model == PowerModel::Auto {
+            self.history = Some(SharedHistory::new(LIVE_HORIZON));
+        }
+        self
+    }
+}
+
 /// Attributes every source's energy (docs/ARCHITECTURE.md, "Attribution").
 pub fn attribute(input: &Input<'_>, opts: &Options) -> Attribution {
     let n_samples = input.samples.len();

@@ -16,7 +16,6 @@ use clap::{Args as _, FromArgMatches as _};
 
 use crate::{
     agent::{self, RecordSettings, Retain, Settings, settings::parse_metrics_addr},
-    attribute::PowerModel,
     capture::LiveConfig,
     commands::args::AttributeArgs,
 };
@@ -68,8 +67,9 @@ pub struct Args {
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
     pub(crate) energy: super::args::EnergyFlags,
-    /// How energy is split between threads. `auto` means busy time here, as in `top`: a
-    /// per-class regression needs minutes of intervals, and a window has seconds.
+    /// How energy is split between threads. `auto` fits each window's split on the last two
+    /// minutes of windows, as `top` does: a per-class regression needs minutes of intervals,
+    /// and a window has seconds.
     #[command(flatten)]
     pub(crate) attribute: AttributeArgs,
     /// Send energy profiles over OTLP/gRPC to this collector (`http://127.0.0.1:4317`;
@@ -157,9 +157,7 @@ impl Args {
             .config()
             .resolve(&hostname)
             .context("cannot use the calibration")?;
-        if attribute.power_model == PowerModel::Auto {
-            attribute.power_model = PowerModel::Time;
-        }
+        let attribute = attribute.live();
         let interval = Duration::from_secs_f64(self.interval);
         crate::capture::probe_log::enable(self.unwind.debug_probes);
         Ok(Settings {
@@ -278,6 +276,7 @@ fn parse_layered(file: &[String], cli: &[String]) -> anyhow::Result<Args> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attribute::PowerModel;
 
     fn strings(v: &[&str]) -> Vec<String> {
         v.iter().map(ToString::to_string).collect()
@@ -297,7 +296,11 @@ mod tests {
         let s = args.settings().expect("settings");
         assert_eq!(s.interval, Duration::from_secs(7));
         assert_eq!(s.metrics_addr.to_string(), "127.0.0.1:9102");
-        assert_eq!(s.live.attribute.power_model, PowerModel::Time);
+        assert_eq!(s.live.attribute.power_model, PowerModel::Auto);
+        assert!(
+            s.live.attribute.history.is_some(),
+            "auto fits over past windows"
+        );
         assert!(s.record.is_none());
     }
 

@@ -74,8 +74,9 @@ pub struct Args {
     /// Energy sources (counters, fake trees for testing, model parameters).
     #[command(flatten)]
     pub(crate) energy: super::args::EnergyFlags,
-    /// How energy is split between threads. `auto` means busy time here: a per-class
-    /// regression needs minutes of intervals, which `report` has and a live view does not.
+    /// How energy is split between threads. `auto` fits each window's split on the last two
+    /// minutes of windows: a per-class regression needs minutes of intervals, which `report`
+    /// has and a single window does not.
     #[command(flatten)]
     pub(crate) attribute: AttributeArgs,
     /// Static power measured by `energy-bpf calibrate`.
@@ -115,7 +116,7 @@ fn parse_interval(text: &str) -> Result<f64, String> {
 
 /// Runs the command.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let mut attribute = args.attribute.options();
+    let mut attribute = args.attribute.options().live();
     if let Some(path) = &args.replay {
         let rec = args.range.read(path).context("cannot replay")?;
         if rec.truncated && !rec.damage.end_damaged {
@@ -150,9 +151,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = socket {
         let feed = crate::remote::connect(&path)?;
         return run_with_feed(&args, feed);
-    }
-    if attribute.power_model == crate::attribute::PowerModel::Auto {
-        attribute.power_model = crate::attribute::PowerModel::Time;
     }
     let (_, hostname) = crate::capture::host::uname();
     attribute.calibrated = args
