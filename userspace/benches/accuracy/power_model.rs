@@ -12,7 +12,7 @@
 
 use energy_bpf::attribute::{ClassLabel, Options, PowerModel, RegressionReport};
 use energy_bpf::testing::scenarios::{self, Counter};
-use energy_bpf::testing::sim::{SimConfig, SimOutput, simulate};
+use energy_bpf::testing::sim::{SimConfig, SimOutput, live_replay, simulate};
 
 use super::{Row, evaluate, verdict};
 
@@ -163,6 +163,23 @@ pub fn power_model_runs() -> bool {
                 ok &= ok_here;
                 summary.push(line);
             }
+        }
+    }
+    if lengths.is_none() && std::env::var("BENCH_POWER_MODEL_LIVE").as_deref() != Ok("0") {
+        let mut live = Vec::new();
+        for (key, (title, make, equal)) in scenarios {
+            if picked.as_ref().is_some_and(|p| !p.iter().any(|k| k == key)) {
+                continue;
+            }
+            for &counter in &counters {
+                let (ok_here, line) = live_runs(title, make, equal, counter);
+                ok &= ok_here;
+                live.push(line);
+            }
+        }
+        println!("\n## live views (5 s windows, the second of two minutes)\n");
+        for line in live {
+            println!("{line}");
         }
     }
     if lengths.is_some() {
@@ -341,4 +358,51 @@ fn judge(title: &str, counter: Counter, equal: bool, runs: &[Run]) -> (bool, Str
         ok,
         format!("{} rows allow {allowed} |", line(within, 15, unflagged, ok)),
     )
+}
+
+/// Ten seeds of one scenario on one counter replayed as `top` and the agent see it: two
+/// minutes cut into 5 s windows through the folded live pipeline, each window's regression
+/// fitted on the windows before it (`Options::live`), judged over the second minute by the
+/// same targets as whole recordings. A run counts as flagged when a window it was judged
+/// on said `power_model_uncertain`.
+fn live_runs(
+    title: &str,
+    make: fn(u64) -> SimConfig,
+    equal: bool,
+    counter: Counter,
+) -> (bool, String) {
+    const MINUTE_NS: u64 = 60_000_000_000;
+    println!(
+        "\n## {title}; counter {}; live, 5 s windows ({RUNS} seeds)",
+        counter.name()
+    );
+    println!(
+        "| seed | windows by regression | windows flagged | error per process (second minute) |"
+    );
+    println!("|---:|---:|---:|---|");
+    let mut runs = Vec::new();
+    for seed in 1..=RUNS {
+        let mut cfg = counter.apply(make(seed));
+        cfg.duration_ns = 2 * MINUTE_NS;
+        let options = Options {
+            static_w: (counter == Counter::Vm).then_some(cfg.static_w),
+            ..Options::default()
+        }
+        .live();
+        let r = live_replay(&cfg, options, std::time::Duration::from_secs(5), MINUTE_NS);
+        let errors: Vec<f64> = r.errors.iter().map(|&(_, e)| e).collect();
+        println!(
+            "| {seed} | {}/{} | {} | {} |",
+            r.by_regression,
+            r.windows,
+            r.uncertain,
+            errs(&errors)
+        );
+        runs.push(Run {
+            errors,
+            uncertain: r.uncertain > 0,
+            unbiased_within: None,
+        });
+    }
+    judge(&format!("{title}, live"), counter, equal, &runs)
 }

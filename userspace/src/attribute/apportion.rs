@@ -613,15 +613,23 @@ fn past_rows(
             for (&(tgid, _), t) in &occ.threads {
                 *busy.entry(tgid).or_insert(0.0) += time(t) * 1e-9;
             }
-            // In process order, so that sums over them do not depend on the map's.
             let mut busy_s: Vec<(u32, f64)> = busy.into_iter().collect();
+            let mut rest_s = time(&occ.unknown) * 1e-9;
+            if busy_s.len() > history::MAX_ROW_PROCESSES {
+                busy_s.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+                rest_s += busy_s
+                    .drain(history::MAX_ROW_PROCESSES..)
+                    .map(|(_, s)| s)
+                    .sum::<f64>();
+            }
+            // In process order, so that sums over them do not depend on the map's.
             busy_s.sort_unstable_by_key(|&(tgid, _)| tgid);
             history::PastRow {
                 start_ns: iv.start_ns,
                 end_ns: iv.end_ns,
                 energy_uj: iv.energy_uj,
                 busy_s,
-                unknown_s: time(&occ.unknown) * 1e-9,
+                rest_s,
             }
         })
         .collect()
@@ -668,7 +676,7 @@ fn merge_past(
         for &(tgid, s) in &p.busy_s {
             row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += s;
         }
-        row.t_s[other] += p.unknown_s;
+        row.t_s[other] += p.rest_s;
         if row.end_ns - row.start_ns >= row_ns
             && let Some(done) = cur.take()
         {

@@ -14,6 +14,15 @@ use std::time::Duration;
 /// How far back a live regression reads.
 pub const LIVE_HORIZON: Duration = Duration::from_secs(120);
 
+/// Most rows kept per source, whatever the horizon: 41 s of a counter read every 10 ms
+/// (its regression needs seconds), over an hour of one updated once a second.
+pub(super) const MAX_ROWS: usize = 4096;
+
+/// Processes a row names; the rest of its busy time goes with unknown threads', to the
+/// regression's "other" (which only its eight busiest processes leave). Rows and processes
+/// bound a source's history at 4096 × 32 entries, 2 MiB, however many processes run.
+pub(super) const MAX_ROW_PROCESSES: usize = 32;
+
 /// One interval of a past window: its energy and who ran over the span that energy was
 /// drawn in.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,10 +33,11 @@ pub(super) struct PastRow {
     pub end_ns: u64,
     /// Energy the counter measured, µJ.
     pub energy_uj: f64,
-    /// Busy seconds per process (activity-weighted where the split weighs activity).
+    /// Busy seconds per process (activity-weighted where the split weighs activity), the
+    /// [`MAX_ROW_PROCESSES`] busiest, in process order.
     pub busy_s: Vec<(u32, f64)>,
-    /// Busy seconds of threads not known.
-    pub unknown_s: f64,
+    /// Busy seconds of threads not known and of processes past those.
+    pub rest_s: f64,
 }
 
 impl PastRow {
@@ -68,10 +78,10 @@ impl History {
             s.rows.push_back(r);
         }
         let end = s.rows.back().map_or(0, |r| r.end_ns);
-        while s
-            .rows
-            .front()
-            .is_some_and(|r| r.end_ns.saturating_add(self.horizon_ns) <= end)
+        while s.rows.len() > MAX_ROWS
+            || s.rows
+                .front()
+                .is_some_and(|r| r.end_ns.saturating_add(self.horizon_ns) <= end)
         {
             s.rows.pop_front();
         }
@@ -133,7 +143,7 @@ mod tests {
             end_ns: end_s * 1_000_000_000,
             energy_uj: 1.0,
             busy_s: vec![(7, 0.5)],
-            unknown_s: 0.0,
+            rest_s: 0.0,
         }
     }
 
@@ -153,5 +163,11 @@ mod tests {
         assert_eq!(h.extend_and_read(2, false, Vec::new()).len(), 0);
         // Activity-weighted columns do not mix with time.
         assert_eq!(h.extend_and_read(1, true, vec![row(15, 16)]).len(), 1);
+        // However long the horizon, a source keeps MAX_ROWS.
+        let long = SharedHistory::new(Duration::from_secs(1 << 40));
+        let many = (0..MAX_ROWS as u64 + 10).map(|s| row(s, s + 1)).collect();
+        let kept = long.extend_and_read(1, false, many);
+        assert_eq!(kept.len(), MAX_ROWS);
+        assert_eq!(kept[0].start_ns, 10_000_000_000);
     }
 }

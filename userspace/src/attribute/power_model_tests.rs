@@ -6,7 +6,7 @@ use super::attribution::PowerModelUsed;
 use super::tests::{assert_conserved, class_errors, sim_input};
 use super::{Options, attribute};
 use crate::testing::scenarios::{self, Counter};
-use crate::testing::sim::simulate;
+use crate::testing::sim::{live_replay, simulate};
 
 #[test]
 fn mixed_duty_cycles_at_three_to_one_are_split_by_their_watts_in_every_seed() {
@@ -200,58 +200,6 @@ fn json_says_power_model_uncertain_only_when_it_is() {
     assert_eq!(flagged["power_model_uncertain"], true, "{flagged}");
 }
 
-/// A live replay: the simulated recording cut into `interval` windows through the folded
-/// pipeline `top` and the agent run, each process's energy summed over the windows that
-/// start at or after `from_ns`, against what it drew over those windows' measured spans.
-/// Also how many of those windows split by regression.
-fn live_errors(
-    cfg: &crate::testing::sim::SimConfig,
-    options: Options,
-    interval: std::time::Duration,
-    from_ns: u64,
-) -> (Vec<(u32, f64)>, usize) {
-    let out = simulate(cfg);
-    let truth_of = |tgid: u32, a: u64, b: u64| out.busy_ns(tgid, b) - out.busy_ns(tgid, a);
-    let mut truth: Vec<f64> = vec![0.0; cfg.classes.len()];
-    let mut got: Vec<f64> = vec![0.0; cfg.classes.len()];
-    let mut by_regression = 0;
-    let rec = out.clone().into_recording(cfg.duration_ns, cfg.sample_hz);
-    let pcfg = crate::pipeline::Config {
-        cpus: rec.header.cpus.clone(),
-        sources: rec.sources.clone(),
-        options,
-        activity_event: None,
-    };
-    for w in crate::pipeline::folded_windows(&rec, pcfg, interval) {
-        let attr = &w.analysis.attribution;
-        assert_conserved(attr);
-        let src = &attr.sources[0];
-        let (Some(first), Some(last)) = (src.intervals.first(), src.intervals.last()) else {
-            continue;
-        };
-        if first.start_ns < from_ns {
-            continue;
-        }
-        by_regression += usize::from(src.power_model == PowerModelUsed::Regression);
-        for (i, c) in cfg.classes.iter().enumerate() {
-            truth[i] += c.watts * truth_of(c.tgid, first.start_ns, last.end_ns) as f64 * 1e-3;
-            got[i] += attr
-                .threads
-                .iter()
-                .filter(|t| t.tgid == c.tgid)
-                .map(|t| attr.headline_uj(&t.energy))
-                .sum::<f64>();
-        }
-    }
-    let errors = cfg
-        .classes
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.tgid, (got[i] - truth[i]) / truth[i]))
-        .collect();
-    (errors, by_regression)
-}
-
 #[test]
 fn a_live_view_splits_by_the_watts_of_its_past_windows() {
     // Two minutes of a once-a-second counter in 5 s windows, as the agent closes them: a
@@ -272,8 +220,9 @@ fn a_live_view_splits_by_the_watts_of_its_past_windows() {
             ..Options::default()
         };
         let live = Some(super::SharedHistory::new(super::LIVE_HORIZON));
-        let (errors, by_regression) = live_errors(&cfg, options(live), five, minute);
-        let (alone, _) = live_errors(&cfg, options(None), five, minute);
+        let replay = live_replay(&cfg, options(live), five, minute);
+        let (errors, by_regression) = (replay.errors, replay.by_regression);
+        let alone = live_replay(&cfg, options(None), five, minute).errors;
         let worst = |e: &[(u32, f64)]| e.iter().fold(0.0f64, |w, &(_, x)| w.max(x.abs()));
         assert!(
             worst(&errors) < bound,

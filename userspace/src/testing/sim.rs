@@ -764,6 +764,83 @@ fn counters(
     (sources, readings)
 }
 
+/// What a live replay of a simulated machine gave ([`live_replay`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveReplay {
+    /// Each process's relative error over the windows judged, as (tgid, error).
+    pub errors: Vec<(u32, f64)>,
+    /// Windows judged.
+    pub windows: usize,
+    /// Of those, the windows split by regression.
+    pub by_regression: usize,
+    /// Of those, the windows that said `power_model_uncertain`.
+    pub uncertain: usize,
+}
+
+/// `cfg` simulated and replayed as `top` and the agent see it: cut into `interval` windows
+/// through the folded live pipeline, attributed with `options`. Each process's energy is
+/// summed over the windows that start at or after `from_ns`, against what it drew over
+/// those windows' measured spans. Panics when a window does not conserve energy.
+pub fn live_replay(
+    cfg: &SimConfig,
+    options: crate::attribute::Options,
+    interval: std::time::Duration,
+    from_ns: u64,
+) -> LiveReplay {
+    let out = simulate(cfg);
+    let drawn = |tgid: u32, a: u64, b: u64| out.busy_ns(tgid, b) - out.busy_ns(tgid, a);
+    let mut truth = vec![0.0; cfg.classes.len()];
+    let mut got = vec![0.0; cfg.classes.len()];
+    let mut replay = LiveReplay {
+        errors: Vec::new(),
+        windows: 0,
+        by_regression: 0,
+        uncertain: 0,
+    };
+    let rec = out.clone().into_recording(cfg.duration_ns, cfg.sample_hz);
+    let pcfg = crate::pipeline::Config {
+        cpus: rec.header.cpus.clone(),
+        sources: rec.sources.clone(),
+        options,
+        activity_event: None,
+    };
+    for w in crate::pipeline::folded_windows(&rec, pcfg, interval) {
+        let attr = &w.analysis.attribution;
+        let src = &attr.sources[0];
+        let parts = src.attributed_uj + src.idle_uj + src.unknown_uj;
+        assert!(
+            (src.measured_uj - parts).abs() <= 1e-6 * src.measured_uj.abs().max(1.0),
+            "window not conserved: {src:?}"
+        );
+        let (Some(first), Some(last)) = (src.intervals.first(), src.intervals.last()) else {
+            continue;
+        };
+        if first.start_ns < from_ns {
+            continue;
+        }
+        replay.windows += 1;
+        replay.by_regression +=
+            usize::from(src.power_model == crate::attribute::PowerModelUsed::Regression);
+        replay.uncertain += usize::from(src.power_model_uncertain.is_some());
+        for (i, c) in cfg.classes.iter().enumerate() {
+            truth[i] += c.watts * drawn(c.tgid, first.start_ns, last.end_ns) as f64 * 1e-3;
+            got[i] += attr
+                .threads
+                .iter()
+                .filter(|t| t.tgid == c.tgid)
+                .map(|t| attr.headline_uj(&t.energy))
+                .sum::<f64>();
+        }
+    }
+    replay.errors = cfg
+        .classes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.tgid, (got[i] - truth[i]) / truth[i]))
+        .collect();
+    replay
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
