@@ -9,6 +9,12 @@
 //! same workloads, longer), on the VM's counter unless `BENCH_POWER_MODEL_COUNTERS` says
 //! otherwise (`rapl,lagging,vm`); `BENCH_POWER_MODEL_SCENARIOS` (`mixed,phased,equal`)
 //! picks scenarios. Unset, every scenario runs 20 s on every counter.
+//!
+//! Without `BENCH_POWER_MODEL_SECONDS` every cell is also replayed as `top` and the agent
+//! see it (two minutes in 5 s windows, judged over the second; `BENCH_POWER_MODEL_LIVE=0`
+//! skips it). Static power is then found per window, as `top` finds it without a
+//! calibration; `BENCH_POWER_MODEL_LIVE_STATIC=1` gives it on every counter, as a
+//! calibration, the agent's learned value or a host's share does.
 
 use energy_bpf::attribute::{ClassLabel, Options, PowerModel, RegressionReport};
 use energy_bpf::testing::scenarios::{self, Counter};
@@ -385,7 +391,9 @@ fn live_runs(
         let mut cfg = counter.apply(make(seed));
         cfg.duration_ns = 2 * MINUTE_NS;
         let options = Options {
-            static_w: (counter == Counter::Vm).then_some(cfg.static_w),
+            static_w: (counter == Counter::Vm
+                || std::env::var_os("BENCH_POWER_MODEL_LIVE_STATIC").is_some())
+            .then_some(cfg.static_w),
             ..Options::default()
         }
         .live();
