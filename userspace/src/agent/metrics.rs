@@ -175,6 +175,7 @@ impl Metrics {
         );
         s.source_info.clear();
         s.static_identified.clear();
+        s.power_model_uncertain.clear();
         s.static_watts.clear();
         for src in &w.analysis.attribution.sources {
             s.static_watts
@@ -190,6 +191,16 @@ impl Metrics {
             s.static_identified
                 .get_or_create(&vec![("source", src.name.clone())])
                 .set(i64::from(!unknown));
+            let model = match src.power_model {
+                crate::attribute::PowerModelUsed::Time => "time",
+                crate::attribute::PowerModelUsed::Regression => "regression",
+            };
+            s.power_model_uncertain
+                .get_or_create(&vec![
+                    ("source", src.name.clone()),
+                    ("model", model.to_owned()),
+                ])
+                .set(i64::from(src.power_model_uncertain.is_some()));
         }
         let packages = |d: i32| w.analysis.sources.iter().filter(|s| s.domain == d).count();
         for src in &w.analysis.sources {

@@ -233,3 +233,45 @@ fn learned_static_power_and_its_drift_only_where_both_exist() {
     );
     assert!((drift[0].1 - 0.05).abs() < 1e-9, "{drift:?}");
 }
+
+#[test]
+fn power_model_uncertainty_is_a_gauge_per_source() {
+    use crate::testing::{scenarios, sim::simulate};
+    // A once-a-second counter under 15 / 5 / 8 W mixed duty cycles, as a live view splits
+    // it: the first windows have too few rows for a regression (time), later ones fit the
+    // past windows; each says when a process may be more than 25% off.
+    let mut cfg = scenarios::Counter::Vm.apply(scenarios::mixed_duty(1));
+    cfg.duration_ns = 60_000_000_000;
+    let rec = simulate(&cfg).into_recording(cfg.duration_ns, cfg.sample_hz);
+    let pcfg = crate::pipeline::Config {
+        cpus: rec.header.cpus.clone(),
+        sources: rec.sources.clone(),
+        options: crate::attribute::Options {
+            static_w: Some(cfg.static_w),
+            ..Default::default()
+        }
+        .live(),
+        activity_event: None,
+    };
+    let mut seen = BTreeMap::new();
+    for w in crate::pipeline::folded_windows(&rec, pcfg, Duration::from_secs(5)) {
+        let m = Metrics::new(10).expect("metrics");
+        m.window(&w, &|_| true);
+        let src = &w.analysis.attribution.sources[0];
+        let model = match src.power_model {
+            crate::attribute::PowerModelUsed::Time => "time",
+            crate::attribute::PowerModelUsed::Regression => "regression",
+        };
+        let want = i64::from(src.power_model_uncertain.is_some());
+        let line = format!(
+            "energy_bpf_power_model_uncertain{{source=\"{}\",model=\"{model}\"}} {want}",
+            src.name
+        );
+        let text = m.encode().expect("encodes");
+        assert!(text.contains(&line), "{line} missing:\n{text}");
+        seen.insert((model, want), ());
+    }
+    // The first windows' few rows already disagree with the time split beyond its reach.
+    assert!(seen.contains_key(&("time", 1)), "{seen:?}");
+    assert!(seen.keys().any(|(m, _)| *m == "regression"), "{seen:?}");
+}

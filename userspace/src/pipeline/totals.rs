@@ -38,6 +38,10 @@ pub struct Totals {
     /// intervals (each source's `power_model_spread` says how far); absent when false.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub power_model_uncertain: bool,
+    /// The sources' `power_model_spread` lines when `static_power` is not at hand (a
+    /// window received from the agent); in JSON they are in `static[]`.
+    #[serde(skip)]
+    pub power_model_spread: Vec<String>,
     /// Static power per source and where it came from.
     #[serde(rename = "static")]
     pub static_power: Vec<StaticPower>,
@@ -70,6 +74,18 @@ pub struct StaticPower {
     pub note: Option<String>,
 }
 
+impl Totals {
+    /// Each source's line saying how far apart the power models are, where one does: from
+    /// `static_power`, or as received from the agent.
+    pub fn spread_lines(&self) -> Vec<String> {
+        self.static_power
+            .iter()
+            .filter_map(|p| p.power_model_spread.clone())
+            .chain(self.power_model_spread.iter().cloned())
+            .collect()
+    }
+}
+
 impl Analysis {
     /// The machine-wide figures of this window.
     pub fn totals(&self) -> Totals {
@@ -97,6 +113,7 @@ impl Analysis {
                 .sources
                 .iter()
                 .any(|s| s.power_model_uncertain.is_some()),
+            power_model_spread: Vec::new(),
             static_power: attr
                 .sources
                 .iter()

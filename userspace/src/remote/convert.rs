@@ -52,6 +52,8 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
             activity_event: s.totals.activity.event.clone().unwrap_or_default(),
             activity_weighted: s.totals.activity.weighted,
             activity_coverage: s.totals.activity.coverage,
+            power_model_uncertain: s.totals.power_model_uncertain,
+            power_model_spread: s.totals.spread_lines(),
         }),
         processes: s.rows.iter().map(process_to_wire).collect(),
     };
@@ -108,8 +110,8 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, RemoteError> {
             } else {
                 PowerModelUsed::Time
             },
-            // The agent runs the time model: nothing to be uncertain between.
-            power_model_uncertain: false,
+            power_model_uncertain: t.power_model_uncertain,
+            power_model_spread: t.power_model_spread,
             // Static-power origins stay with the agent (its metrics and logs say them).
             static_power: Vec::new(),
             activity: ActivityUsed {
@@ -222,11 +224,13 @@ mod tests {
 
     #[test]
     fn a_snapshot_survives_the_wire() {
-        let mut snap = crate::tui::fixtures::snapshot(true);
+        let mut snap = crate::tui::fixtures::unidentified(crate::tui::fixtures::snapshot(true));
         snap.start_ns = snap.ts_ns - 1_000_000_000;
         snap.totals.total_j = 12.5;
         snap.totals.energy_j.insert("package", 12.5);
         snap.totals.power_model = PowerModelUsed::Regression;
+        snap.totals.power_model_uncertain = true;
+        snap.totals.static_power[0].power_model_spread = Some("power model uncertain".into());
         snap.rows[0].energy_j.insert("dram", 0.25);
         snap.rows[0].ci_j = [1.0, 2.0];
         snap.rows[0].top_function = "py:train_step (model.py:88)".into();
@@ -240,6 +244,9 @@ mod tests {
         assert_eq!(back.rows, snap.rows);
         assert_eq!(back.header, snap.header);
         assert_eq!(back.totals.power_model, PowerModelUsed::Regression);
+        // The flag and its line reach `top --connect`'s header and JSON.
+        assert!(back.totals.power_model_uncertain);
+        assert_eq!(back.totals.spread_lines(), ["power model uncertain"]);
         assert_eq!(back.totals.energy_j, snap.totals.energy_j);
         assert_eq!((back.start_ns, back.ts_ns), (snap.start_ns, snap.ts_ns));
     }

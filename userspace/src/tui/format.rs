@@ -178,12 +178,7 @@ pub fn warning_lines(state: &State) -> Vec<String> {
             )),
             _ => None,
         })
-        .chain(
-            s.totals
-                .static_power
-                .iter()
-                .filter_map(|p| p.power_model_spread.clone()),
-        )
+        .chain(s.totals.spread_lines())
         .chain(state.carbon_line())
         .collect()
 }

@@ -33,6 +33,7 @@ pub(super) struct State {
     pub(super) vm: JoulesFamily,
     pub(super) source_info: Family<Labels, Gauge>,
     pub(super) static_identified: Family<Labels, Gauge>,
+    pub(super) power_model_uncertain: Family<Labels, Gauge>,
     pub(super) static_watts: WattsFamily,
     pub(super) static_learned: WattsFamily,
     pub(super) static_drift: WattsFamily,
@@ -71,6 +72,7 @@ impl State {
         let vm = JoulesFamily::default();
         let source_info = Family::<Labels, Gauge>::default();
         let static_identified = Family::<Labels, Gauge>::default();
+        let power_model_uncertain = Family::<Labels, Gauge>::default();
         let static_watts = WattsFamily::default();
         let static_learned = WattsFamily::default();
         let static_drift = WattsFamily::default();
@@ -133,6 +135,11 @@ impl State {
             "energy_bpf_static_identified",
             "1 when a source's static power is known (given, calibrated, modelled or measured), 0 when it could not be identified: then process series include static power; run `energy-bpf calibrate` or pass --static-power-w",
             static_identified.clone(),
+        );
+        registry.register(
+            "energy_bpf_power_model_uncertain",
+            "1 when a process of a source may be more than 25% off for want of a power model that fits (the time and regression splits, or the regression's own 99% interval, reach that far), else 0; model is the split the last window used (time or regression)",
+            power_model_uncertain.clone(),
         );
         registry.register(
             "energy_bpf_static_watts",
@@ -224,6 +231,7 @@ impl State {
             vm,
             source_info,
             static_identified,
+            power_model_uncertain,
             static_watts,
             static_learned,
             static_drift,
