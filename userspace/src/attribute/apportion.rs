@@ -657,34 +657,78 @@ fn merge_past(
     other: usize,
     row_ns: u64,
 ) -> Vec<Row> {
-    let k = other + 1;
-    let mut rows = Vec::new();
-    let mut cur: Option<Row> = None;
+    let mut rows = RowMerger::new(other + 1, row_ns, static_w);
     for p in past {
-        if cur.as_ref().is_some_and(|r| r.end_ns != p.start_ns) {
-            rows.extend(cur.take());
+        if rows.cur.as_ref().is_some_and(|r| r.end_ns != p.start_ns) {
+            rows.break_row();
         }
-        let row = cur.get_or_insert_with(|| Row {
-            start_ns: p.start_ns,
-            end_ns: p.end_ns,
-            t_s: vec![0.0; k],
-            y_j: 0.0,
-        });
-        row.end_ns = p.end_ns;
-        let st = split::static_uj(p.energy_uj, p.len_ns(), static_w);
-        row.y_j += (p.energy_uj - st) * 1e-6;
+        let row = rows.add(p.start_ns, p.end_ns, p.energy_uj);
         for &(tgid, s) in &p.busy_s {
             row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += s;
         }
         row.t_s[other] += p.rest_s;
-        if row.end_ns - row.start_ns >= row_ns
-            && let Some(done) = cur.take()
-        {
-            rows.push(done);
+        rows.close_if_long();
+    }
+    rows.finish()
+}
+
+/// Consecutive intervals merged into regression rows of at least `row_ns`, each row's
+/// target its energy less static power at `static_w`.
+struct RowMerger {
+    rows: Vec<Row>,
+    cur: Option<Row>,
+    k: usize,
+    row_ns: u64,
+    static_w: f64,
+}
+
+impl RowMerger {
+    fn new(k: usize, row_ns: u64, static_w: f64) -> Self {
+        Self {
+            rows: Vec::new(),
+            cur: None,
+            k,
+            row_ns,
+            static_w,
         }
     }
-    rows.extend(cur);
-    rows
+
+    /// The row an interval of `energy_uj` over `[start_ns, end_ns)` joins, with its
+    /// dynamic energy added; its columns are the caller's to add.
+    fn add(&mut self, start_ns: u64, end_ns: u64, energy_uj: f64) -> &mut Row {
+        let k = self.k;
+        let row = self.cur.get_or_insert_with(|| Row {
+            start_ns,
+            end_ns,
+            t_s: vec![0.0; k],
+            y_j: 0.0,
+        });
+        row.end_ns = end_ns;
+        let st = split::static_uj(energy_uj, end_ns - start_ns, self.static_w);
+        row.y_j += (energy_uj - st) * 1e-6;
+        row
+    }
+
+    /// Closes the current row once it is `row_ns` long.
+    fn close_if_long(&mut self) {
+        if self
+            .cur
+            .as_ref()
+            .is_some_and(|r| r.end_ns - r.start_ns >= self.row_ns)
+        {
+            self.break_row();
+        }
+    }
+
+    /// Closes the current row whatever its length.
+    fn break_row(&mut self) {
+        self.rows.extend(self.cur.take());
+    }
+
+    fn finish(mut self) -> Vec<Row> {
+        self.break_row();
+        self.rows
+    }
 }
 
 /// Regression rows: consecutive intervals merged to at least `row_ns`; columns are the
@@ -705,10 +749,8 @@ fn build_rows(
     row_ns: u64,
     by_activity: bool,
 ) -> Vec<Row> {
-    let k = other + 1;
     let time = |t: &split::ThreadTime| if by_activity { t.weighted } else { t.ns };
-    let mut rows = Vec::new();
-    let mut cur: Option<Row> = None;
+    let mut rows = RowMerger::new(other + 1, row_ns, static_w);
     let mut occ = Occupancy::default();
     for iv in intervals {
         occupancy.fill(
@@ -716,27 +758,14 @@ fn build_rows(
             iv.start_ns.saturating_sub(lag),
             iv.end_ns.saturating_sub(lag),
         );
-        let row = cur.get_or_insert_with(|| Row {
-            start_ns: iv.start_ns,
-            end_ns: iv.end_ns,
-            t_s: vec![0.0; k],
-            y_j: 0.0,
-        });
-        row.end_ns = iv.end_ns;
-        let st = split::static_uj(iv.energy_uj, iv.len_ns(), static_w);
-        row.y_j += (iv.energy_uj - st) * 1e-6;
+        let row = rows.add(iv.start_ns, iv.end_ns, iv.energy_uj);
         for (&(tgid, _), t) in &occ.threads {
             row.t_s[class_of.get(&tgid).copied().unwrap_or(other)] += time(t) * 1e-9;
         }
         row.t_s[other] += time(&occ.unknown) * 1e-9;
-        if row.end_ns - row.start_ns >= row_ns
-            && let Some(done) = cur.take()
-        {
-            rows.push(done);
-        }
+        rows.close_if_long();
     }
-    rows.extend(cur);
-    rows
+    rows.finish()
 }
 
 #[cfg(test)]

@@ -40,12 +40,6 @@ pub(super) struct PastRow {
     pub rest_s: f64,
 }
 
-impl PastRow {
-    pub(super) fn len_ns(&self) -> u64 {
-        self.end_ns - self.start_ns
-    }
-}
-
 /// One source's rows.
 #[derive(Debug, Default)]
 struct SourceRows {
@@ -96,7 +90,7 @@ impl History {
     }
 }
 
-/// A [`History`] shared by every window of one live pipeline (it travels in
+/// A `History` shared by every window of one live pipeline (it travels in
 /// [`super::Options`]). Two are always equal: they are state, not settings.
 #[derive(Clone, Debug)]
 pub struct SharedHistory(Arc<Mutex<History>>);

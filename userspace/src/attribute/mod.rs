@@ -136,7 +136,7 @@ pub struct Options {
     /// Power a second busy SMT sibling adds, as a share of one thread's (`smt`).
     pub smt_sibling_extra: f64,
     /// Rows of past windows (a live view's): with `auto`, each window's regression is fitted
-    /// on them, its own included, instead of on its own seconds ([`history`]).
+    /// on them, its own included, instead of on its own seconds (`attribute::history`).
     pub history: Option<SharedHistory>,
 }
 
@@ -165,7 +165,7 @@ impl Default for Options {
 impl Options {
     /// These options for a live view (`top`, its replay, the agent): `auto` fits each
     /// window's split on the rows of the last [`LIVE_HORIZON`] of windows, where a window
-    /// alone holds seconds ([`history`]).
+    /// alone holds seconds (`attribute::history`).
     #[must_use]
     pub fn live(mut self) -> Self {
         if self.power_model == PowerModel::Auto {

@@ -57,13 +57,7 @@ fn equal_watts_stay_equal_whatever_the_counter() {
 #[test]
 fn a_once_a_second_counter_that_cannot_tell_processes_apart_says_so() {
     let cfg = Counter::Vm.apply(scenarios::mixed_duty(1));
-    let out = simulate(&cfg);
-    let opts = Options {
-        static_w: Some(cfg.static_w),
-        ..Options::default()
-    };
-    let attr = attribute(&sim_input(&out), &opts);
-    assert_conserved(&attr);
+    let (_, attr) = with_host_static(&cfg);
     let src = &attr.sources[0];
     let d = src
         .power_model_uncertain
@@ -104,6 +98,20 @@ fn a_once_a_second_counter_that_cannot_tell_processes_apart_says_so() {
     }
 }
 
+/// `cfg` simulated and attributed with its static power given, as a VM's host shares it.
+fn with_host_static(
+    cfg: &crate::testing::sim::SimConfig,
+) -> (crate::testing::sim::SimOutput, super::Attribution) {
+    let out = simulate(cfg);
+    let opts = Options {
+        static_w: Some(cfg.static_w),
+        ..Options::default()
+    };
+    let attr = attribute(&sim_input(&out), &opts);
+    assert_conserved(&attr);
+    (out, attr)
+}
+
 /// Each process's error against the energy it drew up to the last interval's end: a counter
 /// updated once a second leaves up to a second at the end that no reading measured.
 fn measured_span_errors(
@@ -134,13 +142,7 @@ fn phases_of_seconds_on_a_once_a_second_counter_are_split_by_their_watts() {
     // 120 ms behind the counter's updates, and the rows' busy time with them.
     for seed in 1..=4 {
         let cfg = Counter::Vm.apply(scenarios::phased(seed));
-        let out = simulate(&cfg);
-        let opts = Options {
-            static_w: Some(cfg.static_w),
-            ..Options::default()
-        };
-        let attr = attribute(&sim_input(&out), &opts);
-        assert_conserved(&attr);
+        let (out, attr) = with_host_static(&cfg);
         let src = &attr.sources[0];
         for (tgid, err) in measured_span_errors(&cfg, &out, &attr) {
             assert!(
@@ -170,13 +172,7 @@ fn a_process_more_than_a_quarter_off_is_flagged() {
     // judges the 99% reach, so the output says the power model is uncertain.
     let mut cfg = Counter::Vm.apply(scenarios::mixed_duty(5));
     cfg.duration_ns = 60_000_000_000;
-    let out = simulate(&cfg);
-    let opts = Options {
-        static_w: Some(cfg.static_w),
-        ..Options::default()
-    };
-    let attr = attribute(&sim_input(&out), &opts);
-    assert_conserved(&attr);
+    let (out, attr) = with_host_static(&cfg);
     let src = &attr.sources[0];
     for (tgid, err) in measured_span_errors(&cfg, &out, &attr) {
         assert!(
