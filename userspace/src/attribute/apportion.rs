@@ -109,11 +109,11 @@ pub(super) fn run_source(
     let mut splitter = SampleSplitter::new(opts.stack_window_ns).with_threads(index.keys());
     let by_activity = input.activity.is_some();
     // Each interval's energy is split over the span it was drawn in: the readings' own
-    // span shifted back by the counter's lag, in the split and in the regression's rows. Split over the
-    // readings' span, a writer running late under load gave the energy of the process that
-    // had just run to the one running now (equal watts on a 3 ms counter up to 5 ms late:
-    // worst +5.2%, shifted +4.8%; 15 / 5 / 8 W worst 17.3%, shifted 14.9%). Modelled
-    // readings are computed from the timeline, with no lag.
+    // span shifted back by the counter's lag, in the split and in the regression's rows.
+    // Split over the readings' span, a writer running late under load gave the energy of
+    // the process that had just run to the one running now (equal watts on a 3 ms counter
+    // up to 5 ms late: worst +5.2%, shifted +4.8%; 15 / 5 / 8 W worst 17.3%, shifted
+    // 14.9%). Modelled readings are computed from the timeline, with no lag.
     let lag = if source.estimated {
         0
     } else {
