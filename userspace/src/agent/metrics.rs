@@ -191,14 +191,10 @@ impl Metrics {
             s.static_identified
                 .get_or_create(&vec![("source", src.name.clone())])
                 .set(i64::from(!unknown));
-            let model = match src.power_model {
-                crate::attribute::PowerModelUsed::Time => "time",
-                crate::attribute::PowerModelUsed::Regression => "regression",
-            };
             s.power_model_uncertain
                 .get_or_create(&vec![
                     ("source", src.name.clone()),
-                    ("model", model.to_owned()),
+                    ("model", src.power_model.name().to_owned()),
                 ])
                 .set(i64::from(src.power_model_uncertain.is_some()));
         }

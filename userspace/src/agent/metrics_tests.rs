@@ -258,10 +258,7 @@ fn power_model_uncertainty_is_a_gauge_per_source() {
         let m = Metrics::new(10).expect("metrics");
         m.window(&w, &|_| true);
         let src = &w.analysis.attribution.sources[0];
-        let model = match src.power_model {
-            crate::attribute::PowerModelUsed::Time => "time",
-            crate::attribute::PowerModelUsed::Regression => "regression",
-        };
+        let model = src.power_model.name();
         let want = i64::from(src.power_model_uncertain.is_some());
         let line = format!(
             "energy_bpf_power_model_uncertain{{source=\"{}\",model=\"{model}\"}} {want}",

@@ -264,9 +264,7 @@ fn rank_classes(
             *busy.entry(tgid).or_insert(0.0) += t.ns;
         }
     }
-    let mut ranked: Vec<(u32, f64)> = busy.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    ranked.into_iter().take(n).map(|(t, _)| t).collect()
+    busiest(busy, n)
 }
 
 /// One domain's occupancy over any span: the tally of its CPUs, activity-weighted, SMT
@@ -635,6 +633,13 @@ fn past_rows(
         .collect()
 }
 
+/// The `n` processes with the most busy time, most busy first (ties by pid).
+fn busiest(busy: HashMap<u32, f64>, n: usize) -> Vec<u32> {
+    let mut ranked: Vec<(u32, f64)> = busy.into_iter().collect();
+    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    ranked.into_iter().take(n).map(|(t, _)| t).collect()
+}
+
 /// The busiest processes over past rows, most busy first.
 fn rank_past(past: &[history::PastRow], n: usize) -> Vec<u32> {
     let mut busy: HashMap<u32, f64> = HashMap::new();
@@ -643,9 +648,7 @@ fn rank_past(past: &[history::PastRow], n: usize) -> Vec<u32> {
             *busy.entry(tgid).or_insert(0.0) += s;
         }
     }
-    let mut ranked: Vec<(u32, f64)> = busy.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    ranked.into_iter().take(n).map(|(t, _)| t).collect()
+    busiest(busy, n)
 }
 
 /// Regression rows from past rows, as [`build_rows`] makes them from intervals: merged to

@@ -84,6 +84,16 @@ pub enum PowerModelUsed {
     Regression,
 }
 
+impl PowerModelUsed {
+    /// Its name in JSON, on the agent's wire and in metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Time => "time",
+            Self::Regression => "regression",
+        }
+    }
+}
+
 /// A regression class.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -44,11 +44,7 @@ pub fn encode(s: &Snapshot) -> Vec<u8> {
             total_j: s.totals.total_j,
             energy_j: to_wire(&s.totals.energy_j),
             idle_by_domain_j: to_wire(&s.totals.idle_by_domain_j),
-            power_model: match s.totals.power_model {
-                PowerModelUsed::Time => "time",
-                PowerModelUsed::Regression => "regression",
-            }
-            .into(),
+            power_model: s.totals.power_model.name().into(),
             activity_event: s.totals.activity.event.clone().unwrap_or_default(),
             activity_weighted: s.totals.activity.weighted,
             activity_coverage: s.totals.activity.coverage,
@@ -105,7 +101,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, RemoteError> {
             idle_by_domain_j: from_wire(&t.idle_by_domain_j),
             source: f.source,
             estimated: f.estimated,
-            power_model: if t.power_model == "regression" {
+            power_model: if t.power_model == PowerModelUsed::Regression.name() {
                 PowerModelUsed::Regression
             } else {
                 PowerModelUsed::Time
