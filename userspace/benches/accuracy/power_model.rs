@@ -12,8 +12,8 @@
 //!
 //! Without `BENCH_POWER_MODEL_SECONDS` every cell is also replayed as `top` and the agent
 //! see it (two minutes in 5 s windows, judged over the second; `BENCH_POWER_MODEL_LIVE=0`
-//! skips it). Static power is then found per window, as `top` finds it without a
-//! calibration; `BENCH_POWER_MODEL_LIVE_STATIC=1` gives it on every counter, as a
+//! skips it). Static power is then found over the past windows, as `top` finds it without
+//! a calibration; `BENCH_POWER_MODEL_LIVE_STATIC=1` gives it on every counter, as a
 //! calibration, the agent's learned value or a host's share does.
 
 use energy_bpf::attribute::{ClassLabel, Options, PowerModel, RegressionReport};

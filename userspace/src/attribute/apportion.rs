@@ -346,23 +346,6 @@ fn plan_model(
         );
         return None;
     }
-    // A live view's window adds its intervals to the rows of past windows, and the fit
-    // reads them all (`history`).
-    let past = (opts.power_model == PowerModel::Auto)
-        .then_some(opts.history.as_ref())
-        .flatten()
-        .map(|h| {
-            let rows = past_rows(intervals, occupancy, lag, by_activity);
-            h.extend_and_read(source.id, by_activity, rows)
-        });
-    // Classes: the busiest processes on this source's CPUs, plus "other" (seed 003 digest).
-    let ranked = match &past {
-        Some(past) => rank_past(past, opts.regression_classes),
-        None => rank_classes(intervals, occupancy, opts.regression_classes),
-    };
-    let class_of: HashMap<u32, usize> = ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect();
-    let other = ranked.len();
-    let k = other + 1;
     // Two row lengths, and the one whose fit pins the classes' watts down better (the
     // smaller occupancy-weighted standard error) is kept. Rows as short as the counter
     // resolves (5 updates, as the zero-load fit's) see a fair scheduler's rotation:
@@ -381,11 +364,41 @@ fn plan_model(
     } else {
         vec![long_ns]
     };
+    // Classes: the busiest processes on this source's CPUs, plus "other" (seed 003 digest).
+    // A live view's window adds its intervals to the rows of past windows, and the fit
+    // reads them all (`history`), merged while the history is held rather than copied.
+    let past = (opts.power_model == PowerModel::Auto)
+        .then_some(opts.history.as_ref())
+        .flatten()
+        .map(|h| {
+            let rows = past_rows(intervals, occupancy, lag, by_activity);
+            h.extend_and_read(source.id, by_activity, rows, |past| {
+                let ranked = rank_past(past, opts.regression_classes);
+                let class_of = classes_of(&ranked);
+                let merged: Vec<Vec<Row>> = candidates
+                    .iter()
+                    .map(|&row_ns| merge_past(past, static_w, &class_of, ranked.len(), row_ns))
+                    .collect();
+                (ranked, merged)
+            })
+        });
+    let live = past.is_some();
+    let (ranked, mut merged) = match past {
+        Some((ranked, merged)) => (ranked, Some(merged)),
+        None => (
+            rank_classes(intervals, occupancy, opts.regression_classes),
+            None,
+        ),
+    };
+    let class_of = classes_of(&ranked);
+    let other = ranked.len();
+    let k = other + 1;
     let (rows, global, row_ns) = candidates
         .into_iter()
-        .map(|row_ns| {
-            let rows = match &past {
-                Some(past) => merge_past(past, static_w, &class_of, other, row_ns),
+        .enumerate()
+        .map(|(i, row_ns)| {
+            let rows = match &mut merged {
+                Some(merged) => std::mem::take(&mut merged[i]),
                 None => build_rows(
                     intervals,
                     &mut *occupancy,
@@ -456,7 +469,7 @@ fn plan_model(
     let whole = blend(&global);
     if use_regression {
         // Past rows are a window of their own, the horizon long.
-        if past.is_some() || last_ns - first_ns <= opts.regression_window_ns {
+        if live || last_ns - first_ns <= opts.regression_window_ns {
             windows.push(whole.clone());
         } else {
             let stride = opts.regression_stride_ns.max(1);
@@ -631,6 +644,11 @@ fn past_rows(
             }
         })
         .collect()
+}
+
+/// Each ranked process's class: its rank.
+fn classes_of(ranked: &[u32]) -> HashMap<u32, usize> {
+    ranked.iter().enumerate().map(|(i, &t)| (t, i)).collect()
 }
 
 /// The `n` processes with the most busy time, most busy first (ties by pid).

@@ -6,10 +6,18 @@
 //! [`LIVE_HORIZON`] as rows of busy seconds per process, and each window's regression is
 //! fitted on all of them, its own included. Energy is kept as measured: static power is
 //! taken off when the rows are fitted, with the static power of that window.
+//!
+//! That static power reads past windows too. Where nothing gives it (a calibration, the
+//! agent's learned value, a host's share), a window finds it from its own idle intervals or
+//! by extrapolating its power to zero load; five seconds of a phased load hold few levels,
+//! so each window kept its zero-load rows ([`LoadRows`]) for the same horizon, and the
+//! estimate is made over all of them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use super::zero_load::PowerRow;
 
 /// How far back a live regression reads.
 pub const LIVE_HORIZON: Duration = Duration::from_secs(120);
@@ -47,11 +55,25 @@ struct SourceRows {
     by_activity: bool,
 }
 
+/// One window's rows for the static-power estimate of one source.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct LoadRows {
+    /// The window's first interval start and last interval end, ns.
+    pub start_ns: u64,
+    /// See `start_ns`.
+    pub end_ns: u64,
+    /// Its zero-load rows (power against busy CPUs).
+    pub rows: Vec<PowerRow>,
+    /// Energy (µJ) and length (ns) of its intervals in which the domain was (nearly) idle.
+    pub idle: Vec<(f64, f64)>,
+}
+
 /// Past rows of every source.
 #[derive(Debug)]
 pub struct History {
     horizon_ns: u64,
     sources: HashMap<u32, SourceRows>,
+    loads: HashMap<u32, VecDeque<LoadRows>>,
 }
 
 impl History {
@@ -81,12 +103,40 @@ impl History {
         }
     }
 
+    /// Adds a window's static-power rows of `source` (skipped when it starts before the
+    /// last one held ends) and forgets windows that ended more than the horizon before it,
+    /// and the oldest windows past [`MAX_ROWS`] rows. Returns every held window's rows and
+    /// idle powers, oldest first.
+    pub(super) fn extend_load(
+        &mut self,
+        source: u32,
+        load: LoadRows,
+    ) -> (Vec<PowerRow>, Vec<(f64, f64)>) {
+        let held = self.loads.entry(source).or_default();
+        if held.back().is_none_or(|last| load.start_ns >= last.end_ns) {
+            held.push_back(load);
+        }
+        let end = held.back().map_or(0, |l| l.end_ns);
+        let mut rows: usize = held.iter().map(|l| l.rows.len()).sum();
+        while held.len() > 1
+            && (rows > MAX_ROWS
+                || held
+                    .front()
+                    .is_some_and(|l| l.end_ns.saturating_add(self.horizon_ns) <= end))
+        {
+            rows -= held.pop_front().map_or(0, |l| l.rows.len());
+        }
+        (
+            held.iter().flat_map(|l| l.rows.iter().copied()).collect(),
+            held.iter().flat_map(|l| l.idle.iter().copied()).collect(),
+        )
+    }
+
     /// Source `source`'s rows, oldest first.
-    pub(super) fn rows(&self, source: u32) -> Vec<PastRow> {
+    fn rows(&mut self, source: u32) -> &[PastRow] {
         self.sources
-            .get(&source)
-            .map(|s| s.rows.iter().cloned().collect())
-            .unwrap_or_default()
+            .get_mut(&source)
+            .map_or(&[], |s| &*s.rows.make_contiguous())
     }
 }
 
@@ -101,23 +151,39 @@ impl SharedHistory {
         Self(Arc::new(Mutex::new(History {
             horizon_ns: u64::try_from(horizon.as_nanos()).unwrap_or(u64::MAX),
             sources: HashMap::new(),
+            loads: HashMap::new(),
         })))
     }
 
-    /// Adds a window's rows of `source` and returns every row held for it.
-    pub(super) fn extend_and_read(
+    /// Adds a window's rows of `source` and gives `read` every row held for it, oldest
+    /// first, while the history is held (4,096 rows are read, not copied).
+    pub(super) fn extend_and_read<R>(
         &self,
         source: u32,
         by_activity: bool,
         rows: Vec<PastRow>,
-    ) -> Vec<PastRow> {
+        read: impl FnOnce(&[PastRow]) -> R,
+    ) -> R {
         // A panic elsewhere while holding the lock leaves rows that are still rows.
         let mut h = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         h.extend(source, by_activity, rows);
-        h.rows(source)
+        read(h.rows(source))
+    }
+
+    /// Adds a window's static-power rows of `source` and returns those of every window
+    /// held for it: zero-load rows and idle intervals.
+    pub(super) fn extend_load(
+        &self,
+        source: u32,
+        load: LoadRows,
+    ) -> (Vec<PowerRow>, Vec<(f64, f64)>) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_load(source, load)
     }
 }
 
@@ -141,27 +207,75 @@ mod tests {
         }
     }
 
+    /// Every row held, copied out of the history.
+    fn read(h: &SharedHistory, source: u32, by_activity: bool, rows: Vec<PastRow>) -> Vec<PastRow> {
+        h.extend_and_read(source, by_activity, rows, <[PastRow]>::to_vec)
+    }
+
     #[test]
     fn keeps_the_horizon_once_and_starts_over_when_columns_change() {
         let h = SharedHistory::new(Duration::from_secs(10));
-        let rows = h.extend_and_read(1, false, (0..5).map(|s| row(s, s + 1)).collect());
+        let rows = read(&h, 1, false, (0..5).map(|s| row(s, s + 1)).collect());
         assert_eq!(rows.len(), 5);
         // The same window again adds nothing.
-        let again = h.extend_and_read(1, false, (0..5).map(|s| row(s, s + 1)).collect());
+        let again = read(&h, 1, false, (0..5).map(|s| row(s, s + 1)).collect());
         assert_eq!(again, rows);
         // Rows ending 10 s or more before the last one's end are forgotten.
-        let later = h.extend_and_read(1, false, (5..15).map(|s| row(s, s + 1)).collect());
+        let later = read(&h, 1, false, (5..15).map(|s| row(s, s + 1)).collect());
         assert_eq!(later.first().map(|r| r.start_ns), Some(5_000_000_000));
         assert_eq!(later.len(), 10);
         // Another source is kept apart.
-        assert_eq!(h.extend_and_read(2, false, Vec::new()).len(), 0);
+        assert_eq!(read(&h, 2, false, Vec::new()).len(), 0);
         // Activity-weighted columns do not mix with time.
-        assert_eq!(h.extend_and_read(1, true, vec![row(15, 16)]).len(), 1);
+        assert_eq!(read(&h, 1, true, vec![row(15, 16)]).len(), 1);
         // However long the horizon, a source keeps MAX_ROWS.
         let long = SharedHistory::new(Duration::from_secs(1 << 40));
         let many = (0..MAX_ROWS as u64 + 10).map(|s| row(s, s + 1)).collect();
-        let kept = long.extend_and_read(1, false, many);
+        let kept = read(&long, 1, false, many);
         assert_eq!(kept.len(), MAX_ROWS);
         assert_eq!(kept[0].start_ns, 10_000_000_000);
+    }
+
+    /// A window of `n` zero-load rows at power `w` over `[start_s, end_s)`, with one idle
+    /// interval.
+    fn load(start_s: u64, end_s: u64, n: usize, w: f64) -> LoadRows {
+        LoadRows {
+            start_ns: start_s * 1_000_000_000,
+            end_ns: end_s * 1_000_000_000,
+            rows: vec![
+                PowerRow {
+                    power_w: w,
+                    ..PowerRow::default()
+                };
+                n
+            ],
+            idle: vec![(w, 1.0)],
+        }
+    }
+
+    #[test]
+    fn static_rows_keep_whole_windows_within_the_horizon_and_the_row_bound() {
+        let h = SharedHistory::new(Duration::from_secs(10));
+        let (rows, idle) = h.extend_load(1, load(0, 5, 3, 1.0));
+        assert_eq!((rows.len(), idle.len()), (3, 1));
+        // The same window again adds nothing; an overlapping one neither.
+        assert_eq!(h.extend_load(1, load(0, 5, 3, 1.0)).0.len(), 3);
+        assert_eq!(h.extend_load(1, load(4, 9, 3, 2.0)).0.len(), 3);
+        let (rows, idle) = h.extend_load(1, load(5, 10, 4, 2.0));
+        assert_eq!((rows.len(), idle.len()), (7, 2));
+        // Oldest first, and the window that ended 10 s before the last is forgotten.
+        assert_eq!(rows[0].power_w, 1.0);
+        let (rows, _) = h.extend_load(1, load(10, 15, 2, 3.0));
+        assert_eq!(rows.len(), 6);
+        assert!(rows.iter().all(|r| r.power_w > 1.0));
+        // Another source is kept apart.
+        assert_eq!(h.extend_load(2, LoadRows::default()).0.len(), 0);
+        // Past MAX_ROWS whole windows go, the newest always stays.
+        let long = SharedHistory::new(Duration::from_secs(1 << 40));
+        long.extend_load(1, load(0, 1, MAX_ROWS / 2 + 1, 1.0));
+        let (rows, _) = long.extend_load(1, load(1, 2, MAX_ROWS / 2, 2.0));
+        assert_eq!(rows.len(), MAX_ROWS / 2);
+        let (rows, _) = long.extend_load(1, load(2, 3, MAX_ROWS + 5, 3.0));
+        assert_eq!(rows.len(), MAX_ROWS + 5);
     }
 }
