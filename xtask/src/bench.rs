@@ -8,6 +8,8 @@
 //! - `accuracy`: the attribution accuracy benchmark (`cargo bench --bench accuracy`).
 //! - `power-model`: only its power-model runs (two scenarios of unequal watts and one of
 //!   equal watts, ten seeds each, on three counters; each run's error).
+//! - `power-model-real [RUNS] [SECS]`: the two unequal-watts scenarios with real Python
+//!   processes, recorded with real eBPF against an emulated RAPL counter ([`real_power`]).
 //! - `outputs`: records our `burn` workload on both CPUs for 60 s at 999 Hz, then times
 //!   `report` and `flamegraph` (every format) on that real recording (best of 3).
 //! - `diff`: records `burn` twice (60 s at 999 Hz on both CPUs each), then times
@@ -27,6 +29,7 @@ mod outputs;
 mod overhead;
 mod probe;
 mod python;
+mod real_power;
 mod server;
 mod vms;
 mod web;
@@ -64,6 +67,10 @@ pub fn run(args: &[String]) -> Result {
             "--",
             "power-model",
         ]),
+        Some("power-model-real") => real_power::run(
+            args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10),
+            args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20),
+        ),
         Some("outputs") => outputs::outputs(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
         Some("outputs-synthetic") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "outputs"]),
         Some("diff") => outputs::diff(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(60)),
@@ -84,7 +91,7 @@ pub fn run(args: &[String]) -> Result {
             args.get(3).and_then(|s| s.parse().ok()).unwrap_or(3),
         ),
         Some("agent-scale") => util::cargo(&["bench", "--locked", "-p", "energy-bpf", "--bench", "agent_scale"]),
-        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | probe [ROUNDS] [SWITCHES] | web [ROUNDS] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
+        _ => Err("usage: cargo xtask bench overhead [ROUNDS] | python [ROUNDS] | accuracy | power-model | power-model-real [RUNS] [SECS] | outputs [SECS] | outputs-synthetic | diff [SECS] | top [SECS] | agent [SECS] | server [ROUNDS] [REQUESTS] | probe [ROUNDS] [SWITCHES] | web [ROUNDS] | agent-scale | vms [SECS] [N] [ROUNDS]".into()),
     }
 }
 

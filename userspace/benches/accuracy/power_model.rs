@@ -387,6 +387,7 @@ fn live_runs(
     );
     println!("|---:|---:|---:|---|");
     let mut runs = Vec::new();
+    let (mut with_history, mut time_only) = (Vec::new(), Vec::new());
     for seed in 1..=RUNS {
         let mut cfg = counter.apply(make(seed));
         cfg.duration_ns = 2 * MINUTE_NS;
@@ -397,7 +398,18 @@ fn live_runs(
             ..Options::default()
         }
         .live();
-        let r = live_replay(&cfg, options, std::time::Duration::from_secs(5), MINUTE_NS);
+        let five = std::time::Duration::from_secs(5);
+        // The past windows' cost: the same replay with the time model, which keeps none.
+        let time_options = Options {
+            power_model: PowerModel::Time,
+            ..options.clone()
+        };
+        let started = std::time::Instant::now();
+        let r = live_replay(&cfg, options, five, MINUTE_NS);
+        with_history.push(started.elapsed().as_secs_f64());
+        let started = std::time::Instant::now();
+        live_replay(&cfg, time_options, five, MINUTE_NS);
+        time_only.push(started.elapsed().as_secs_f64());
         let errors: Vec<f64> = r.errors.iter().map(|&(_, e)| e).collect();
         println!(
             "| {seed} | {}/{} | {} | {} |",
@@ -412,5 +424,14 @@ fn live_runs(
             unbiased_within: None,
         });
     }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "replay of 24 windows with their simulation, median: {:.0} ms with past windows, {:.0} ms with the time model",
+        median(&mut with_history) * 1e3,
+        median(&mut time_only) * 1e3
+    );
     judge(&format!("{title}, live"), counter, equal, &runs)
 }
