@@ -22,7 +22,7 @@ use super::zero_load::{
     FIT_UPDATES, ZeroLoadFit, aligned_rows, fine_spread, fit_zero_load, merge_spans,
 };
 
-/// Idle intervals (≤ 5% busy) from which their median power is the static power.
+/// Idle intervals (≤ 5% busy) from which their mean power is the static power.
 const IDLE_INTERVALS: usize = 20;
 /// Counter updates a row spans at least for the static bound (see [`estimate`]).
 const BOUND_UPDATES: u64 = 20;
@@ -91,8 +91,9 @@ pub enum StaticOrigin {
     Host,
     /// The energy model's idle power (estimated sources).
     Model,
-    /// Median power of the intervals in which the domain's CPUs were (nearly) idle (≤ 5%
-    /// busy; at least 20 such intervals; a live view's over its last two minutes).
+    /// Mean power (energy over time) of the intervals in which the domain's CPUs were
+    /// (nearly) idle (≤ 5% busy; at least 20 such intervals, each after another; a live
+    /// view's over its last two minutes).
     OnlineIdle,
     /// Robust extrapolation of interval power to zero busy CPUs (a live view's over its last
     /// two minutes).
