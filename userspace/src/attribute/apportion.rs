@@ -382,7 +382,6 @@ fn plan_model(
                 (ranked, merged)
             })
         });
-    let live = past.is_some();
     let (ranked, mut merged) = match past {
         Some((ranked, merged)) => (ranked, Some(merged)),
         None => (
@@ -469,7 +468,7 @@ fn plan_model(
     let whole = blend(&global);
     if use_regression {
         // Past rows are a window of their own, the horizon long.
-        if live || last_ns - first_ns <= opts.regression_window_ns {
+        if merged.is_some() || last_ns - first_ns <= opts.regression_window_ns {
             windows.push(whole.clone());
         } else {
             let stride = opts.regression_stride_ns.max(1);

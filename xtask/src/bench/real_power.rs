@@ -1,7 +1,7 @@
 //! `cargo xtask bench power-model-real [RUNS] [SECS]`: the power-model scenarios with real
 //! processes on the running kernel. Python workers loop between work and sleep at their own
 //! duty cycles (seeded jitter per run); a thread of this bench plays RAPL: every period
-//! (3 ms; `BENCH_REAL_PERIOD_MS`) it reads each worker's on-CPU time (`/proc/PID/schedstat`) and writes
+//! (3 ms; `BENCH_REAL_PERIOD_MS`) it reads each worker's CPU-time clock and writes
 //! `static + Σ watts × CPU time` into a fake powercap `energy_uj`, at normal priority, so
 //! under load it runs late (the counter "lagging by a few ms more under load" of issue 33).
 //! `energy-bpf record --sysfs-root` records it with real eBPF, `report --format json` splits
@@ -9,7 +9,7 @@
 //! gives it), and each worker's joules are judged against what the
 //! emulator put in for it over the report's span. Each run's errors are printed, not a mean.
 use std::{
-    fs::{File, OpenOptions},
+    fs::OpenOptions,
     os::unix::fs::FileExt as _,
     path::Path,
     process::{Child, Command, Stdio},
@@ -231,35 +231,27 @@ fn emulate(
     watts: &[f64],
     stop: &AtomicBool,
 ) -> Result<Vec<(u64, Vec<f64>)>> {
-    let stats: Vec<File> = pids
-        .iter()
-        .map(|p| File::open(format!("/proc/{p}/schedstat")))
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| format!("schedstat: {e}"))?;
     let out = OpenOptions::new()
         .write(true)
         .open(energy)
         .map_err(|e| format!("{}: {e}", energy.display()))?;
-    let on_cpu = |f: &File| -> f64 {
-        let mut buf = [0u8; 64];
-        let n = f.read_at(&mut buf, 0).unwrap_or(0);
-        std::str::from_utf8(&buf[..n])
-            .ok()
-            .and_then(|s| s.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+    // Each worker's CPU seconds so far, from its CPU-time clock.
+    let on_cpu = || -> Result<Vec<f64>> {
+        pids.iter()
+            .map(|&pid| super::agent::cpu_seconds(pid).map_err(|e| format!("worker {pid}: {e}")))
+            .collect()
     };
     let period = period();
     let t0 = monotonic_ns();
-    let base: Vec<f64> = stats.iter().map(on_cpu).collect();
+    let base = on_cpu()?;
     let mut log = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let now = monotonic_ns();
-        let per: Vec<f64> = stats
+        let per: Vec<f64> = on_cpu()?
             .iter()
             .zip(&base)
             .zip(watts)
-            .map(|((f, b), w)| w * (on_cpu(f) - b) / 1e9)
+            .map(|((s, b), w)| w * (s - b))
             .collect();
         let joules = STATIC_W * (now - t0) as f64 / 1e9 + per.iter().sum::<f64>();
         // Rewritten in place at a fixed width, so every read sees a whole number.
