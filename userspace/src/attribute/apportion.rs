@@ -39,6 +39,19 @@ pub(super) fn run_source(
         .iter()
         .filter(|r| r.source_id == source.id)
         .collect();
+    // The period the readings show where start-up could only bound it from below.
+    let read_ns = interval::read_interval_ns(source.read_interval_ns, &readings);
+    let observed = interval::update_period_ns(source.update_period_ns, read_ns, &readings);
+    let timed;
+    let source = if observed == source.update_period_ns {
+        source
+    } else {
+        timed = EnergySource {
+            update_period_ns: observed,
+            ..source.clone()
+        };
+        &timed
+    };
     let (intervals, interval_stats) = interval::cut(&readings, source.update_period_ns);
     let is_gpu = domain == EnergyDomain::Gpu;
     let cpus = if is_gpu {
@@ -117,7 +130,7 @@ pub(super) fn run_source(
     let lag = if source.estimated {
         0
     } else {
-        counter_lag_ns(source.update_period_ns, read_period_ns(&readings))
+        counter_lag_ns(source.update_period_ns, read_ns)
     };
     let plan = plan_model(
         source,
@@ -559,19 +572,12 @@ fn plan_model(
 }
 
 /// Median spacing of a source's readings, ns (0 with fewer than two).
-fn read_period_ns(readings: &[&EnergyReading]) -> u64 {
-    let mut ts: Vec<u64> = readings.iter().map(|r| r.ts_ns).collect();
-    ts.sort_unstable();
-    let mut gaps: Vec<u64> = ts.windows(2).map(|w| w[1] - w[0]).collect();
-    if gaps.is_empty() {
-        return 0;
-    }
-    let mid = gaps.len() / 2;
-    *gaps.select_nth_unstable(mid).1
-}
-
 /// How old, on average, the energy a reading closes is: half the shorter of the counter's
-/// update period and the reads' spacing (a spacing of 0, unknown, leaves the update's).
+/// update period and the read interval (0, unknown, leaves the update's). The read
+/// interval is the recorder's ([`interval::read_interval_ns`]), not the readings' spacing:
+/// reads that saw no change are not written, so a counter updated once a second and read
+/// every 200 ms has readings a second apart, each at most 200 ms after its update (taking
+/// the spacing put the energy 500 ms back, where 100 ms is the mean).
 /// A reading holds the counter's last update, so each interval's energy was drawn over its
 /// span shifted back by the update's age. Read less often than it updates, the counter is
 /// on average half an update old; read more often (a counter updated once a second, read

@@ -136,7 +136,9 @@ pub fn measure(
             .iter()
             .filter(|r| r.source_id == source.id)
             .collect();
-        let (intervals, _) = interval::cut(&rs, source.update_period_ns);
+        let read_ns = interval::read_interval_ns(source.read_interval_ns, &rs);
+        let period = interval::update_period_ns(source.update_period_ns, read_ns, &rs);
+        let (intervals, _) = interval::cut(&rs, period);
         if intervals.is_empty() {
             return Err(CalibrateError::NoReadings {
                 name: source.name.clone(),

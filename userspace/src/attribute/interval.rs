@@ -55,6 +55,63 @@ pub struct IntervalStats {
     pub merged: u64,
 }
 
+/// The update period the readings show where the counter was read faster than it
+/// updated; else `stated`, the period start-up measured or the source stated.
+///
+/// A counter that states no period is timed by watching it change for 50 ms at start-up
+/// (`energy::reader::measure`); one that updates once a second (a VM's shared counter
+/// behind a powercap tree) changes at most once in that window, and the recording holds
+/// the window's length, a lower bound 20 times too short. The readings say it: read
+/// every 250 ms, the changes come a second apart. Taken from them, the counter's short
+/// rows and static bound are those of a once-a-second counter, as they are where the
+/// source states its period. The changes' median spacing counts when it is at least two
+/// reads' (most reads saw nothing new); a counter that changes at every read (RAPL read
+/// every 10 ms) keeps `stated`, which its reads cannot resolve.
+pub fn update_period_ns(stated: u64, read_ns: u64, readings: &[&EnergyReading]) -> u64 {
+    let mut sorted: Vec<&EnergyReading> = readings.to_vec();
+    sorted.sort_by_key(|r| r.ts_ns);
+    // Each change is timed at the first read that saw it; a flagged read times nothing.
+    let changes: Vec<u64> = sorted
+        .windows(2)
+        .filter(|w| w[1].flag.is_empty() && w[1].energy_uj != w[0].energy_uj)
+        .map(|w| w[1].ts_ns)
+        .collect();
+    let mut change_gaps: Vec<u64> = changes.windows(2).map(|w| w[1] - w[0]).collect();
+    if change_gaps.len() < MIN_CHANGE_GAPS || read_ns == 0 {
+        return stated;
+    }
+    let change = median(&mut change_gaps);
+    if change >= 2 * read_ns && change > stated {
+        change
+    } else {
+        stated
+    }
+}
+
+/// How often the counter was read, ns: as the recording says, else (older recordings) the
+/// readings' median spacing, which is the reads' wherever every read saw a change (0 with
+/// fewer than two readings).
+pub fn read_interval_ns(recorded: u64, readings: &[&EnergyReading]) -> u64 {
+    if recorded > 0 {
+        return recorded;
+    }
+    let mut ts: Vec<u64> = readings.iter().map(|r| r.ts_ns).collect();
+    ts.sort_unstable();
+    let mut gaps: Vec<u64> = ts.windows(2).map(|w| w[1] - w[0]).collect();
+    if gaps.is_empty() {
+        return 0;
+    }
+    median(&mut gaps)
+}
+
+/// Gaps between changes [`update_period_ns`] needs before it reads a period from them.
+const MIN_CHANGE_GAPS: usize = 3;
+
+fn median(v: &mut [u64]) -> u64 {
+    let mid = v.len() / 2;
+    *v.select_nth_unstable(mid).1
+}
+
 /// Cuts one source's readings (any order) into intervals; `min_len_ns` is the counter's
 /// update period (0 when unknown: only zero-delta merging applies).
 pub fn cut(readings: &[&EnergyReading], min_len_ns: u64) -> (Vec<Interval>, IntervalStats) {
@@ -213,6 +270,50 @@ mod tests {
             assert!(late.is_some_and(|l| l < 10), "{:?}", spans(&iv));
             assert_eq!(i.energy_uj.fract(), 0.0);
         }
+    }
+
+    #[test]
+    fn a_counter_read_faster_than_it_updates_shows_its_period() {
+        // Updated every 1,000 ns, read every 250: start-up stated a 50-ns lower bound.
+        let rs: Vec<EnergyReading> = (0..=8_000u64)
+            .step_by(250)
+            .map(|t| r(t, (t / 1_000) as f64, ""))
+            .collect();
+        let refs: Vec<_> = rs.iter().collect();
+        assert_eq!(update_period_ns(50, 250, &refs), 1_000);
+        // As the recorder writes them: the reads that saw no change are not there.
+        let changed: Vec<&EnergyReading> = rs.iter().filter(|r| r.ts_ns % 1_000 == 0).collect();
+        assert_eq!(update_period_ns(50, 250, &changed), 1_000);
+        // Read as often as it updates, the readings cannot tell.
+        assert_eq!(update_period_ns(50, 1_000, &changed), 50);
+        // A stated period longer than the readings show is kept (it is not a lower bound).
+        assert_eq!(update_period_ns(2_000, 250, &refs), 2_000);
+    }
+
+    #[test]
+    fn a_counter_that_changes_at_every_read_keeps_its_stated_period() {
+        // RAPL: updated every 1 ns, read every 10; a few reads late under load see nothing.
+        let rs: Vec<EnergyReading> = (0..=1_000u64)
+            .step_by(10)
+            .map(|t| {
+                r(
+                    t,
+                    (t - if t > 0 && t % 70 == 0 { 10 } else { 0 }) as f64,
+                    "",
+                )
+            })
+            .collect();
+        let refs: Vec<_> = rs.iter().collect();
+        assert_eq!(update_period_ns(1, 10, &refs), 1);
+        // Too few changes to time: the stated period stands.
+        let rs = [
+            r(0, 0.0, ""),
+            r(10, 0.0, ""),
+            r(20, 1.0, ""),
+            r(30, 1.0, ""),
+        ];
+        let refs: Vec<_> = rs.iter().collect();
+        assert_eq!(update_period_ns(1, 10, &refs), 1);
     }
 
     #[test]

@@ -53,7 +53,9 @@ pub fn load_rows(input: &Input<'_>, row_ns: u64) -> Vec<SourceLoad> {
             .iter()
             .filter(|r| r.source_id == source.id)
             .collect();
-        let (intervals, _) = interval::cut(&readings, source.update_period_ns);
+        let read_ns = interval::read_interval_ns(source.read_interval_ns, &readings);
+        let period = interval::update_period_ns(source.update_period_ns, read_ns, &readings);
+        let (intervals, _) = interval::cut(&readings, period);
         let cpus = super::apportion::domain_cpus(input, source);
         // The weight is the run's raw count per ns, so `weighted_ns` sums counts. The rows
         // read busy and weighted totals only: no thread is listed per interval.

@@ -164,8 +164,14 @@ pub fn cover_models(
         if u <= 0.0 || c.not_identifiable.is_some() {
             continue;
         }
-        // The regression's own interval: its watts' errors through its shares.
-        let fit_rel = (0..n)
+        // The regression's own interval: its watts' errors through its shares, added as
+        // they are, not in quadrature. Classes the rows tell apart poorly are fitted with
+        // errors of opposite sign (one high where another is low), and each moves this
+        // share the same way: on a once-a-second counter a 5 W process fitted 2 σ high
+        // beside an 8 W one fitted 2.7 σ low was split 27.5% over its energy with a
+        // quadrature reach of 24% at 99%. The sum bounds the share's error whatever the
+        // fitted errors' correlation.
+        let fit_rel: f64 = (0..n)
             .map(|j| {
                 let cj = &reg.classes[j].fit;
                 let rj = if cj.watts > 0.0 {
@@ -174,10 +180,9 @@ pub fn cover_models(
                     0.0
                 };
                 let sj = if j == k { 1.0 - fitted[j] } else { fitted[j] };
-                (sj * rj).powi(2)
+                sj * rj
             })
-            .sum::<f64>()
-            .sqrt();
+            .sum();
         let time_reach = if settled { 0.0 } else { (t - u).abs() };
         let reach_at = |z: f64| ((f - u).abs() + z * fit_rel * f).max(time_reach) / u;
         let reach = reach_at(super::ci::Z95);

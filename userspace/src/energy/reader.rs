@@ -209,21 +209,53 @@ pub fn read_interval(
     }
 }
 
-/// [`read_interval`] for `counter`, its wrap period taken at [`MAX_PLAUSIBLE_W`].
+/// [`read_interval`] for `counter`, its wrap period taken at [`MAX_PLAUSIBLE_W`], as start-up
+/// measured it (`m`); a source that asks for a read interval
+/// ([`EnergySource::default_read_interval_ns`], a host's share) gets it. A counter start-up
+/// saw change at most once (its period only a lower bound: one updated about once a
+/// second) is read as often as [`READ_COST_SHARE`] of a CPU allows at `m.read_cost_ns` a
+/// read, between [`MIN_SHARE_READ_NS`] and what the rule of [`interval_ns`] gives: a read
+/// that finds no new value writes nothing, and each one that finds one times the update
+/// more closely (read every 250 ms, a once-a-second counter's updates reached the
+/// recording up to 250 ms late). `--energy-interval-ms` overrides all of it.
 pub fn read_interval_of(
     args: &EnergyArgs,
-    update_period_ns: u64,
+    m: &Measurement,
     counter: &dyn EnergySource,
 ) -> ReadInterval {
     let wrap = wrap_period_ns(counter.unit_uj(), counter.wrap_counts(), MAX_PLAUSIBLE_W);
+    if args.energy_interval_ms.is_some() {
+        return read_interval(args, m.update_period_ns, wrap);
+    }
     match counter.default_read_interval_ns() {
-        Some(ns) if args.energy_interval_ms.is_none() => ReadInterval {
+        Some(ns) => ReadInterval {
             ns: ns.max(MIN_INTERVAL_NS),
             wrap_period_ns: wrap,
             uncapped_ns: None,
         },
-        _ => read_interval(args, update_period_ns, wrap),
+        None if m.period_is_lower_bound => {
+            let i = read_interval(args, m.update_period_ns, wrap);
+            ReadInterval {
+                ns: share_read_interval_ns(i.ns, m.read_cost_ns),
+                ..i
+            }
+        }
+        None => read_interval(args, m.update_period_ns, wrap),
     }
+}
+
+/// The share of one CPU a slow counter's reads may take ([`read_interval_of`]): 0.2%.
+pub const READ_COST_SHARE: f64 = 0.002;
+/// The shortest read interval of a slow counter, ns.
+pub const MIN_SHARE_READ_NS: u64 = 20_000_000;
+
+/// See [`read_interval_of`]: `longest_ns` is what the rule of [`interval_ns`] gives.
+fn share_read_interval_ns(longest_ns: u64, read_cost_ns: u64) -> u64 {
+    let affordable = (read_cost_ns as f64 / READ_COST_SHARE) as u64;
+    affordable
+        .max(MIN_SHARE_READ_NS)
+        .min(longest_ns)
+        .max(MIN_INTERVAL_NS)
 }
 
 /// When a counter read every `interval_ns` is read next after `now_ns`: at the next
@@ -237,6 +269,66 @@ fn next_read_ns(now_ns: u64, interval_ns: u64) -> u64 {
     (now_ns / interval + 1) * interval
 }
 
+/// Reads timed to the updates of a counter whose period the source states (a host's share):
+/// after a read that saw an update, the next comes `guard_ns` before the next update is
+/// due, and reads follow every `step_ns` until one sees it. Each update is then timed
+/// within a step, at about `guard_ns / step_ns` reads per update; read every fifth of a
+/// period instead, each reached the guest up to 200 ms late on a once-a-second share, and a
+/// simulated 20 s split of processes at 15, 5 and 8 W moved by up to 20%
+/// (docs/accuracy.md). A host that misses its slot by more than two guards loses the lock;
+/// the plain interval takes over until an update is seen again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PhaseLock {
+    period_ns: u64,
+    step_ns: u64,
+    guard_ns: u64,
+    /// When the next update is due, once one was seen.
+    due_ns: Option<u64>,
+}
+
+/// The shortest step of a [`PhaseLock`], ns.
+const LOCK_MIN_STEP_NS: u64 = 2_000_000;
+/// A step is at least this many reads' cost (a TCG guest's 13–25 ms reads step 130–250 ms).
+const LOCK_STEP_READS: u64 = 10;
+/// The shortest guard, ns: a host agent's timer and its write come a few ms late.
+const LOCK_MIN_GUARD_NS: u64 = 20_000_000;
+
+impl PhaseLock {
+    /// The lock of a counter updated every `period_ns`, each read costing `read_cost_ns`;
+    /// `None` when steps that long would not time the updates better than the plain
+    /// interval `plain_ns`.
+    fn new(period_ns: u64, read_cost_ns: u64, plain_ns: u64) -> Option<Self> {
+        let step_ns = read_cost_ns
+            .saturating_mul(LOCK_STEP_READS)
+            .max(LOCK_MIN_STEP_NS);
+        let guard_ns = (4 * step_ns).max(LOCK_MIN_GUARD_NS);
+        (step_ns < plain_ns && 2 * guard_ns < period_ns).then_some(Self {
+            period_ns,
+            step_ns,
+            guard_ns,
+            due_ns: None,
+        })
+    }
+
+    /// When to read next after a read at `now_ns` that saw an update (`updated`) or not;
+    /// `plain_ns` is the plain interval's next read.
+    fn next_ns(&mut self, now_ns: u64, updated: bool, plain_ns: u64) -> u64 {
+        if updated {
+            let due = now_ns + self.period_ns;
+            self.due_ns = Some(due);
+            return due - self.guard_ns;
+        }
+        match self.due_ns {
+            Some(due) if now_ns + self.step_ns < due - self.guard_ns => due - self.guard_ns,
+            Some(due) if now_ns < due + 2 * self.guard_ns => now_ns + self.step_ns,
+            _ => {
+                self.due_ns = None;
+                plain_ns
+            }
+        }
+    }
+}
+
 struct Live {
     counter: Box<dyn EnergySource>,
     id: u32,
@@ -244,6 +336,7 @@ struct Live {
     unwrap: Unwrapper,
     interval_ns: u64,
     next_ns: u64,
+    lock: Option<PhaseLock>,
     pending_gpu: BTreeMap<u32, pb::GpuProcessUsage>,
     /// What the source said that the user must see ([`EnergySource::take_notice`], gaps).
     notices: Vec<String>,
@@ -350,6 +443,9 @@ fn run(mut live: Vec<Live>, shared: Arc<Mutex<Shared>>, stop: mpsc::Receiver<()>
             faults.append(&mut l.notices);
             match step {
                 Ok(reading) => {
+                    if let Some(lock) = &mut l.lock {
+                        l.next_ns = lock.next_ns(now, reading.is_some(), l.next_ns);
+                    }
                     readings.extend(reading);
                     true
                 }
@@ -419,6 +515,13 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
         desc.id = sources.len() as u32 + 1;
         desc.update_period_ns = m.update_period_ns;
         desc.read_cost_ns = m.read_cost_ns;
+        let interval_ns = read_interval_of(args, &m, counter.as_ref()).ns;
+        let lock = counter
+            .known_update_period_ns()
+            .filter(|_| args.energy_interval_ms.is_none())
+            .and_then(|period| PhaseLock::new(period, m.read_cost_ns, interval_ns));
+        // What times each update: the lock's step, else the interval.
+        desc.read_interval_ns = lock.map_or(interval_ns, |l| l.step_ns);
         let mut counter = counter;
         let (ts_ns, first) = timed_read(counter.as_mut());
         let sample = match first {
@@ -435,7 +538,6 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             counter.wrap_counts(),
             MAX_PLAUSIBLE_W,
         );
-        let interval_ns = read_interval_of(args, m.update_period_ns, counter.as_ref()).ns;
         shared.readings.push(pb::EnergyReading {
             source_id: desc.id,
             ts_ns,
@@ -448,6 +550,7 @@ pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, Energy
             unwrap,
             interval_ns,
             next_ns: next_read_ns(ts_ns, interval_ns),
+            lock,
             pending_gpu: BTreeMap::new(),
             notices: Vec::new(),
         });
@@ -576,6 +679,48 @@ mod tests {
             energy_interval_ms: interval_ms,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_phase_lock_reads_just_before_each_update_until_it_sees_it() {
+        let second = 1_000 * MS;
+        // A cheap share (50 µs a read) updated once a second, plain interval 200 ms.
+        let mut lock = PhaseLock::new(second, 50_000, 200 * MS).expect("lock");
+        assert_eq!((lock.step_ns, lock.guard_ns), (2 * MS, 20 * MS));
+        // Unlocked: the plain schedule.
+        assert_eq!(lock.next_ns(100 * MS, false, 200 * MS), 200 * MS);
+        // An update seen at 0.2 s: the next read is due 20 ms before 1.2 s...
+        assert_eq!(lock.next_ns(200 * MS, true, 400 * MS), 1_180 * MS);
+        // ...then one every 2 ms until one sees the update.
+        assert_eq!(lock.next_ns(1_180 * MS, false, 1_200 * MS), 1_182 * MS);
+        assert_eq!(lock.next_ns(1_203 * MS, false, 1_400 * MS), 1_205 * MS);
+        assert_eq!(lock.next_ns(1_205 * MS, true, 1_400 * MS), 2_185 * MS);
+        // Reads per update here: (1,205 - 1,180) / 2 + 1 = 13, against 5 at 200 ms.
+        // A host more than two guards late: the lock lets go, the plain schedule resumes.
+        assert_eq!(lock.next_ns(2_246 * MS, false, 2_400 * MS), 2_400 * MS);
+        assert_eq!(lock.due_ns, None);
+        // A TCG guest's 13 ms reads: steps of 130 ms and guards of 520 ms do not fit a
+        // second; five plain reads per update it is.
+        assert_eq!(PhaseLock::new(second, 13 * MS, 200 * MS), None);
+    }
+
+    #[test]
+    fn a_slow_counter_is_read_as_often_as_its_read_cost_allows() {
+        // The rule gives 250 ms (a period bounded at 50 ms).
+        assert_eq!(
+            share_read_interval_ns(200 * MS, 10_000),
+            20 * MS,
+            "cheap: the floor"
+        );
+        assert_eq!(
+            share_read_interval_ns(200 * MS, 100_000),
+            50 * MS,
+            "0.2% of a CPU"
+        );
+        // A TCG guest, where the two file reads take about 25 ms: what the source asks.
+        assert_eq!(share_read_interval_ns(200 * MS, 25 * MS), 200 * MS);
+        // A host interval shorter than the floor: never slower than asked.
+        assert_eq!(share_read_interval_ns(15 * MS, 0), 15 * MS);
     }
 
     #[test]

@@ -201,7 +201,7 @@ fn counter_report(
     let interval = m
         .as_ref()
         .ok()
-        .map(|m| reader::read_interval_of(args, m.update_period_ns, counter));
+        .map(|m| reader::read_interval_of(args, m, counter));
     let (m, error) = match m {
         Ok(m) => (m, None),
         Err(e) => (

@@ -249,7 +249,7 @@ fn update_period_is_measured_against_the_emulator() {
 fn small_max_energy_range_shortens_the_read_interval_on_a_fake_tree() {
     use super::{
         detect,
-        reader::{MEASURE_WINDOW_NS, read_interval_of},
+        reader::{MEASURE_CHANGES, MEASURE_WINDOW_NS, Measurement, read_interval_of},
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     // Package 0: 200 J range, 100 ms per wrap at 2000 W. Package 1: a common real range
@@ -267,11 +267,18 @@ fn small_max_energy_range_shortens_the_read_interval_on_a_fake_tree() {
     let mut plan = detect::plan(&a, &[], false).expect("plan");
     let zones = plan.take_used();
     assert_eq!(zones.len(), 2);
-    // Idle at start: the period is the 50 ms window, which asks for 250 ms.
+    // A period of 50 ms asks for 250 ms.
+    let measured = Measurement {
+        update_period_ns: MEASURE_WINDOW_NS,
+        period_is_lower_bound: false,
+        changes: MEASURE_CHANGES as u32,
+        read_cost_ns: 10_000,
+        period_is_known: false,
+    };
     let got: Vec<(String, u64, Option<u64>)> = zones
         .iter()
         .map(|z| {
-            let i = read_interval_of(&a, MEASURE_WINDOW_NS, z.as_ref());
+            let i = read_interval_of(&a, &measured, z.as_ref());
             (z.describe().name, i.ns, i.uncapped_ns)
         })
         .collect();
@@ -287,10 +294,24 @@ fn small_max_energy_range_shortens_the_read_interval_on_a_fake_tree() {
         ]
     );
 
+    // Seen to change at most once at start-up (idle here; a counter updated once a second),
+    // a counter is read as often as its read cost allows, within the wrap cap.
+    let slow = Measurement {
+        period_is_lower_bound: true,
+        changes: 0,
+        ..measured
+    };
+    let got: Vec<u64> = zones
+        .iter()
+        .map(|z| read_interval_of(&a, &slow, z.as_ref()).ns)
+        .collect();
+    assert_eq!(got, vec![20_000_000, 20_000_000]);
+
     drop(zones);
 
-    // The reader uses it: started idle, then moving, package 0 is read about every 50 ms
-    // and package 1 about every 250 ms (median gap between readings, robust to load).
+    // The reader uses it: asked for 250 ms, package 0 is read about every 50 ms and
+    // package 1 about every 250 ms (median gap between readings, robust to load).
+    a.energy_interval_ms = Some(250);
     let reader = start(&a, &[]).expect("start");
     let ids = ["intel-rapl:0 ", "intel-rapl:1 "].map(|prefix| {
         reader

@@ -693,6 +693,7 @@ fn counters(
             package: p,
             name: format!("sim package-{p}"),
             update_period_ns: cfg.update_period_ns,
+            read_interval_ns: cfg.read_period_ns,
             ..Default::default()
         });
         // True cumulative energy (µJ) at time t, with a monotonic cursor over the pieces.
@@ -745,14 +746,19 @@ fn counters(
             k += 1;
         }
         let mut r = 0u64;
+        let mut last_read: Option<f64> = None;
         while r <= cfg.duration_ns {
             let idx = updates.partition_point(|u| u.0 <= r).saturating_sub(1);
-            readings.push(EnergyReading {
-                source_id: p,
-                ts_ns: cfg.read_lag_ns.map_or(r, |lag| updates[idx].0 + lag),
-                energy_uj: updates[idx].1,
-                ..Default::default()
-            });
+            // As the recorder does, a read that saw no change is not written.
+            if last_read != Some(updates[idx].1) {
+                last_read = Some(updates[idx].1);
+                readings.push(EnergyReading {
+                    source_id: p,
+                    ts_ns: cfg.read_lag_ns.map_or(r, |lag| updates[idx].0 + lag),
+                    energy_uj: updates[idx].1,
+                    ..Default::default()
+                });
+            }
             if cfg.reads_on_grid {
                 r += cfg.read_period_ns.max(1);
                 continue;

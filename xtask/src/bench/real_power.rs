@@ -45,26 +45,50 @@ fn period() -> Duration {
 /// One worker: watts per CPU-second, busy ms, sleep ms, jitter ms (± uniform, per phase).
 type Worker = (f64, u32, u32, u32);
 
-/// The scenarios of issue 33, as its description gives them.
-const SCENARIOS: [(&str, &[Worker]); 2] = [
+/// The scenarios of issue 33, as its description gives them: (name for
+/// `BENCH_REAL_SCENARIOS` and kept files, title, workers).
+const SCENARIOS: [(&str, &str, &[Worker]); 2] = [
     (
+        "mixed",
         "mixed duty cycles, 15 / 5 / 8 W",
         &[(15.0, 70, 50, 16), (5.0, 40, 80, 13), (8.0, 300, 200, 66)],
     ),
     (
+        "phased",
         "phased 12 / 4 W with idle gaps",
         &[(12.0, 2000, 1500, 500), (4.0, 1500, 2000, 500)],
     ),
 ];
 
 /// Runs the benchmark: `runs` seeds of each scenario, `secs` recorded each.
+///
+/// `BENCH_REAL_KEEP=1` keeps each run's recording and what the emulator put in for each
+/// worker under `bench-out/power-model-real-kept/`; `BENCH_REAL_REPLAY=1` reports those
+/// again with the current binary instead of recording, so a change to the analysis is
+/// judged on the same recordings as the build before it. `BENCH_REAL_SCENARIOS=phased`
+/// (or `mixed`) runs one scenario.
 pub fn run(runs: u64, secs: u64) -> Result {
     let bin = super::release_bin()?;
     let dir = super::tempfile_dir("power-model-real")?;
+    let kept = crate::util::root()
+        .join("bench-out")
+        .join("power-model-real-kept");
+    let replay = std::env::var_os("BENCH_REAL_REPLAY").is_some();
+    let keep = std::env::var_os("BENCH_REAL_KEEP").is_some();
+    if keep && !replay {
+        let _ = std::fs::remove_dir_all(&kept);
+        std::fs::create_dir_all(&kept).map_err(|e| format!("{}: {e}", kept.display()))?;
+    }
+    let only = std::env::var("BENCH_REAL_SCENARIOS").ok();
     let sysfs = fake_package(&dir)?;
     println!(
-        "# bench power-model-real: real processes, emulated RAPL written every {} ms at normal priority ({STATIC_W} W static), {secs} s per run, `report` {}",
+        "# bench power-model-real: real processes, emulated RAPL written every {} ms at normal priority ({STATIC_W} W static), {secs} s per run{}, `report` {}",
         period().as_millis(),
+        if replay {
+            " (kept recordings replayed)"
+        } else {
+            ""
+        },
         if period() >= VM_PERIOD {
             "given the static power, as a VM's host gives it"
         } else {
@@ -72,13 +96,30 @@ pub fn run(runs: u64, secs: u64) -> Result {
         }
     );
     let mut all_met = true;
-    for (title, workers) in SCENARIOS {
+    for (name, title, workers) in SCENARIOS {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|o| o == name))
+        {
+            continue;
+        }
         println!("\n## {title} ({runs} runs)");
         println!("| run | power model | uncertain | static W (origin) | error per process |");
         println!("|---:|---|---|---|---|");
         let mut worst_runs = Vec::new();
         for seed in 1..=runs {
-            let r = one_run(&bin, &dir, &sysfs, workers, seed, secs)?;
+            let stem = kept.join(format!("{name}-{seed}"));
+            let truth = if replay {
+                Truth::load(&stem)?
+            } else {
+                let file = dir.join(format!("run-{seed}.ebpr"));
+                let truth = record(&bin, &file, &sysfs, workers, seed, secs)?;
+                if keep {
+                    truth.keep(&stem)?;
+                }
+                truth
+            };
+            let r = judge(&bin, &truth)?;
             println!(
                 "| {seed} | {} | {} | {:.2} ({}) | {} |",
                 r.model,
@@ -117,14 +158,74 @@ struct RunResult {
     errors: Vec<f64>,
 }
 
-fn one_run(
+/// What a run recorded, and what the emulator put in for each of its workers.
+struct Truth {
+    file: std::path::PathBuf,
+    pids: Vec<u32>,
+    /// (CLOCK_MONOTONIC after each write, J put in per worker so far).
+    log: Vec<(u64, Vec<f64>)>,
+}
+
+impl Truth {
+    /// Copies the recording to `stem.ebpr` and the emulator's log to `stem.truth.json`.
+    fn keep(&self, stem: &Path) -> Result {
+        let ebpr = stem.with_extension("ebpr");
+        std::fs::copy(&self.file, &ebpr).map_err(|e| format!("{}: {e}", ebpr.display()))?;
+        let json = serde_json::json!({ "pids": self.pids, "log": self.log });
+        let path = stem.with_extension("truth.json");
+        std::fs::write(&path, json.to_string()).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// A run [`Truth::keep`] kept.
+    fn load(stem: &Path) -> Result<Self> {
+        let path = stem.with_extension("truth.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "{}: {e} (record with BENCH_REAL_KEEP=1 before replaying)",
+                path.display()
+            )
+        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bad = || format!("{}: not a kept run's truth", path.display());
+        let pids = v["pids"]
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|p| p.as_u64().map(|p| p as u32).ok_or_else(bad))
+            .collect::<Result<_>>()?;
+        let log = v["log"]
+            .as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|e| {
+                let ts = e[0].as_u64().ok_or_else(bad)?;
+                let j = e[1]
+                    .as_array()
+                    .ok_or_else(bad)?
+                    .iter()
+                    .map(|j| j.as_f64().ok_or_else(bad))
+                    .collect::<Result<_>>()?;
+                Ok((ts, j))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            file: stem.with_extension("ebpr"),
+            pids,
+            log,
+        })
+    }
+}
+
+/// Runs the workers and the emulator while `record` records `file`.
+fn record(
     bin: &Path,
-    dir: &Path,
+    file: &Path,
     sysfs: &Path,
     workers: &[Worker],
     seed: u64,
     secs: u64,
-) -> Result<RunResult> {
+) -> Result<Truth> {
     let energy = sysfs.join("class/powercap/intel-rapl:0/energy_uj");
     let mut children: Vec<Child> = workers
         .iter()
@@ -138,12 +239,11 @@ fn one_run(
         let (stop, pids, watts, energy) = (Arc::clone(&stop), pids.clone(), watts, energy);
         thread::spawn(move || emulate(&energy, &pids, &watts, &stop))
     };
-    let file = dir.join(format!("run-{seed}.ebpr"));
     let recorded = Command::new(bin)
         .args(["record", "--energy-source", "powercap", "--sysfs-root"])
         .arg(sysfs)
         .args(["-d", &secs.to_string(), "-o"])
-        .arg(&file)
+        .arg(file)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
@@ -156,6 +256,16 @@ fn one_run(
     if !recorded.map_err(|e| format!("record: {e}"))?.success() {
         return Err("energy-bpf record failed (run as root)".into());
     }
+    Ok(Truth {
+        file: file.to_owned(),
+        pids,
+        log,
+    })
+}
+
+/// Reports a run and judges each worker's joules against what the emulator put in for it.
+fn judge(bin: &Path, truth: &Truth) -> Result<RunResult> {
+    let Truth { file, pids, log } = truth;
     // A VM's once-a-second counter comes with the host's share of static power: given, as
     // the power-model bench gives it on that counter.
     let mut report_cmd = Command::new(bin);
@@ -164,7 +274,7 @@ fn one_run(
         report_cmd.args(["--static-power-w", &STATIC_W.to_string()]);
     }
     let out = report_cmd
-        .arg(&file)
+        .arg(file)
         .output()
         .map_err(|e| format!("report: {e}"))?;
     if !out.status.success() {
@@ -194,10 +304,6 @@ fn one_run(
             .and_then(|p| p["energy_j"]["package"].as_f64())
             .unwrap_or(0.0);
         errors.push((got - truth) / truth);
-    }
-    // `BENCH_REAL_KEEP=1` keeps each run's recording, to report it again.
-    if std::env::var_os("BENCH_REAL_KEEP").is_none() {
-        let _ = std::fs::remove_file(&file);
     }
     let st = report["static"].as_array().and_then(|s| s.first());
     Ok(RunResult {
