@@ -23,14 +23,20 @@ use energy_bpf::testing::sim::{SimConfig, SimOutput, live_replay, simulate};
 use super::{Row, evaluate, verdict};
 
 /// Each process's error against the energy it drew over the span the readings measured
-/// (from the start to the last reading that saw an update: a counter updated once a second
-/// leaves up to a second at the end unmeasured, as the recorder's last read does).
-fn span_errors(cfg: &SimConfig, out: &SimOutput, end_ns: u64, rows: &[Row]) -> Vec<f64> {
+/// (from the first kept interval's start to the last reading that saw an update: a counter
+/// updated once a second leaves up to a second at each end unmeasured, as the recorder's
+/// first and last reads do).
+fn span_errors(
+    cfg: &SimConfig,
+    out: &SimOutput,
+    (start_ns, end_ns): (u64, u64),
+    rows: &[Row],
+) -> Vec<f64> {
     cfg.classes
         .iter()
         .zip(rows)
         .map(|(c, r)| {
-            let busy_ns = out.busy_ns(c.tgid, end_ns);
+            let busy_ns = out.busy_ns(c.tgid, end_ns) - out.busy_ns(c.tgid, start_ns);
             let truth_j = c.watts * busy_ns as f64 * 1e-9;
             (r.ours_j - truth_j) / truth_j
         })
@@ -235,7 +241,11 @@ fn scenario_runs(
                 };
                 let (rows, attr) = evaluate(&cfg, &base);
                 let out = simulate(&cfg);
-                let end_ns = attr.sources[0].intervals.last().map_or(0, |iv| iv.end_ns);
+                let ivs = &attr.sources[0].intervals;
+                let span = (
+                    ivs.first().map_or(0, |iv| iv.start_ns),
+                    ivs.last().map_or(0, |iv| iv.end_ns),
+                );
                 let forced = |m: PowerModel| {
                     let (rows, _) = evaluate(
                         &cfg,
@@ -244,7 +254,7 @@ fn scenario_runs(
                             ..base.clone()
                         },
                     );
-                    errs(&span_errors(&cfg, &out, end_ns, &rows))
+                    errs(&span_errors(&cfg, &out, span, &rows))
                 };
                 let src = &attr.sources[0];
                 let (ratio, fitted) =
@@ -265,7 +275,7 @@ fn scenario_runs(
                                     .join(" "),
                             )
                         });
-                let errors = span_errors(&cfg, &out, end_ns, &rows);
+                let errors = span_errors(&cfg, &out, span, &rows);
                 let uncertain = src.power_model_uncertain.is_some();
                 println!(
                     "| {seed} | {:?} | {} | {ratio} | {fitted} | {} | {} | {} |",

@@ -52,7 +52,10 @@ pub(super) fn run_source(
         };
         &timed
     };
-    let (intervals, interval_stats) = interval::cut(&readings, source.update_period_ns);
+    let (readings, head_ns) =
+        interval::without_stale_head(readings, source.update_period_ns, read_ns);
+    let (intervals, mut interval_stats) = interval::cut(&readings, source.update_period_ns);
+    interval_stats.dropped_ns += head_ns;
     let is_gpu = domain == EnergyDomain::Gpu;
     let cpus = if is_gpu {
         Vec::new()

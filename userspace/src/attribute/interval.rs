@@ -104,6 +104,35 @@ pub fn read_interval_ns(recorded: u64, readings: &[&EnergyReading]) -> u64 {
     median(&mut gaps)
 }
 
+/// A source's readings without a stale head, and the time left out, ns. A counter read
+/// faster than it updates (`period_ns` at least two reads of `read_ns`) starts a recording
+/// with the value of an update made before the recording began, up to a period earlier:
+/// the energy up to the first change it shows was drawn over that much more time than the
+/// recording holds, and split over the recording's first moments it gave whatever ran
+/// there (the recorder starting up) a share of energy drawn before. The head is left out,
+/// from the recorder's first reading (energy 0) to the first reading that saw a change. A
+/// live window's first reading is one that saw a change, and has no stale head.
+pub fn without_stale_head<'a>(
+    mut readings: Vec<&'a EnergyReading>,
+    period_ns: u64,
+    read_ns: u64,
+) -> (Vec<&'a EnergyReading>, u64) {
+    readings.sort_by_key(|r| r.ts_ns);
+    if read_ns == 0 || period_ns < 2 * read_ns {
+        return (readings, 0);
+    }
+    let Some(first) = readings.first().copied().filter(|r| r.energy_uj == 0.0) else {
+        return (readings, 0);
+    };
+    match readings.iter().position(|r| r.energy_uj != first.energy_uj) {
+        Some(i) => {
+            let head_ns = readings[i].ts_ns - first.ts_ns;
+            (readings.split_off(i), head_ns)
+        }
+        None => (readings, 0),
+    }
+}
+
 /// Gaps between changes [`update_period_ns`] needs before it reads a period from them.
 const MIN_CHANGE_GAPS: usize = 3;
 
@@ -288,6 +317,30 @@ mod tests {
         assert_eq!(update_period_ns(50, 1_000, &changed), 50);
         // A stated period longer than the readings show is kept (it is not a lower bound).
         assert_eq!(update_period_ns(2_000, 250, &refs), 2_000);
+    }
+
+    #[test]
+    fn a_slow_counter_leaves_out_the_energy_before_its_first_update() {
+        // Updated once a second, read every 20 ns of 1,000: the recorder's first reading
+        // (0) holds an update made before it; up to the first change is left out.
+        let rs = [
+            r(0, 0.0, ""),
+            r(300, 9.0, ""),
+            r(1_300, 14.0, ""),
+            r(2_300, 19.0, ""),
+        ];
+        let refs: Vec<_> = rs.iter().collect();
+        let (kept, head_ns) = without_stale_head(refs.clone(), 1_000, 20);
+        assert_eq!(
+            kept.iter().map(|r| r.ts_ns).collect::<Vec<_>>(),
+            [300, 1_300, 2_300]
+        );
+        assert_eq!(head_ns, 300);
+        // A fast counter (RAPL read every 10 of its 1) keeps it: an update is that old.
+        assert_eq!(without_stale_head(refs.clone(), 1, 10), (refs.clone(), 0));
+        // A live window starts at a reading that saw a change: nothing is stale.
+        let window: Vec<_> = refs[1..].to_vec();
+        assert_eq!(without_stale_head(window.clone(), 1_000, 20), (window, 0));
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub fn load_rows(input: &Input<'_>, row_ns: u64) -> Vec<SourceLoad> {
             .collect();
         let read_ns = interval::read_interval_ns(source.read_interval_ns, &readings);
         let period = interval::update_period_ns(source.update_period_ns, read_ns, &readings);
+        let (readings, _) = interval::without_stale_head(readings, period, read_ns);
         let (intervals, _) = interval::cut(&readings, period);
         let cpus = super::apportion::domain_cpus(input, source);
         // The weight is the run's raw count per ns, so `weighted_ns` sums counts. The rows

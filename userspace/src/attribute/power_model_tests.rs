@@ -112,18 +112,20 @@ fn with_host_static(
     (out, attr)
 }
 
-/// Each process's error against the energy it drew up to the last interval's end: a counter
-/// updated once a second leaves up to a second at the end that no reading measured.
+/// Each process's error against the energy it drew over the intervals' span: a counter
+/// updated once a second leaves up to a second at each end that no interval measured.
 fn measured_span_errors(
     cfg: &crate::testing::sim::SimConfig,
     out: &crate::testing::sim::SimOutput,
     attr: &super::Attribution,
 ) -> Vec<(u32, f64)> {
-    let end_ns = attr.sources[0].intervals.last().map_or(0, |iv| iv.end_ns);
+    let ivs = &attr.sources[0].intervals;
+    let start_ns = ivs.first().map_or(0, |iv| iv.start_ns);
+    let end_ns = ivs.last().map_or(0, |iv| iv.end_ns);
     cfg.classes
         .iter()
         .map(|c| {
-            let busy_ns = out.busy_ns(c.tgid, end_ns);
+            let busy_ns = out.busy_ns(c.tgid, end_ns) - out.busy_ns(c.tgid, start_ns);
             let truth_uj = c.watts * busy_ns as f64 * 1e-3;
             let got: f64 = attr
                 .threads

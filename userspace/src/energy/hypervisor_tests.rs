@@ -172,3 +172,63 @@ fn no_share_is_absent_not_an_error() {
     let tmp = tempfile::tempdir().expect("tempdir");
     assert!(open(tmp.path()).expect("open").is_empty());
 }
+
+#[test]
+fn the_reader_times_each_host_update_within_a_few_ms() {
+    // A host writing every 200 ms: read five times per update, each update would reach the
+    // guest 20 ms late on average; in step with the host, within the lock's 2 ms steps.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().to_owned();
+    write_share(&dir, 1, 0, 0, Some(0));
+    let host = {
+        let dir = dir.clone();
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut written = Vec::new();
+            for seq in 2..20u64 {
+                std::thread::sleep(Duration::from_millis(200));
+                let us = t0.elapsed().as_micros() as u64;
+                write_share(&dir, seq, us * 10, us * 2, Some(us));
+                written.push(crate::clock::monotonic_ns());
+            }
+            written
+        })
+    };
+    let args = crate::energy::EnergyArgs {
+        energy_source: SourceKind::Hypervisor,
+        hypervisor_dir: dir.clone(),
+        sysfs_root: dir.join("no-sysfs"),
+        dev_cpu_root: dir.join("no-dev-cpu"),
+        ..Default::default()
+    };
+    let reader =
+        crate::energy::reader::start(&args, &crate::energy::fake::cpus(1, 2)).expect("reader");
+    let source = reader.sources()[0].clone();
+    let written = host.join().expect("host");
+    let readings = reader.stop();
+    // The recording says what timed each update: the lock's step, not the plain 40 ms.
+    assert!(
+        source.read_interval_ns < 40_000_000,
+        "read interval {} ns",
+        source.read_interval_ns
+    );
+    // Each reading after the first update, against the host's write before it.
+    let mut late_ms: Vec<f64> = readings
+        .iter()
+        .filter_map(|r| {
+            let w = written.iter().rev().find(|&&w| w <= r.ts_ns)?;
+            Some((r.ts_ns - w) as f64 / 1e6)
+        })
+        .collect();
+    assert!(
+        late_ms.len() >= 10,
+        "{} readings after an update",
+        late_ms.len()
+    );
+    late_ms.sort_by(f64::total_cmp);
+    let median = late_ms[late_ms.len() / 2];
+    assert!(
+        median < 10.0,
+        "updates reached the reader {median:.1} ms late (median): {late_ms:?}"
+    );
+}
