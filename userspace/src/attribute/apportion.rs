@@ -574,7 +574,6 @@ fn plan_model(
     })
 }
 
-/// Median spacing of a source's readings, ns (0 with fewer than two).
 /// How old, on average, the energy a reading closes is: half the shorter of the counter's
 /// update period and the read interval (0, unknown, leaves the update's). The read
 /// interval is the recorder's ([`interval::read_interval_ns`]), not the readings' spacing:

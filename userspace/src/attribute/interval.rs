@@ -112,11 +112,11 @@ pub fn read_interval_ns(recorded: u64, readings: &[&EnergyReading]) -> u64 {
 /// there (the recorder starting up) a share of energy drawn before. The head is left out,
 /// from the recorder's first reading (energy 0) to the first reading that saw a change. A
 /// live window's first reading is one that saw a change, and has no stale head.
-pub fn without_stale_head<'a>(
-    mut readings: Vec<&'a EnergyReading>,
+pub fn without_stale_head(
+    mut readings: Vec<&EnergyReading>,
     period_ns: u64,
     read_ns: u64,
-) -> (Vec<&'a EnergyReading>, u64) {
+) -> (Vec<&EnergyReading>, u64) {
     readings.sort_by_key(|r| r.ts_ns);
     if read_ns == 0 || period_ns < 2 * read_ns {
         return (readings, 0);
