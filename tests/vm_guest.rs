@@ -91,14 +91,26 @@ fn readings(file: &Path) -> Vec<(f64, String)> {
 /// The host's energy for the VM over the guest's window. Every guest reading must be a
 /// value the host wrote, less the value the guest opened the counter at (found here): then
 /// the window is from the first to the last reading, in the host's own numbers.
-fn host_window_uj(log: &ShareLog, guest: &[(f64, String)]) -> f64 {
+fn host_window_uj(log: &ShareLog, guest: &[(f64, String)], from_recording_start: bool) -> f64 {
     let values: Vec<u64> = log.writes().iter().map(|w| w.1).collect();
     let base = values
         .iter()
         .copied()
         .find(|&b| guest.iter().all(|(e, _)| values.contains(&(b + *e as u64))))
         .unwrap_or_else(|| panic!("guest readings {guest:?} are not host values {values:?}"));
-    let first = guest.first().expect("readings").0 as u64;
+    // From the recording's first read, the report leaves out the head up to the first
+    // update the guest saw: the share's value at that read is an update made before the
+    // recording began (`attribute::interval::without_stale_head`). A stretch after a gap
+    // starts at a read that saw an update, and keeps its first interval.
+    let first = if from_recording_start {
+        guest
+            .iter()
+            .map(|(e, _)| *e as u64)
+            .find(|&e| e > 0)
+            .expect("a reading after an update")
+    } else {
+        guest.first().expect("readings").0 as u64
+    };
     let last = guest.last().expect("readings").0 as u64;
     ((base + last) - (base + first)) as f64
 }
@@ -224,7 +236,7 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
         guest_readings.iter().all(|(_, f)| f.is_empty()),
         "a steady window has no gap: {guest_readings:?}"
     );
-    let host_j = host_window_uj(&log, &guest_readings) / 1e6;
+    let host_j = host_window_uj(&log, &guest_readings, true) / 1e6;
     let report = util::report_json(&file);
     let total_j = report["total_j"].as_f64().expect("total_j");
     eprintln!("steady window: guest total {total_j:.3} J, host's energy for the VM {host_j:.3} J");
@@ -320,13 +332,16 @@ fn a_guest_reads_its_measured_energy_from_the_host_and_splits_it_by_process() {
     // what the guest counted is the host's energy over those stretches, and the report's
     // total is what was counted.
     let mut counted_j = 0.0;
+    let mut counted_stretches = 0;
     let mut segment: Vec<(f64, String)> = Vec::new();
     for r in restart.iter().chain([&(f64::NAN, "end".to_owned())]) {
         if !r.1.is_empty() && !segment.is_empty() {
             let base = segment[0].0;
             let rebased: Vec<(f64, String)> =
                 segment.iter().map(|(e, f)| (e - base, f.clone())).collect();
-            counted_j += host_window_uj(&log, &rebased) / 1e6;
+            let first_stretch = counted_stretches == 0;
+            counted_j += host_window_uj(&log, &rebased, first_stretch) / 1e6;
+            counted_stretches += 1;
             segment.clear();
         }
         segment.push(r.clone());
