@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::pb::v1::{EnergyDomain, EnergyReading, EnergySource};
+use crate::pb::v1::{EnergyDomain, EnergySource};
 use crate::timeline::{IDLE_TID, Run, UNKNOWN_TID};
 
 use super::attribution::{
@@ -34,26 +34,23 @@ pub(super) fn run_source(
     source: &EnergySource,
 ) -> SourceOutcome {
     let domain = source.domain();
-    let readings: Vec<&EnergyReading> = input
-        .readings
-        .iter()
-        .filter(|r| r.source_id == source.id)
-        .collect();
     // The period the readings show where start-up could only bound it from below.
-    let read_ns = interval::read_interval_ns(source.read_interval_ns, &readings);
-    let observed = interval::update_period_ns(source.update_period_ns, read_ns, &readings);
+    let interval::Timed {
+        readings,
+        period_ns,
+        read_ns,
+        head_ns,
+    } = interval::timed(source, input.readings);
     let timed;
-    let source = if observed == source.update_period_ns {
+    let source = if period_ns == source.update_period_ns {
         source
     } else {
         timed = EnergySource {
-            update_period_ns: observed,
+            update_period_ns: period_ns,
             ..source.clone()
         };
         &timed
     };
-    let (readings, head_ns) =
-        interval::without_stale_head(readings, source.update_period_ns, read_ns);
     let (intervals, mut interval_stats) = interval::cut(&readings, source.update_period_ns);
     interval_stats.dropped_ns += head_ns;
     let is_gpu = domain == EnergyDomain::Gpu;

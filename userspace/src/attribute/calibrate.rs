@@ -132,12 +132,11 @@ pub fn measure(
     let cpus: Vec<u32> = timeline.cpus.iter().map(|c| c.cpu).collect();
     let mut out = Vec::new();
     for source in sources {
-        let rs: Vec<&EnergyReading> = readings
-            .iter()
-            .filter(|r| r.source_id == source.id)
-            .collect();
-        let read_ns = interval::read_interval_ns(source.read_interval_ns, &rs);
-        let period = interval::update_period_ns(source.update_period_ns, read_ns, &rs);
+        let interval::Timed {
+            readings: rs,
+            period_ns: period,
+            ..
+        } = interval::timed(source, readings);
         let (intervals, _) = interval::cut(&rs, period);
         if intervals.is_empty() {
             return Err(CalibrateError::NoReadings {

@@ -133,6 +133,37 @@ pub fn without_stale_head(
     }
 }
 
+/// One source's readings as analysis takes them: sorted, without a stale head
+/// ([`without_stale_head`]), with the update period they show ([`update_period_ns`]) and
+/// the read interval ([`read_interval_ns`]), and the head's time, ns.
+pub struct Timed<'a> {
+    /// The readings kept.
+    pub readings: Vec<&'a EnergyReading>,
+    /// Update period, ns.
+    pub period_ns: u64,
+    /// Read interval, ns.
+    pub read_ns: u64,
+    /// Time of the head left out, ns.
+    pub head_ns: u64,
+}
+
+/// [`Timed`] readings of `source` out of `readings` (any source, any order).
+pub fn timed<'a>(source: &crate::pb::v1::EnergySource, readings: &'a [EnergyReading]) -> Timed<'a> {
+    let mine: Vec<&EnergyReading> = readings
+        .iter()
+        .filter(|r| r.source_id == source.id)
+        .collect();
+    let read_ns = read_interval_ns(source.read_interval_ns, &mine);
+    let period_ns = update_period_ns(source.update_period_ns, read_ns, &mine);
+    let (readings, head_ns) = without_stale_head(mine, period_ns, read_ns);
+    Timed {
+        readings,
+        period_ns,
+        read_ns,
+        head_ns,
+    }
+}
+
 /// Gaps between changes [`update_period_ns`] needs before it reads a period from them.
 const MIN_CHANGE_GAPS: usize = 3;
 

@@ -3,7 +3,7 @@
 //! quietest of them over hours to learn static power (`agent::learn`); the fit is the one
 //! attribution uses ([`super::zero_load`]). PURE.
 
-use crate::pb::v1::{EnergyDomain, EnergyReading};
+use crate::pb::v1::EnergyDomain;
 
 use super::Input;
 use super::interval;
@@ -48,14 +48,11 @@ pub fn load_rows(input: &Input<'_>, row_ns: u64) -> Vec<SourceLoad> {
         if source.estimated || source.domain() == EnergyDomain::Gpu {
             continue;
         }
-        let readings: Vec<&EnergyReading> = input
-            .readings
-            .iter()
-            .filter(|r| r.source_id == source.id)
-            .collect();
-        let read_ns = interval::read_interval_ns(source.read_interval_ns, &readings);
-        let period = interval::update_period_ns(source.update_period_ns, read_ns, &readings);
-        let (readings, _) = interval::without_stale_head(readings, period, read_ns);
+        let interval::Timed {
+            readings,
+            period_ns: period,
+            ..
+        } = interval::timed(source, input.readings);
         let (intervals, _) = interval::cut(&readings, period);
         let cpus = super::apportion::domain_cpus(input, source);
         // The weight is the run's raw count per ns, so `weighted_ns` sums counts. The rows

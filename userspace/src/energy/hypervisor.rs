@@ -40,8 +40,8 @@ pub const META_FILE: &str = "energy-bpf.json";
 pub const STALE_INTERVALS: u64 = 2;
 /// How often a zone is read at least, per host interval: five reads per update keep each
 /// reading within a fifth of an interval of the host's write, at two small file reads each
-/// (in a TCG guest, where a read costs most, about 25 ms). A share that costs less is read
-/// more often (`reader::read_interval_of`).
+/// (in a TCG guest, where a read costs most, about 25 ms). Where reads are cheap enough, the
+/// reader times each update more closely in step with the host (`reader`, `PhaseLock`).
 const READS_PER_UPDATE: u64 = 5;
 
 /// One zone's figures in `energy-bpf.json`.
