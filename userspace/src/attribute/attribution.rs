@@ -291,6 +291,19 @@ impl Attribution {
         e.sum_of(&self.headline)
     }
 
+    /// The time the headline energy was measured over, ns: the longest span a headline
+    /// source's intervals cover. A slow counter's head (before its first update seen) and
+    /// tail (after its last) are not in its energy, so they are not in this span either;
+    /// average power is the energy over it, not over the recording. None without intervals.
+    pub fn measured_span_ns(&self) -> Option<u64> {
+        self.sources
+            .iter()
+            .filter(|s| self.headline.contains(&s.domain))
+            .map(|s| s.intervals.iter().map(|iv| iv.end_ns - iv.start_ns).sum())
+            .filter(|&ns: &u64| ns > 0)
+            .max()
+    }
+
     /// The split used by the sources: "regression" if any source used it, else "time".
     pub fn power_model(&self) -> PowerModelUsed {
         if self

@@ -494,3 +494,43 @@ fn equal_power_prefers_time_and_is_accurate() {
     }
     assert_eq!(attr.sources[0].static_origin, StaticOrigin::Given);
 }
+
+#[test]
+fn average_power_is_over_the_span_the_counter_measured() {
+    // A counter updated every 1,000 ns and read every 20: the head before its first update
+    // (0..300) and the tail after its last (2,300..2,600) hold no energy of the recording,
+    // so watts are the 10 µJ over 2,000 ns, not over the timeline's 2,600.
+    let tl = Timeline::build(0, 2_600, &[0], &[sw(2_600, 0, 5, 0)]);
+    let sources = [EnergySource {
+        read_interval_ns: 20,
+        ..source(0, EnergyDomain::Package, 0)
+    }];
+    let readings = [
+        reading(0, 0, 0.0),
+        reading(0, 300, 9.0),
+        reading(0, 1_300, 14.0),
+        reading(0, 2_300, 19.0),
+    ];
+    let cpus = [Cpu {
+        id: 0,
+        package: 0,
+        core: 0,
+    }];
+    let opts = Options {
+        static_w: Some(0.0),
+        power_model: PowerModel::Time,
+        ..Options::default()
+    };
+    let attr = attribute(&input(&tl, &[], &sources, &readings, &cpus), &opts);
+    assert!(rel_eq(attr.total_uj(), 10.0), "{}", attr.total_uj());
+    assert_eq!(attr.measured_span_ns(), Some(2_000));
+    let without = Attribution {
+        sources: Vec::new(),
+        ..attr
+    };
+    assert_eq!(
+        without.measured_span_ns(),
+        None,
+        "no intervals: the caller's span"
+    );
+}

@@ -10,14 +10,25 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use super::backoff::{Backoff, Schedule};
 use crate::pb::v1::JitSymbol;
 use std::path::PathBuf;
 
 use crate::symbolize::JitRuntime;
 use crate::symbolize::perf_map::{JitTable, PerfMapError, PerfMapFile, live_path};
 
-/// How often a missing map is looked for again, and a grown one re-read, per process.
-const RETRY: Duration = Duration::from_millis(250);
+/// How often a missing map is looked for again, and a grown one re-read, per process: a
+/// runtime's, or one that has a map, every 250 ms.
+const RETRY: Schedule = Schedule {
+    first: Duration::from_millis(250),
+    most: Duration::from_millis(250),
+};
+/// Native code's addresses all miss, and most processes never write a map: a process that
+/// is no known runtime and has none is looked at less often each time, up to every 16 s.
+const RETRY_NATIVE: Schedule = Schedule {
+    first: Duration::from_millis(250),
+    most: Duration::from_secs(16),
+};
 /// Most addresses kept per process for a later look-up.
 const MAX_PENDING: usize = 1 << 14;
 /// Most addresses kept for a later look-up over all processes (native code's addresses
@@ -44,7 +55,7 @@ struct Process {
     /// an earlier process's.
     first_seen: std::time::SystemTime,
     file: Option<PerfMapFile>,
-    last_try: Option<Instant>,
+    retry: Option<Backoff>,
     table: JitTable,
     /// Starts of entries already recorded.
     recorded: HashSet<u64>,
@@ -59,7 +70,7 @@ impl Default for Process {
             owner: None,
             first_seen: std::time::SystemTime::now(),
             file: None,
-            last_try: None,
+            retry: None,
             table: JitTable::default(),
             recorded: HashSet::new(),
             pending: HashSet::new(),
@@ -140,7 +151,15 @@ impl JitMaps {
 
 impl Process {
     fn due(&self) -> bool {
-        self.last_try.is_none_or(|t| t.elapsed() >= RETRY)
+        self.retry.is_none_or(|r| r.due(Instant::now()))
+    }
+
+    fn schedule(&self) -> Schedule {
+        if self.runtime || self.file.is_some() {
+            RETRY
+        } else {
+            RETRY_NATIVE
+        }
     }
 
     /// Looks `addr` up; records its entry the first time. False when no entry holds it
@@ -177,13 +196,21 @@ impl Process {
 
     /// Reads what the map gained since last time (opening it first if need be).
     fn refresh(&mut self, tgid: u32) {
-        self.last_try = Some(Instant::now());
+        let now = Instant::now();
+        let had_file = self.file.is_some();
         if self.owner.is_none() {
             self.owner = owner_of(tgid);
         }
-        if self.file.is_none() {
-            let Some(o) = self.owner else { return };
+        if self.file.is_none()
+            && let Some(o) = self.owner
+        {
             self.file = self.open(tgid, o);
+        }
+        let schedule = self.schedule();
+        let found = self.file.is_some() && !had_file;
+        match &mut self.retry {
+            Some(r) => r.looked(now, found, schedule),
+            None => self.retry = Some(Backoff::new(now, schedule)),
         }
         let Some(file) = self.file.as_mut() else {
             return;

@@ -8,6 +8,7 @@
 
 pub(crate) mod activity;
 pub(crate) mod aggregate;
+pub(crate) mod backoff;
 mod bpf_sys;
 pub mod btf;
 pub(crate) mod cgroupns;

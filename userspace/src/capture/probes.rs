@@ -364,6 +364,14 @@ impl Probes {
         }
     }
 
+    /// Process `tgid` mapped executable files since its tables were loaded
+    /// (`Unwinder::refresh`).
+    pub fn refresh_unwind(&mut self, tgid: u32) {
+        if let Some(u) = &mut self.unwinder {
+            u.refresh(tgid);
+        }
+    }
+
     /// An explicit target exec'd: its new program's tables are loaded now
     /// (`Unwinder::exec`).
     pub fn exec_unwind(&mut self, tgid: u32) {

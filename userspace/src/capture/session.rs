@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::backoff::{Backoff, Schedule};
 use super::{Comm, DecodedSample, Event, Probes, comm_string, decode::DecodedProc, host};
 use crate::pb::v1::{self as pb, process_event::Kind};
 
@@ -65,8 +66,8 @@ pub struct Session {
     exited: [Vec<(u32, u32)>; 2],
     vanished: u64,
     read_mappings: MappingReader,
-    /// Per process: when its mappings were last re-read, and the starts already recorded.
-    remapped: HashMap<u32, (std::time::Instant, HashSet<u64>)>,
+    /// Per process: when its mappings are next re-read, and the starts already recorded.
+    remapped: HashMap<u32, (Backoff, HashSet<u64>)>,
     /// Perf maps of sampled processes (JIT code names).
     jit: super::jit::JitMaps,
     /// Switch events the last poll drained.
@@ -284,13 +285,13 @@ impl Session {
     }
 
     /// A stack walk met code outside the mappings known when the process was first seen
-    /// (`dlopen`): records the executable mappings added since, at most every 500 ms per
-    /// process, so those frames symbolize too.
+    /// (`dlopen`): records the executable mappings added since, so those frames symbolize
+    /// too, and has the unwind tables reloaded when there are any. Re-read [`REMAP`]
+    /// apart per process, twice as far apart after each re-read that found nothing new: a
+    /// walk that lost its way meets an unmapped PC however often the maps are read.
     fn remap(&mut self, chunk: &mut pb::Chunk, tgid: u32, ts_ns: u64) {
         let now = std::time::Instant::now();
-        if let Some((last, _)) = self.remapped.get(&tgid)
-            && now.duration_since(*last) < std::time::Duration::from_millis(500)
-        {
+        if self.remapped.get(&tgid).is_some_and(|(b, _)| !b.due(now)) {
             return;
         }
         if self.remapped.len() > 65_536 {
@@ -299,17 +300,22 @@ impl Session {
         let Ok(maps) = (self.read_mappings)(tgid, ts_ns) else {
             return;
         };
-        let (last, known) = self
+        let (backoff, known) = self
             .remapped
             .entry(tgid)
-            .or_insert_with(|| (now, HashSet::new()));
-        *last = now;
+            .or_insert_with(|| (Backoff::new(now, REMAP), HashSet::new()));
         // The first re-read repeats what the first sighting recorded (the same mapping twice
         // symbolizes the same); later ones add only what is new.
+        let before = chunk.mappings.len();
         for m in maps {
             if known.insert(m.start) {
                 chunk.mappings.push(m);
             }
+        }
+        let found = chunk.mappings.len() > before;
+        backoff.looked(now, found, REMAP);
+        if found {
+            self.probes.refresh_unwind(tgid);
         }
     }
 
@@ -390,6 +396,14 @@ impl Session {
         });
     }
 }
+
+/// How often a process's mappings are re-read for unmapped PCs: twice a second while
+/// re-reads find new mappings, backing off to every 16 s while they find none (a library
+/// `dlopen`ed after that has its frames named and walked within 16 s).
+const REMAP: Schedule = Schedule {
+    first: std::time::Duration::from_millis(500),
+    most: std::time::Duration::from_secs(16),
+};
 
 /// What one event tells about a thread.
 struct Sighting {

@@ -10,9 +10,10 @@
 //!
 //! An `exec` drops the process's entry (the next sample asks again, by then with the new
 //! program's libraries mapped); an exit drops it for good. A walk that meets a PC outside
-//! every known mapping ([`unwind_flags::UNMAPPED_PC`]: `dlopen`, JIT code) asks for a reload,
-//! at most once per [`REFRESH_EVERY`] per process, and only rewrites the entry when the process's
-//! executable mappings changed.
+//! every known mapping ([`unwind_flags::UNMAPPED_PC`]: `dlopen`, JIT code) has the session
+//! re-read the process's mappings (backing off while they do not change); where it found
+//! executable files mapped since, it asks for a reload ([`Unwinder::refresh`]), which
+//! rewrites the entry only when the process's entries changed.
 //!
 //! Memory is bounded by the maps: [`UNWIND_ROWS`] rows (16 MiB) shared by every file, and
 //! [`MAX_PROCESSES`] processes. When the rows run out, the arena is rebuilt with only the
@@ -36,8 +37,7 @@ use aya::{
     programs::PerfEvent,
 };
 use energy_bpf_abi::{
-    UNWIND_MAPPINGS, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, unwind_flags,
-    unwind_stop,
+    UNWIND_MAPPINGS, UNWIND_ROWS, UnwindMapping, UnwindProcess, UnwindRow, unwind_stop,
 };
 
 use crate::unwind::{
@@ -51,9 +51,6 @@ pub const MAX_PROCESSES: usize = energy_bpf_abi::UNWIND_PROCESSES as usize;
 /// How often processes that are gone without an exit event (the lifecycle ring buffer was
 /// full) are forgotten on both sides, so lost exits never fill the tables for good.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
-
-/// Shortest time between two reloads of one process's tables for unmapped PCs.
-pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
 
 /// Shortest time between two rebuilds of a full arena: when the files in use do not fit,
 /// new processes keep frame pointers rather than the loader rewriting the arena again and
@@ -150,14 +147,12 @@ fn alive(tgid: u32) -> bool {
 }
 
 /// Which samples and lifecycle events turn into loader work: each process is asked for
-/// once until it is dropped, and reloaded for unmapped PCs at most every
-/// [`REFRESH_EVERY`]. Pure, so it is tested without a kernel.
+/// once until it is dropped. Pure, so it is tested without a kernel.
 #[derive(Default)]
 struct Policy {
     /// Processes asked for and not dropped since, and when (monotonic ns): the loader
     /// reads the process after that, so an exec before it does not make the tables stale.
     requested: HashMap<u32, u64>,
-    refreshed: HashMap<u32, Instant>,
 }
 
 impl Policy {
@@ -166,34 +161,22 @@ impl Policy {
         &mut self,
         tgid: u32,
         unwind: u32,
-        now: Instant,
         now_ns: impl FnOnce() -> u64,
     ) -> Option<Request> {
         let stop = (unwind >> 8) & 0xff;
-        if stop == unwind_stop::NO_PROCESS {
-            // Bounded: past this many live requests, new processes keep frame pointers.
-            if self.requested.contains_key(&tgid) || self.requested.len() >= 4 * MAX_PROCESSES {
-                return None;
-            }
-            self.requested.insert(tgid, now_ns());
-            return Some(Request::Load(tgid));
-        }
-        if unwind & unwind_flags::UNMAPPED_PC == 0 {
+        if stop != unwind_stop::NO_PROCESS {
             return None;
         }
-        let due = self
-            .refreshed
-            .get(&tgid)
-            .is_none_or(|t| now.duration_since(*t) >= REFRESH_EVERY);
-        due.then(|| {
-            self.refreshed.insert(tgid, now);
-            Request::Refresh(tgid)
-        })
+        // Bounded: past this many live requests, new processes keep frame pointers.
+        if self.requested.contains_key(&tgid) || self.requested.len() >= 4 * MAX_PROCESSES {
+            return None;
+        }
+        self.requested.insert(tgid, now_ns());
+        Some(Request::Load(tgid))
     }
 
     fn forget(&mut self, tgid: u32) -> Request {
         self.requested.remove(&tgid);
-        self.refreshed.remove(&tgid);
         Request::Drop(tgid)
     }
 
@@ -220,7 +203,6 @@ impl Policy {
     /// Forgets processes for which `alive` says no.
     fn prune(&mut self, alive: impl Fn(u32) -> bool) {
         self.requested.retain(|&t, _| alive(t));
-        self.refreshed.retain(|&t, _| alive(t));
     }
 }
 
@@ -274,12 +256,12 @@ impl Unwinder {
     }
 
     /// Looks at one sample's `unwind` word: asks for the tables of a process sampled without
-    /// them, and for a reload where a walk met unmapped code.
+    /// them.
     pub fn observe(&mut self, tgid: u32, unwind: u32) {
         let now = Instant::now();
         if let Some(request) = self
             .policy
-            .on_sample(tgid, unwind, now, crate::clock::monotonic_ns)
+            .on_sample(tgid, unwind, crate::clock::monotonic_ns)
         {
             self.send(request);
         }
@@ -288,6 +270,13 @@ impl Unwinder {
             self.policy.prune(alive);
             self.send(Request::Prune);
         }
+    }
+
+    /// Process `tgid` mapped executable files since its tables were loaded (the session
+    /// re-read its mappings for a walk that met unmapped code): reloads them, if it has
+    /// tables.
+    pub fn refresh(&mut self, tgid: u32) {
+        self.send(Request::Refresh(tgid));
     }
 
     /// A process exec'd and is worth tables before its first sample (an explicit target):

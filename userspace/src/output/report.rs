@@ -394,6 +394,11 @@ fn report(
         .map(|&d| domain_name(d).to_string())
         .collect();
     let secs = (totals.duration_ns as f64 / 1e9).max(1e-9);
+    // Average power is over the time the energy was measured: a once-a-second counter
+    // leaves up to a second out at each end of a recording.
+    let power_secs = attr
+        .measured_span_ns()
+        .map_or(secs, |ns| (ns as f64 / 1e9).min(secs).max(1e-9));
     let total = attr.total_uj();
     let cpus: Vec<u32> = a.timeline.cpus.iter().map(|c| c.cpu).collect();
     let span = match window {
@@ -411,7 +416,7 @@ fn report(
         format!(
             "energy: {:.3} J ({:.2} W) from {}, split by {:?}; idle/static {:.3} J",
             totals.total_j,
-            totals.total_j / secs,
+            totals.total_j / power_secs,
             analysis::source_description(&a.sources),
             totals.power_model,
             totals.idle_j.max(0.0),
@@ -464,7 +469,7 @@ fn report(
             samples: 0,
             energy: cells(&e.joules_by_name(), None),
             total_energy: None,
-            power_w: uj * 1e-6 / secs,
+            power_w: uj * 1e-6 / power_secs,
             share: if total > 0.0 { uj / total } else { 0.0 },
             cpu_share: Vec::new(),
         }

@@ -194,8 +194,13 @@ pub(super) fn status_kib(pid: u32, key: &str) -> Result<u64> {
 }
 
 fn scrape(addr: &str) -> Result<String> {
+    get(addr, "/metrics")
+}
+
+/// The whole HTTP/1.0 answer (status line, headers, body) to `GET path` at `addr`.
+pub(super) fn get(addr: &str, path: &str) -> Result<String> {
     let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").map_err(|e| e.to_string())?;
     let mut text = String::new();
     s.read_to_string(&mut text).map_err(|e| e.to_string())?;
     Ok(text)

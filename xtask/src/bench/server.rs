@@ -15,8 +15,9 @@
 //! the requests (at least 10,000), and at least [`WARM`] in all. An always-on agent has long
 //! since loaded the unwind tables of redis-benchmark's files (once per file and machine)
 //! and closed its first window (which names every process it found) when a new client
-//! starts. Those one-off costs are not a context switch's; the warm-up's own tool CPU is
-//! printed apart so it stays visible.
+//! starts: the agent modes' warm-up also lasts until the agent's `/readyz` says its first
+//! window closed, and [`SETTLE`] more. Those one-off costs are not a context switch's; the
+//! warm-up's own tool CPU is printed apart so it stays visible.
 //!
 //! Self-contained: starts its own redis on a free loopback port with persistence off, in a
 //! private directory, and stops everything it started (also on error).
@@ -68,6 +69,26 @@ impl Mode {
 
 /// The least time from a tool's start to the measured run: the agent's 5 s window and 1 s.
 const WARM: Duration = Duration::from_secs(6);
+
+/// After the agent's first window: time for the work it started to finish.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// Waits until the agent at `addr` says `/readyz` 200 (its first window has closed).
+fn agent_ready(addr: &str) -> Result {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = super::agent::get(addr, "/readyz").unwrap_or_default();
+        if answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the agent at {addr} was not ready within 60 s: {answer}"
+            ));
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// Kills (and reaps) a child when dropped: nothing is left running after an error.
 struct Guard(Option<Child>);
@@ -270,11 +291,12 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
             Command::new(program)
         }
     };
+    let agent_addr = format!("127.0.0.1:{}", free_port()?);
     let tool = match mode {
         Mode::Alone => None,
         Mode::Agent | Mode::AgentStream | Mode::AgentCarbon => Some(start(
             tool(&setup.bin)
-                .args(["agent", "--metrics-addr", "127.0.0.1:0", "--socket"])
+                .args(["agent", "--metrics-addr", &agent_addr, "--socket"])
                 .arg(dir.join("agent.sock"))
                 .args(["--vm-share", "none", "--switches"])
                 .arg(if mode == Mode::AgentStream {
@@ -305,8 +327,14 @@ fn one_run(mode: Mode, setup: &Setup, dir: &Path, port: u16, requests: u64) -> R
     let warm0 = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0);
     let warm_start = Instant::now();
     benchmark(port, (requests / 10).max(10_000))?;
-    // Past the agent's first window too: its first close names every process it found.
     thread::sleep(WARM.saturating_sub(warm_start.elapsed()));
+    if matches!(mode, Mode::Agent | Mode::AgentStream | Mode::AgentCarbon) {
+        // Past the agent's first window too: its first close names every process it
+        // found and loads what their first samples asked for, once per agent (50-80 ms
+        // here), which a measured run of a few seconds would put on its switches.
+        agent_ready(&agent_addr)?;
+        thread::sleep(SETTLE);
+    }
     let cpu0 = pid.map(cpu_seconds).transpose()?.unwrap_or(0.0);
     let prog0 = pid.and_then(busiest_program);
     let ctxt0 = ctxt()?;
