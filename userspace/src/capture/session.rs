@@ -219,6 +219,8 @@ impl Session {
             Kind::Exec => {
                 // New program image: new name, new mappings, same pid and start.
                 let started = self.processes.remove(&p.tgid);
+                // The old program's re-reads and their back-off do not apply to the new one.
+                self.remapped.remove(&p.tgid);
                 // The event is drained after the fact: tables and an interpreter looked
                 // up since (the command `record` started, or samples of the new program
                 // drained before this event) are the new program's and stay.

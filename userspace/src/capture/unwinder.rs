@@ -10,7 +10,7 @@
 //!
 //! An `exec` drops the process's entry (the next sample asks again, by then with the new
 //! program's libraries mapped); an exit drops it for good. A walk that meets a PC outside
-//! every known mapping ([`unwind_flags::UNMAPPED_PC`]: `dlopen`, JIT code) has the session
+//! every known mapping ([`energy_bpf_abi::unwind_flags::UNMAPPED_PC`]: `dlopen`, JIT code) has the session
 //! re-read the process's mappings (backing off while they do not change); where it found
 //! executable files mapped since, it asks for a reload ([`Unwinder::refresh`]), which
 //! rewrites the entry only when the process's entries changed.

@@ -6,7 +6,11 @@
 //! - unchanged since the last read: merged into the next interval (no reading), never 0 W;
 //! - lower than the last read: a wrap when the counter has a wrap point and the wrapped
 //!   delta is physically plausible, else flagged;
-//! - a delta implying more than the power bound: flagged;
+//! - a delta implying more than the power bound: flagged. A forward delta is judged over
+//!   the time since the last change plus [`LATE_WRITE_NS`]: a counter written late (a
+//!   meter or a host's share written by software, an emulator on a loaded machine) holds
+//!   energy drawn before the previous read, and over a few ms between reads that looked
+//!   like several times the power drawn;
 //! - a wrapping counter read so long after its last read that one more whole wrap would
 //!   still be within the power bound: flagged. Such a delta is ambiguous (it may hide one or
 //!   more wraps) and would otherwise under-report silently. The reader reads every wrapping
@@ -19,6 +23,11 @@
 /// Largest plausible power of one counter domain (a package, a GPU), watts. Above this a
 /// delta is a glitch, not energy. The largest server packages draw about 500 W.
 pub const MAX_PLAUSIBLE_W: f64 = 2000.0;
+
+/// How much earlier than the previous read a forward delta's energy may have been drawn,
+/// ns: a writer this late cannot make a plausible delta look implausible. A glitch is
+/// orders of magnitude off, and stays flagged.
+pub const LATE_WRITE_NS: u64 = 50_000_000;
 
 /// How long a counter takes to wrap once at `max_w` watts, ns: `wrap × unit` µJ over
 /// `max_w`. `None` for a counter that never wraps (or a non-positive bound).
@@ -125,10 +134,18 @@ impl Unwrapper {
                 ),
             };
         };
+        // A wrap is judged over the time since the last change alone: a backward glitch on
+        // a small range must not pass for one.
+        let wrapped = count < prev.0;
+        let span_ns = if wrapped {
+            dt_ns
+        } else {
+            dt_ns + LATE_WRITE_NS
+        };
         // µJ per ns × 1e3 = W.
-        let watts = delta as f64 * self.unit_uj / dt_ns as f64 * 1e3;
+        let watts = delta as f64 * self.unit_uj / span_ns as f64 * 1e3;
         if watts > self.max_w {
-            let what = if count < prev.0 {
+            let what = if wrapped {
                 "counter went backwards; as a wrap"
             } else {
                 "delta"
@@ -136,7 +153,7 @@ impl Unwrapper {
             return Step::Flagged {
                 energy_uj: self.energy_uj(),
                 flag: format!(
-                    "{what} it implies {watts:.0} W over {dt_ns} ns, above the {:.0} W bound",
+                    "{what} it implies {watts:.0} W over {span_ns} ns, above the {:.0} W bound",
                     self.max_w
                 ),
             };
@@ -197,8 +214,33 @@ mod tests {
             u.update(wrap - 1, 20 * MS),
             Step::Flagged {
                 energy_uj: 15.0 * unit,
-                flag: "delta it implies 6553600 W over 10000000 ns, above the 2000 W bound".into(),
+                flag: "delta it implies 1092267 W over 60000000 ns, above the 2000 W bound".into(),
             }
+        );
+    }
+
+    #[test]
+    fn a_late_write_is_not_a_glitch() {
+        // 600 W read 8.6 ms after the last change, by a writer that stalled 29 ms: 22 J
+        // (2,572 W over the 8.6 ms) is plausible; a glitch of 2,000 J is not.
+        let mut u = Unwrapper::new(0, 0, 1.0, None, MAX_PLAUSIBLE_W);
+        assert_eq!(
+            u.update(1_000_000, 10 * MS),
+            Step::Advanced {
+                energy_uj: 1_000_000.0
+            }
+        );
+        let late = 1_000_000 + 22_000_000;
+        assert_eq!(
+            u.update(late, 10 * MS + 8_600_000),
+            Step::Advanced {
+                energy_uj: 23_000_000.0
+            }
+        );
+        let step = u.update(late + 2_000_000_000, 30 * MS);
+        assert!(
+            matches!(&step, Step::Flagged { flag, .. } if flag.starts_with("delta it implies")),
+            "{step:?}"
         );
     }
 
