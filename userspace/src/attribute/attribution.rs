@@ -304,6 +304,15 @@ impl Attribution {
             .max()
     }
 
+    /// The span average power is taken over in a window of `window_ns`: the measured span
+    /// ([`Self::measured_span_ns`]) within the window, else the window; at least 1 ns.
+    pub fn power_span_ns(&self, window_ns: u64) -> u64 {
+        let window_ns = window_ns.max(1);
+        self.measured_span_ns()
+            .unwrap_or(window_ns)
+            .clamp(1, window_ns)
+    }
+
     /// The split used by the sources: "regression" if any source used it, else "time".
     pub fn power_model(&self) -> PowerModelUsed {
         if self

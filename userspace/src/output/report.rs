@@ -396,9 +396,7 @@ fn report(
     let secs = (totals.duration_ns as f64 / 1e9).max(1e-9);
     // Average power is over the time the energy was measured: a once-a-second counter
     // leaves up to a second out at each end of a recording.
-    let power_secs = attr
-        .measured_span_ns()
-        .map_or(secs, |ns| (ns as f64 / 1e9).min(secs).max(1e-9));
+    let power_secs = attr.power_span_ns(totals.duration_ns) as f64 / 1e9;
     let total = attr.total_uj();
     let cpus: Vec<u32> = a.timeline.cpus.iter().map(|c| c.cpu).collect();
     let span = match window {

@@ -95,11 +95,7 @@ pub fn processes(input: &RollupInput<'_>) -> Vec<ProcessRow> {
     let window_ns = tl.end_ns.saturating_sub(tl.start_ns).max(1);
     // Average power over the time the energy was measured (a slow counter's head and tail
     // are not in its energy), not over the window.
-    let secs = attr
-        .measured_span_ns()
-        .unwrap_or(window_ns)
-        .clamp(1, window_ns) as f64
-        / 1e9;
+    let secs = attr.power_span_ns(window_ns) as f64 / 1e9;
     let total = attr.total_uj();
     let lifetimes = Lifetimes::of(input.process_events);
 
