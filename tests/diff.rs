@@ -102,14 +102,39 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     // energy change must be within 8 points of its measured CPU-time change.
     let mut sides: [Vec<String>; 3] = Default::default();
     let mut cpu = [[0.0f64; 2]; 3];
+    let mut per_file = Vec::new();
     for i in 0..5 {
         for (k, hot_pct) in [(0, 100), (1, 125), (2, 100)] {
             let file = dir.path().join(format!("side{k}-{i}.ebpr"));
             let [h, s] = record_runs(&prog, hot_pct, 2, &file);
             cpu[k] = [cpu[k][0] + h, cpu[k][1] + s];
-            sides[k].push(file.to_str().expect("path").to_owned());
+            let file = file.to_str().expect("path").to_owned();
+            per_file.push((file.clone(), [h, s]));
+            sides[k].push(file);
         }
     }
+    // Said when an energy change misses its CPU-time change: which file's joules per
+    // measured CPU second stand out, and what the kernel dropped.
+    let why = |d: &serde_json::Value| {
+        let mut lines = vec![format!(
+            "lost events: base {}, new {}; warnings: {} {}",
+            d["base"]["lost_events"],
+            d["new"]["lost_events"],
+            d["base"]["warnings"],
+            d["new"]["warnings"]
+        )];
+        for (file, [h, s]) in &per_file {
+            let one = diff_json(&["--base", file, "--new", file]);
+            let runs = one["base"]["runs"].as_f64().unwrap_or(f64::NAN);
+            let j = |f: &str| row(&one, f)["base_j"].as_f64().unwrap_or(f64::NAN) * runs;
+            lines.push(format!(
+                "{file}: hot {:.3} J/CPU-s, steady {:.3} J/CPU-s",
+                j("hot") / h,
+                j("steady") / s
+            ));
+        }
+        lines.join("\n")
+    };
     let [hot_cpu, steady_cpu] = cpu_change(cpu[0], cpu[1]);
     eprintln!("measured CPU time A/B: hot {hot_cpu:+.1}%, steady {steady_cpu:+.1}%");
     let [b, n, a2] = sides.map(|files| files.join(","));
@@ -128,14 +153,16 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
     );
     assert!(
         (pct(hot) - hot_cpu).abs() <= 8.0,
-        "hot changed {:+.1}%, expected its measured {hot_cpu:+.1}% ± 8: {hot}",
-        pct(hot)
+        "hot changed {:+.1}%, expected its measured {hot_cpu:+.1}% ± 8: {hot}\n{}",
+        pct(hot),
+        why(&d)
     );
     assert_eq!(hot["significant"], true, "{hot}");
     assert!(
         (pct(steady) - steady_cpu).abs() <= 8.0,
-        "steady changed {:+.1}%, expected its measured {steady_cpu:+.1}% ± 8: {steady}",
-        pct(steady)
+        "steady changed {:+.1}%, expected its measured {steady_cpu:+.1}% ± 8: {steady}\n{}",
+        pct(steady),
+        why(&d)
     );
     assert_eq!(
         d["estimated"], true,
@@ -154,7 +181,7 @@ fn hot_function_doing_a_quarter_more_work_is_found_and_the_other_is_not() {
             pct(r),
             r["significant"]
         );
-        assert!((pct(r) - truth).abs() <= 8.0, "A/A {f}: {r}");
+        assert!((pct(r) - truth).abs() <= 8.0, "A/A {f}: {r}\n{}", why(&aa));
     }
 
     // The differential flamegraph of the real recordings opens in Chromium; hot is red.
