@@ -127,6 +127,30 @@ fn command_mode_stops_when_the_command_exits() {
         sh.is_some(),
         "the command's samples are recorded: {report:#}"
     );
+    // Its mappings, read at its first sample, are recorded with build-ids (so the
+    // recording symbolizes after the process is gone).
+    let rec = energy_bpf::record::read_file(&file).expect("read recording");
+    let shells: Vec<u32> = rec
+        .threads
+        .values()
+        .filter(|t| t.comm == "sh" && rec.samples.iter().any(|s| s.tgid == t.tgid))
+        .map(|t| t.tgid)
+        .collect();
+    assert!(!shells.is_empty(), "a sampled shell");
+    for tgid in shells {
+        let maps = rec.mappings.get(&tgid).map(Vec::as_slice).unwrap_or(&[]);
+        assert!(
+            maps.iter().any(|m| m.path.ends_with("sh")
+                || m.path.ends_with("dash")
+                || m.path.ends_with("bash")),
+            "the sampled shell {tgid}'s own executable is among its mappings: {maps:?}"
+        );
+        assert!(
+            maps.iter()
+                .any(|m| m.path.contains("libc") && !m.build_id.is_empty()),
+            "libc mapped by the time of its first sample, with its build-id: {maps:?}"
+        );
+    }
 }
 
 #[test]
@@ -176,8 +200,12 @@ fn lifecycle_events_name_forks_execs_and_exits() {
         .get(&sh.tgid)
         .expect("thread info for the sleep process");
     assert_eq!(info.comm, "sleep");
-    assert!(
+    // A process's mappings are read at its first sample: the shell, which mostly waits,
+    // has them exactly when it was sampled.
+    let sampled = rec.samples.iter().any(|s| s.tgid == fork.tgid);
+    assert_eq!(
         rec.mappings.get(&fork.tgid).is_some_and(|m| !m.is_empty()),
-        "mappings of the shell recorded"
+        sampled,
+        "the shell's mappings are recorded if and only if it was sampled"
     );
 }

@@ -2,8 +2,9 @@
 //! build-id, so a recording can symbolize addresses after the process has exited. A leaf:
 //! symbolization, the unwinder and the Python walker all read maps and build-ids here.
 //!
-//! The recorder calls [`process_mappings`] when it first sees a process (and after exec);
-//! build-ids are read once per (device, inode, path) and cached process-wide.
+//! The recorder calls [`process_mappings`] at a process's first sample (and at its first
+//! after each exec); build-ids are read once per (device, inode, path) and cached
+//! process-wide.
 
 use std::collections::HashMap;
 use std::io;

@@ -53,9 +53,10 @@ impl Targets {
 pub struct Session {
     probes: Probes,
     targets: Targets,
-    /// Name and cgroup id last reported per thread (looked up for every event: a fast
-    /// hash, as the fold's; never iterated, so its order reaches no output).
-    comms: foldhash::HashMap<u32, (Comm, u64)>,
+    /// Name and cgroup id last reported per thread, and when the thread was first seen
+    /// (looked up for every event: a fast hash, as the fold's; never iterated, so its order
+    /// reaches no output).
+    comms: foldhash::HashMap<u32, (Comm, u64, u64)>,
     /// Processes named so far, with their start (ns, 0 when unknown): an exec keeps it.
     processes: foldhash::HashMap<u32, u64>,
     /// cgroup ids whose path was already recorded.
@@ -66,6 +67,11 @@ pub struct Session {
     exited: [Vec<(u32, u32)>; 2],
     vanished: u64,
     read_mappings: MappingReader,
+    /// Processes (per program: an exec starts again) whose mappings are read at their first
+    /// sample, with when they were first seen: one never sampled (most short-lived
+    /// processes) costs no read of its maps, and one sampled has its libraries mapped by
+    /// then, where a read at the fork or exec event saw the parent's image or the loader's.
+    unread: foldhash::HashMap<u32, u64>,
     /// Per process: when its mappings are next re-read, and the starts already recorded.
     remapped: HashMap<u32, (Backoff, HashSet<u64>)>,
     /// Perf maps of sampled processes (JIT code names).
@@ -86,6 +92,7 @@ impl Session {
             exited: [Vec::new(), Vec::new()],
             vanished: 0,
             read_mappings,
+            unread: foldhash::HashMap::default(),
             remapped: HashMap::new(),
             jit: super::jit::JitMaps::default(),
             switch_hint: 0,
@@ -170,6 +177,7 @@ impl Session {
                     };
                     self.observe(&mut chunk, seen);
                     if self.targets.contains(s.tgid) {
+                        self.first_sample(&mut chunk, s.tgid);
                         self.probes.observe_unwind(s.tgid, unwind);
                         if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
                             self.remap(&mut chunk, s.tgid, s.ts_ns);
@@ -239,8 +247,11 @@ impl Session {
                 self.observe(chunk, seen);
             }
             Kind::Fork => {
-                // A new task: whatever was known under this id belonged to an earlier one.
-                if p.child_tid != 0 {
+                // A new task: whatever was known under this id belonged to an earlier one,
+                // unless it was seen after the fork: the child's own switches, drained
+                // before this event, named the same task (from /proc) already.
+                let named_since = self.comms.get(&p.child_tid).is_some_and(|k| k.2 >= p.ts_ns);
+                if p.child_tid != 0 && !named_since {
                     self.forget(p.child_tid, p.child_tgid);
                     // The child starts with its parent's name (the event's comm), which is
                     // all a short-lived child that never execs will ever have; a new
@@ -282,7 +293,19 @@ impl Session {
         self.comms.remove(&tid);
         if tid == tgid {
             self.processes.remove(&tgid);
+            self.unread.remove(&tgid);
             self.remapped.remove(&tgid);
+        }
+    }
+
+    /// A sample of target `tgid`: records its mappings if this is its program's first.
+    fn first_sample(&mut self, chunk: &mut pb::Chunk, tgid: u32) {
+        let Some(seen_ns) = self.unread.remove(&tgid) else {
+            return;
+        };
+        match (self.read_mappings)(tgid, seen_ns) {
+            Ok(maps) => chunk.mappings.extend(maps),
+            Err(err) => tracing::debug!("mappings of {tgid}: {err}"),
         }
     }
 
@@ -321,8 +344,8 @@ impl Session {
         }
     }
 
-    /// Emits ThreadInfo (and, for a new process, its mappings) the first time a thread is
-    /// seen or when its name or cgroup changes.
+    /// Emits ThreadInfo the first time a thread is seen or when its name or cgroup changes
+    /// (a new process's mappings wait for its first sample).
     fn observe(&mut self, chunk: &mut pb::Chunk, seen: Sighting) {
         let Sighting {
             tid,
@@ -337,19 +360,29 @@ impl Session {
             return;
         }
         let known = self.comms.get(&tid).copied();
+        // A thread whose name /proc no longer has is gone: nothing else is asked of /proc
+        // for it (most short-lived threads are gone by the time their events are drained).
+        let mut gone = false;
         let (comm, cgroup_id) = match (comm, known) {
             (None, Some(_)) => return,
             // Same name, and no new cgroup: nothing new.
-            (Some(c), Some((k, kc))) if c == k && (cgroup_id == 0 || cgroup_id == kc) => return,
-            (Some(c), Some((_, kc))) => (c, if cgroup_id == 0 { kc } else { cgroup_id }),
+            (Some(c), Some((k, kc, _))) if c == k && (cgroup_id == 0 || cgroup_id == kc) => {
+                return;
+            }
+            (Some(c), Some((_, kc, _))) => (c, if cgroup_id == 0 { kc } else { cgroup_id }),
             (Some(c), None) if cgroup_id != 0 => (c, cgroup_id),
             // Switch events carry neither name nor cgroup (see the ABI): ask /proc once per
             // new thread.
-            (c, None) => (
-                c.or_else(|| host::thread_comm(tgid, tid).map(|c| raw_comm(&c)))
-                    .unwrap_or([0; energy_bpf_abi::COMM_LEN]),
-                host::cgroup_id(tgid, tid).unwrap_or(0),
-            ),
+            (c, None) => {
+                let comm = c.or_else(|| host::thread_comm(tgid, tid).map(|c| raw_comm(&c)));
+                gone = comm.is_none();
+                let cgroup_id = if gone {
+                    0
+                } else {
+                    host::cgroup_id(tgid, tid).unwrap_or(0)
+                };
+                (comm.unwrap_or([0; energy_bpf_abi::COMM_LEN]), cgroup_id)
+            }
         };
         // The path of a cgroup not seen before, so reports can name containers offline.
         if self.cgroups.len() > 65_536 {
@@ -364,10 +397,11 @@ impl Session {
         } else {
             String::new()
         };
-        self.comms.insert(tid, (comm, cgroup_id));
+        let first_seen_ns = known.map_or(ts_ns, |k| k.2);
+        self.comms.insert(tid, (comm, cgroup_id, first_seen_ns));
         let new_process = !self.processes.contains_key(&tgid);
         let (process_start_ns, cmdline) = if new_process {
-            match started.or_else(|| host::process_start_ns(tgid)) {
+            match started.or_else(|| (!gone).then(|| host::process_start_ns(tgid)).flatten()) {
                 Some(start) => (start, host::cmdline(tgid)),
                 None => {
                     self.vanished += 1;
@@ -380,11 +414,8 @@ impl Session {
         if new_process {
             self.processes.insert(tgid, process_start_ns);
         }
-        if new_process && self.targets.contains(tgid) {
-            match (self.read_mappings)(tgid, ts_ns) {
-                Ok(maps) => chunk.mappings.extend(maps),
-                Err(err) => tracing::debug!("mappings of {tgid}: {err}"),
-            }
+        if new_process {
+            self.unread.insert(tgid, ts_ns);
         }
         chunk.threads.push(pb::ThreadInfo {
             tid,

@@ -1,7 +1,9 @@
 //! Finding the CPython interpreter of a live process: the mapped file (the executable or a
 //! `libpython3.X.so`) that defines `_PyRuntime`, its version and its load address.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 
@@ -10,7 +12,7 @@ use super::memory::Memory;
 use super::offsets::{DEBUG_OFFSETS_LEN, NEWEST, OLDEST, Table, Version};
 use crate::procmaps::parse_maps_line;
 
-/// Largest ELF file read to look for `_PyRuntime`.
+/// Largest ELF file looked at for `_PyRuntime`.
 const MAX_ELF: u64 = 512 << 20;
 
 /// A CPython interpreter found in a process.
@@ -93,7 +95,7 @@ fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), P
     let (mut loader, mut pc_in_loader) = (false, false);
     // Files named like CPython, the library first (a shared build's executable has no
     // runtime), each with the mapping of its first page.
-    let mut candidates: Vec<(bool, Version, String, u64, u64)> = Vec::new();
+    let mut candidates: Vec<(bool, Version, FileKey, u64, u64)> = Vec::new();
     for line in text.lines() {
         let Some(m) = parse_maps_line(line) else {
             continue;
@@ -107,13 +109,13 @@ fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), P
         let Some(version) = Version::from_file_name(name) else {
             continue;
         };
-        if !m.path.starts_with('/') || candidates.iter().any(|c| c.2 == m.path) {
+        if !m.path.starts_with('/') || candidates.iter().any(|c| c.2.2 == m.path) {
             continue;
         }
         candidates.push((
             name.starts_with("lib"),
             version,
-            m.path.to_string(),
+            (m.dev.to_string(), m.inode, m.path.to_string()),
             m.start,
             m.offset,
         ));
@@ -126,8 +128,8 @@ fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), P
     if !(OLDEST..=NEWEST).contains(&first.1.minor) || first.1.major != 3 {
         return found(Found::Unsupported(first.1));
     }
-    for (_, version, path, start, offset) in &candidates {
-        let Some(symbol) = runtime_symbol(Path::new(path), *start, *offset)? else {
+    for (_, version, file, start, offset) in &candidates {
+        let Some(symbol) = runtime_symbol(file, *start, *offset)? else {
             continue;
         };
         let mut table = Table::of(*version).ok_or(PythonError::Object("no offsets"))?;
@@ -144,44 +146,124 @@ fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), P
     found(Found::NoRuntime(first.1))
 }
 
-/// Runtime address of `_PyRuntime` in the file at `path`, mapped at `start` from file offset
-/// `offset`, or `None` when the file does not define it.
-fn runtime_symbol(path: &Path, start: u64, offset: u64) -> Result<Option<u64>, PythonError> {
+/// A mapped file as the maps line names it: device, inode and path (a file replaced on
+/// disk is a new inode).
+type FileKey = (String, u64, String);
+
+/// What a file named like a CPython says of `_PyRuntime`.
+#[derive(Debug)]
+struct RuntimeFile {
+    /// `_PyRuntime`'s link-time address; `None` when the file does not define it.
+    symbol: Option<u64>,
+    /// Its loadable segments: file offset, size in the file, link-time address.
+    segments: Vec<(u64, u64, u64)>,
+}
+
+/// Files already looked at: every process of one interpreter maps the same file, and a new
+/// one then costs no read of it (a static build's executable is tens of MiB). Bounded: a
+/// machine that maps more such files than this has them read again.
+fn runtime_files() -> &'static Mutex<HashMap<FileKey, Arc<RuntimeFile>>> {
+    static FILES: OnceLock<Mutex<HashMap<FileKey, Arc<RuntimeFile>>>> = OnceLock::new();
+    FILES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Most files [`runtime_files`] keeps.
+const MAX_RUNTIME_FILES: usize = 256;
+
+/// Runtime address of `_PyRuntime` in `file`, mapped at `start` from file offset `offset`,
+/// or `None` when the file does not define it.
+fn runtime_symbol(file: &FileKey, start: u64, offset: u64) -> Result<Option<u64>, PythonError> {
+    let known = runtime_files()
+        .lock()
+        .ok()
+        .and_then(|files| files.get(file).cloned());
+    let parsed = match known {
+        Some(parsed) => parsed,
+        None => {
+            let parsed = Arc::new(read_runtime_file(Path::new(&file.2))?);
+            if let Ok(mut files) = runtime_files().lock() {
+                if files.len() >= MAX_RUNTIME_FILES {
+                    files.clear();
+                }
+                files.insert(file.clone(), Arc::clone(&parsed));
+            }
+            parsed
+        }
+    };
+    let Some(symbol) = parsed.symbol else {
+        return Ok(None);
+    };
+    // The load bias, from the segment holding the mapped file offset.
+    let Some(&(seg_offset, _, address)) = parsed
+        .segments
+        .iter()
+        .find(|(o, n, _)| *o <= offset && offset < o + (*n).max(1))
+    else {
+        return Err(PythonError::Object("no segment at the mapped offset"));
+    };
+    let mapped_vaddr = address + (offset - seg_offset);
+    let bias = start.wrapping_sub(mapped_vaddr);
+    Ok(Some(symbol.wrapping_add(bias)))
+}
+
+/// Reads `_PyRuntime`'s address and the segments of the ELF file at `path`: only the parts
+/// of the file that hold them (headers, symbol tables), not the whole file.
+fn read_runtime_file(path: &Path) -> Result<RuntimeFile, PythonError> {
     let io = |source| PythonError::Io {
         path: path.display().to_string(),
         source,
     };
-    let len = std::fs::metadata(path).map_err(io)?.len();
-    if len > MAX_ELF {
+    let file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.len() > MAX_ELF {
         return Err(PythonError::Object("an ELF file over the size limit"));
     }
-    let data = std::fs::read(path).map_err(io)?;
-    let elf = object::File::parse(&*data).map_err(|_| PythonError::Object("not an ELF file"))?;
+    let data = object::ReadCache::new(file);
+    let elf = object::File::parse(&data).map_err(|_| PythonError::Object("not an ELF file"))?;
     // The dynamic symbols first: a few thousand, where the full table of a static build
     // has tens of thousands.
-    let Some(sym) = elf
+    let symbol = elf
         .dynamic_symbols()
         .chain(elf.symbols())
         .find(|s| s.name() == Ok("_PyRuntime") && s.is_definition())
-    else {
-        return Ok(None);
-    };
-    // The load bias, from the segment holding the mapped file offset.
-    let Some(seg) = elf.segments().find(|s| {
-        let (o, n) = s.file_range();
-        o <= offset && offset < o + n.max(1)
-    }) else {
-        return Err(PythonError::Object("no segment at the mapped offset"));
-    };
-    let (seg_offset, _) = seg.file_range();
-    let mapped_vaddr = seg.address() + (offset - seg_offset);
-    let bias = start.wrapping_sub(mapped_vaddr);
-    Ok(Some(sym.address().wrapping_add(bias)))
+        .map(|s| s.address());
+    let segments = elf
+        .segments()
+        .map(|s| {
+            let (o, n) = s.file_range();
+            (o, n, s.address())
+        })
+        .collect();
+    Ok(RuntimeFile { symbol, segments })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file is read once: after it was looked at, its answer comes from the cache even
+    /// when the file is gone (a new process of a known interpreter reads nothing).
+    #[test]
+    fn a_file_looked_at_is_not_read_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let copy = dir.path().join("python3.99");
+        std::fs::copy(std::env::current_exe().expect("own exe"), &copy).expect("copy");
+        let key = ("fe:01".to_string(), 424_242, copy.display().to_string());
+        // An ELF without `_PyRuntime`: none, and cached.
+        assert!(matches!(runtime_symbol(&key, 0x1000, 0), Ok(None)));
+        std::fs::remove_file(&copy).expect("remove");
+        assert!(matches!(runtime_symbol(&key, 0x1000, 0), Ok(None)));
+        // A file never looked at and missing is an error, not cached.
+        let other = ("fe:01".to_string(), 424_243, copy.display().to_string());
+        assert!(matches!(
+            runtime_symbol(&other, 0x1000, 0),
+            Err(PythonError::Io { .. })
+        ));
+        assert!(
+            runtime_files()
+                .lock()
+                .is_ok_and(|f| f.contains_key(&key) && !f.contains_key(&other))
+        );
+    }
 
     /// A dynamically linked program that is no CPython: the loader, libc and the program.
     const DYNAMIC: &str = "\
