@@ -1,8 +1,11 @@
 //! `cargo xtask bench agent SECS`: the release agent at its default settings (metrics on a
 //! free loopback port), first on the machine as it is ("quiet"), then while a churn
 //! workload starts about 200 short-lived processes per second, each phase SECS long.
-//! Reports the agent's CPU as a percentage of one CPU and per new process (the CPU churn
-//! adds, over the processes started), its RSS (peak, and growth after the first minute of
+//! `BENCH_AGENT_CHURN` sets the command each start runs (words split at spaces; default
+//! `true`), `BENCH_AGENT_RATE` the starts per second (e.g. `python3 -c pass` at 10: a
+//! pyenv shim starts dozens of processes per interpreter).
+//! Reports the agent's CPU as a percentage of one CPU and per start (the CPU churn
+//! adds, over the starts), its RSS (peak, and growth after the first minute of
 //! churn), and the events and drops its own metrics count.
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
@@ -17,11 +20,34 @@ use std::{
 
 use crate::util::Result;
 
-/// Processes per second the churn phase starts.
+/// Processes per second the churn phase starts, unless `BENCH_AGENT_RATE` says.
 const CHURN_PER_SEC: u64 = 200;
+
+/// What the churn phase starts: `BENCH_AGENT_CHURN`'s words (default `true`) and
+/// `BENCH_AGENT_RATE` starts per second.
+fn churn_workload() -> Result<(Vec<String>, u64)> {
+    let words: Vec<String> = std::env::var("BENCH_AGENT_CHURN")
+        .unwrap_or_else(|_| "true".into())
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    if words.is_empty() {
+        return Err("BENCH_AGENT_CHURN is empty: give a command".into());
+    }
+    let rate = match std::env::var("BENCH_AGENT_RATE") {
+        Ok(r) => r
+            .parse()
+            .ok()
+            .filter(|&r| r > 0)
+            .ok_or_else(|| format!("BENCH_AGENT_RATE={r}: expected starts per second, > 0"))?,
+        Err(_) => CHURN_PER_SEC,
+    };
+    Ok((words, rate))
+}
 
 /// Runs the benchmark.
 pub fn run(secs: u64) -> Result {
+    let (command, rate) = churn_workload()?;
     let bin = super::release_bin()?;
     let dir = std::env::temp_dir().join(format!("energy-bpf-bench-agent-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -47,7 +73,8 @@ pub fn run(secs: u64) -> Result {
     };
     thread::spawn(move || lines.for_each(drop));
     println!(
-        "# bench agent: `energy-bpf agent` (defaults: 5 s windows, 49 Hz stacks, auto energy source), {secs} s quiet then {secs} s of churn at {CHURN_PER_SEC} processes/s"
+        "# bench agent: `energy-bpf agent` (defaults: 5 s windows, 49 Hz stacks, auto energy source), {secs} s quiet then {secs} s of churn: `{}` {rate} times a second",
+        command.join(" ")
     );
     // The first windows allocate what the steady state reuses.
     thread::sleep(Duration::from_secs(10));
@@ -64,7 +91,7 @@ pub fn run(secs: u64) -> Result {
     let started = Arc::new(AtomicU64::new(0));
     let churn = {
         let (stop, started) = (Arc::clone(&stop), Arc::clone(&started));
-        thread::spawn(move || churn(&stop, &started))
+        thread::spawn(move || churn(&command, rate, &stop, &started))
     };
     let loaded = phase(pid, secs, Some(&started));
     stop.store(true, Ordering::Relaxed);
@@ -80,7 +107,7 @@ pub fn run(secs: u64) -> Result {
         .max()
         .unwrap_or(0);
     println!(
-        "churn: {:.0} processes/s started, CPU {:.2}% of one CPU, RSS {:.1} MiB after {settle} s, {:.1} MiB at the end, {:.1} MiB peak after {settle} s ({:+.1}%)",
+        "churn: {:.0} starts/s, CPU {:.2}% of one CPU, RSS {:.1} MiB after {settle} s, {:.1} MiB at the end, {:.1} MiB peak after {settle} s ({:+.1}%)",
         loaded.churn_rate,
         loaded.cpu_pct,
         mib(at_settle),
@@ -88,9 +115,9 @@ pub fn run(secs: u64) -> Result {
         mib(max_after),
         100.0 * (max_after as f64 - at_settle as f64) / at_settle.max(1) as f64
     );
-    // What a new process costs the agent: the CPU churn adds, per process started.
+    // What a new process costs the agent: the CPU churn adds, per start.
     println!(
-        "per new process: {:.0} µs of agent CPU",
+        "per start: {:.0} µs of agent CPU",
         (loaded.cpu_pct - quiet.cpu_pct) / 100.0 * 1e6 / loaded.churn_rate.max(1e-9)
     );
 
@@ -142,12 +169,18 @@ fn phase(pid: u32, secs: u64, churned: Option<&AtomicU64>) -> Result<Phase> {
     })
 }
 
-/// Starts `true` at CHURN_PER_SEC per second until `stop`, counting what it started.
-fn churn(stop: &AtomicBool, started: &AtomicU64) {
-    let period = Duration::from_secs(1) / CHURN_PER_SEC as u32;
+/// Runs `command` `rate` times a second until `stop` (each to its end), counting the
+/// starts.
+fn churn(command: &[String], rate: u64, stop: &AtomicBool, started: &AtomicU64) {
+    let period = Duration::from_secs(1) / rate.min(u64::from(u32::MAX)) as u32;
     let mut next = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(mut c) = Command::new("true").spawn() {
+        let spawned = Command::new(&command[0])
+            .args(&command[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        if let Ok(mut c) = spawned {
             let _ = c.wait();
             started.fetch_add(1, Ordering::Relaxed);
         }
