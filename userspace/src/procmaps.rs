@@ -14,8 +14,16 @@ use object::Object as _;
 
 use crate::pb::v1::Mapping;
 
-/// Identity of a mapped file: the same path may be replaced on disk (new inode).
-type FileKey = (String, u64, String);
+/// Identity of a mapped file as a maps line names it: device, inode and path (the same
+/// path may be replaced on disk: a new inode).
+pub(crate) type FileKey = (String, u64, String);
+
+impl MapsLine<'_> {
+    /// The mapped file's [`FileKey`].
+    pub(crate) fn file_key(&self) -> FileKey {
+        (self.dev.to_string(), self.inode, self.path.to_string())
+    }
+}
 
 fn build_id_cache() -> &'static Mutex<HashMap<FileKey, Vec<u8>>> {
     static CACHE: OnceLock<Mutex<HashMap<FileKey, Vec<u8>>>> = OnceLock::new();
@@ -86,7 +94,7 @@ pub(crate) fn mappings_from_maps(
                 && !l.path.ends_with(" (deleted)")
         })
         .map(|l| {
-            let key = (l.dev.to_string(), l.inode, l.path.to_string());
+            let key = l.file_key();
             Mapping {
                 tgid,
                 start: l.start,

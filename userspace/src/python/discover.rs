@@ -10,7 +10,7 @@ use object::{Object as _, ObjectSegment as _, ObjectSymbol as _};
 use super::PythonError;
 use super::memory::Memory;
 use super::offsets::{DEBUG_OFFSETS_LEN, NEWEST, OLDEST, Table, Version};
-use crate::procmaps::parse_maps_line;
+use crate::procmaps::{FileKey, parse_maps_line};
 
 /// Largest ELF file looked at for `_PyRuntime`.
 const MAX_ELF: u64 = 512 << 20;
@@ -115,7 +115,7 @@ fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), P
         candidates.push((
             name.starts_with("lib"),
             version,
-            (m.dev.to_string(), m.inode, m.path.to_string()),
+            m.file_key(),
             m.start,
             m.offset,
         ));
@@ -145,10 +145,6 @@ fn scan(tgid: u32, text: &str, pc: Option<u64>) -> Result<(Found, bool, bool), P
     }
     found(Found::NoRuntime(first.1))
 }
-
-/// A mapped file as the maps line names it: device, inode and path (a file replaced on
-/// disk is a new inode).
-type FileKey = (String, u64, String);
 
 /// What a file named like a CPython says of `_PyRuntime`.
 #[derive(Debug)]
