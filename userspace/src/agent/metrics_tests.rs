@@ -128,6 +128,16 @@ fn loss_counters_are_exported_as_they_grow() {
 #[test]
 fn samples_are_counted_by_unwind_method_and_stop() {
     let m = Metrics::new(10).expect("metrics");
+    let fresh = m.encode().expect("encodes");
+    for line in [
+        "energy_bpf_samples_unwound_total{method=\"dwarf\",stop=\"end_of_stack\"} 0",
+        "energy_bpf_samples_unwound_total{method=\"frame_pointer\",stop=\"end_of_stack\"} 0",
+    ] {
+        assert!(
+            fresh.contains(line),
+            "before any sample, {line} missing:\n{fresh}"
+        );
+    }
     let sample = |method: pb::UnwindMethod, stop: pb::UnwindStop| pb::Sample {
         unwind_method: method as i32,
         unwind_stop: stop as i32,

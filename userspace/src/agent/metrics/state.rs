@@ -90,6 +90,17 @@ impl State {
         let exported = Family::<Labels, Counter>::default();
         let pending = Gauge::default();
         let unwind_samples = Family::<Labels, Counter>::default();
+        // Both methods' whole-stack series exist from the start, at 0 until a sample comes:
+        // the family is there on an idle machine, and a rate over it starts from 0.
+        for method in ["dwarf", "frame_pointer"] {
+            let _ = unwind_samples.get_or_create(&vec![
+                ("method", method.into()),
+                (
+                    "stop",
+                    crate::record::stop_name(pb::UnwindStop::EndOfStack).into(),
+                ),
+            ]);
+        }
         let unwind_tables = Family::<Labels, Gauge>::default();
         registry.register(
             "energy_bpf_samples_unwound",
