@@ -104,15 +104,24 @@ impl Metrics {
                 .get_or_create(&vec![("kind", kind.into())])
                 .inc_by(n as u64);
         }
+        // Counted per (method, stop) first: one label set per kind a poll saw, not per sample.
+        let mut kinds: Vec<((pb::UnwindMethod, pb::UnwindStop), u64)> = Vec::new();
         for sample in &chunk.samples {
-            let method = match sample.unwind_method() {
+            let kind = (sample.unwind_method(), sample.unwind_stop());
+            match kinds.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => kinds.push((kind, 1)),
+            }
+        }
+        for ((method, stop), n) in kinds {
+            let method = match method {
                 pb::UnwindMethod::Dwarf => "dwarf",
                 pb::UnwindMethod::FramePointer => "frame_pointer",
             };
-            let stop = crate::record::stop_name(sample.unwind_stop());
+            let stop = crate::record::stop_name(stop);
             s.unwind_samples
                 .get_or_create(&vec![("method", method.into()), ("stop", stop.into())])
-                .inc();
+                .inc_by(n);
         }
         let Some(now) = chunk.losses else {
             return;

@@ -177,9 +177,14 @@ impl Session {
                     };
                     self.observe(&mut chunk, seen);
                     if self.targets.contains(s.tgid) {
-                        self.first_sample(&mut chunk, s.tgid);
+                        // Mappings name user frames: a sample without any (a kernel
+                        // thread's) leaves them for a sample that has some.
+                        let user = !s.user_stack.is_empty();
+                        if user {
+                            self.first_sample(&mut chunk, s.tgid);
+                        }
                         self.probes.observe_unwind(s.tgid, unwind);
-                        if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
+                        if user && unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
                             self.remap(&mut chunk, s.tgid, s.ts_ns);
                         }
                         if let Some(p) = self.probes.python_mut() {
@@ -304,7 +309,15 @@ impl Session {
             return;
         };
         match (self.read_mappings)(tgid, seen_ns) {
-            Ok(maps) => chunk.mappings.extend(maps),
+            Ok(maps) => {
+                // What a re-read finds new is new since this read, and the first re-read
+                // waits its turn: a walk that meets an unmapped PC at once (a PC in the
+                // vDSO) does not have the same maps read again, nor the tables reloaded.
+                let known = maps.iter().map(|m| m.start).collect();
+                let backoff = Backoff::new(std::time::Instant::now(), REMAP);
+                self.remapped.insert(tgid, (backoff, known));
+                chunk.mappings.extend(maps);
+            }
             Err(err) => tracing::debug!("mappings of {tgid}: {err}"),
         }
     }
@@ -329,8 +342,7 @@ impl Session {
             .remapped
             .entry(tgid)
             .or_insert_with(|| (Backoff::new(now, REMAP), HashSet::new()));
-        // The first re-read repeats what the first sighting recorded (the same mapping twice
-        // symbolizes the same); later ones add only what is new.
+        // Only what is new since the first sample's read (or the last re-read) is recorded.
         let before = chunk.mappings.len();
         for m in maps {
             if known.insert(m.start) {
