@@ -4,9 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use energy_bpf::commands;
 
-/// mimalloc, not glibc's malloc: the agent allocates and frees small buffers at every poll
-/// (drained events, folded runs, label sets), and glibc's allocator was a quarter of its
-/// CPU on a saturated server (docs/benchmarks.md, "The agent beside redis").
+/// mimalloc, not glibc's malloc (see `energy_bpf::heap`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

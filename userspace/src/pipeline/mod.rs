@@ -197,11 +197,7 @@ impl Window {
             .sum();
         drop(self);
         if runs > RELEASE_RUNS {
-            // SAFETY: malloc_trim has no preconditions.
-            #[cfg(target_env = "gnu")]
-            unsafe {
-                libc::malloc_trim(0);
-            }
+            crate::heap::release();
         }
     }
 
