@@ -42,7 +42,6 @@ pub mod commands;
 pub(crate) mod container;
 pub mod diff;
 pub mod energy;
-pub mod heap;
 pub(crate) mod hot;
 pub mod kube;
 pub mod output;

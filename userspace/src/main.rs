@@ -4,10 +4,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use energy_bpf::commands;
 
-/// mimalloc, not glibc's malloc (see `energy_bpf::heap`).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// System-wide energy profiler: which code burned these joules?
 #[derive(Parser)]
 #[command(name = "energy-bpf", version, about, propagate_version = true)]

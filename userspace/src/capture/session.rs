@@ -177,15 +177,16 @@ impl Session {
                     };
                     self.observe(&mut chunk, seen);
                     if self.targets.contains(s.tgid) {
-                        // Mappings name user frames: a sample without any (a kernel
-                        // thread's) leaves them for a sample that has some.
-                        let user = !s.user_stack.is_empty();
-                        if user {
+                        // Mappings and unwind tables are for user frames: a sample without
+                        // any (a kernel thread's) reads neither. The session's read comes
+                        // first, so the tables' read is never older than it and a re-read
+                        // that finds nothing new has nothing to reload.
+                        if !s.user_stack.is_empty() {
                             self.first_sample(&mut chunk, s.tgid);
-                        }
-                        self.probes.observe_unwind(s.tgid, unwind);
-                        if user && unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
-                            self.remap(&mut chunk, s.tgid, s.ts_ns);
+                            self.probes.observe_unwind(s.tgid, unwind);
+                            if unwind & energy_bpf_abi::unwind_flags::UNMAPPED_PC != 0 {
+                                self.remap(&mut chunk, s.tgid, s.ts_ns);
+                            }
                         }
                         if let Some(p) = self.probes.python_mut() {
                             p.on_sample(&py, &mut s, &mut chunk.python_frames);
@@ -311,8 +312,8 @@ impl Session {
         match (self.read_mappings)(tgid, seen_ns) {
             Ok(maps) => {
                 // What a re-read finds new is new since this read, and the first re-read
-                // waits its turn: a walk that meets an unmapped PC at once (a PC in the
-                // vDSO) does not have the same maps read again, nor the tables reloaded.
+                // waits its turn: a walk that meets a stray PC at once does not have the
+                // same maps read again, nor the tables reloaded.
                 let known = maps.iter().map(|m| m.start).collect();
                 let backoff = Backoff::new(std::time::Instant::now(), REMAP);
                 self.remapped.insert(tgid, (backoff, known));

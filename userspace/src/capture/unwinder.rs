@@ -482,7 +482,8 @@ impl Loader {
         drop(rows);
         // A large table passes through the heap once (tens of MiB for the largest files);
         // hand that back to the system instead of keeping it as the process's footprint.
-        crate::heap::release();
+        // SAFETY: malloc_trim has no preconditions.
+        unsafe { libc::malloc_trim(0) };
     }
 
     fn install(&mut self, tgid: u32, entries: &[MappingEntry]) -> bool {
