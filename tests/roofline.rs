@@ -155,6 +155,35 @@ fn stored_roofline(cal: &Path) -> serde_json::Value {
         .expect("one source with a roofline")
 }
 
+/// The balance of the machine's kernels' busy time: busy seconds fitted as `a·W + b·Q` by
+/// least squares in relative error (each row divided by its busy seconds), `b/a`.
+fn busy_time_balance(r: &serde_json::Value) -> f64 {
+    let kernels = r["kernels"].as_array().expect("kernels");
+    let most = kernels
+        .iter()
+        .map(|k| num(k, "threads"))
+        .fold(0.0, f64::max);
+    let (mut ata, mut atb) = ([[0.0f64; 2]; 2], [0.0f64; 2]);
+    for k in kernels.iter().filter(|k| num(k, "threads") == most) {
+        let t = num(k, "busy_seconds");
+        let row = [num(k, "flops") / t, num(k, "bytes") / t];
+        for i in 0..2 {
+            atb[i] += row[i];
+            for j in 0..2 {
+                ata[i][j] += row[i] * row[j];
+            }
+        }
+    }
+    let det = ata[0][0] * ata[1][1] - ata[0][1] * ata[1][0];
+    let a = (atb[0] * ata[1][1] - atb[1] * ata[0][1]) / det;
+    let b = (ata[0][0] * atb[1] - ata[1][0] * atb[0]) / det;
+    assert!(
+        a > 0.0 && b > 0.0,
+        "busy time per flop {a:e} s, per byte {b:e} s"
+    );
+    b / a
+}
+
 fn num(v: &serde_json::Value, key: &str) -> f64 {
     v[key]
         .as_f64()
@@ -284,11 +313,16 @@ fn roofline_recovers_an_emulated_machine_that_races_and_one_that_does_not() {
     assert_eq!(mode & 0o777, 0o600, "the plot is private");
 }
 
-/// On the estimated model (energy ∝ busy time) the energy balance is the time balance:
-/// flops and bytes cost energy only through the time they take.
+/// On the estimated model (energy ∝ busy time) flops and bytes cost energy only through the
+/// time they take, so the energy balance is the balance of the kernels' busy time split
+/// the same way: busy seconds fitted as `a·W + b·Q` in relative error, `b/a` flop/byte.
+/// That is measured here from the kernels' own busy time. The time balance `B_τ` comes from
+/// the roofline's `max(W·τ_flop, Q·τ_mem)` instead, which the kernels' overlap of compute
+/// and memory makes lower by 5–26% in runs here (26% failed a CI run that compared the
+/// two): it is printed, not compared.
 #[test]
-fn roofline_on_the_model_finds_energy_balance_equal_to_time_balance() {
-    if !require_root("roofline_on_the_model_finds_energy_balance_equal_to_time_balance") {
+fn roofline_on_the_model_finds_the_energy_balance_of_busy_time() {
+    if !require_root("roofline_on_the_model_finds_the_energy_balance_of_busy_time") {
         return;
     }
     let _guard = crate::util::exclusive();
@@ -324,9 +358,15 @@ fn roofline_on_the_model_finds_energy_balance_equal_to_time_balance() {
     let r = stored_roofline(&cal);
     assert_eq!(r["estimated"], true);
     let (bt, be) = (num(&r, "time_balance"), num(&r, "energy_balance"));
+    let busy = busy_time_balance(&r);
+    eprintln!(
+        "energy balance {be:.3}, busy-time balance {busy:.3}, roofline time balance {bt:.3} \
+         flop/byte"
+    );
     assert!(
-        (be - bt).abs() <= 0.25 * bt,
-        "energy balance {be:.3} vs time balance {bt:.3} flop/byte\n{said}"
+        (be - busy).abs() <= 0.10 * busy,
+        "energy balance {be:.3} vs the kernels' busy-time balance {busy:.3} flop/byte \
+         (roofline time balance {bt:.3})\n{said}"
     );
     let w = num(&r, "const_w");
     assert!(
