@@ -33,6 +33,18 @@ use state::State;
 
 /// Label pairs of one series (absent labels are left out rather than empty).
 type Labels = Vec<(&'static str, String)>;
+/// The labels of `energy_bpf_samples_unwound_total`: how the stack was walked, why it ended.
+fn unwind_labels(method: pb::UnwindMethod, stop: pb::UnwindStop) -> Labels {
+    let method = match method {
+        pb::UnwindMethod::Dwarf => "dwarf",
+        pb::UnwindMethod::FramePointer => "frame_pointer",
+    };
+    vec![
+        ("method", method.into()),
+        ("stop", crate::record::stop_name(stop).into()),
+    ]
+}
+
 type JoulesFamily = Family<Labels, Counter<f64, AtomicU64>>;
 type WattsFamily = Family<Labels, Gauge<f64, AtomicU64>>;
 
@@ -114,13 +126,8 @@ impl Metrics {
             }
         }
         for ((method, stop), n) in kinds {
-            let method = match method {
-                pb::UnwindMethod::Dwarf => "dwarf",
-                pb::UnwindMethod::FramePointer => "frame_pointer",
-            };
-            let stop = crate::record::stop_name(stop);
             s.unwind_samples
-                .get_or_create(&vec![("method", method.into()), ("stop", stop.into())])
+                .get_or_create(&unwind_labels(method, stop))
                 .inc_by(n);
         }
         let Some(now) = chunk.losses else {

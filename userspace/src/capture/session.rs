@@ -316,10 +316,18 @@ impl Session {
                 // same maps read again, nor the tables reloaded.
                 let known = maps.iter().map(|m| m.start).collect();
                 let backoff = Backoff::new(std::time::Instant::now(), REMAP);
+                self.bound_remapped();
                 self.remapped.insert(tgid, (backoff, known));
                 chunk.mappings.extend(maps);
             }
             Err(err) => tracing::debug!("mappings of {tgid}: {err}"),
+        }
+    }
+
+    /// Keeps the re-read schedules bounded when exit events were lost (a full ring).
+    fn bound_remapped(&mut self) {
+        if self.remapped.len() > 65_536 {
+            self.remapped.clear();
         }
     }
 
@@ -333,12 +341,10 @@ impl Session {
         if self.remapped.get(&tgid).is_some_and(|(b, _)| !b.due(now)) {
             return;
         }
-        if self.remapped.len() > 65_536 {
-            self.remapped.clear();
-        }
         let Ok(maps) = (self.read_mappings)(tgid, ts_ns) else {
             return;
         };
+        self.bound_remapped();
         let (backoff, known) = self
             .remapped
             .entry(tgid)

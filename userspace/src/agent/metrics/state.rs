@@ -92,14 +92,9 @@ impl State {
         let unwind_samples = Family::<Labels, Counter>::default();
         // Both methods' whole-stack series exist from the start, at 0 until a sample comes:
         // the family is there on an idle machine, and a rate over it starts from 0.
-        for method in ["dwarf", "frame_pointer"] {
-            let _ = unwind_samples.get_or_create(&vec![
-                ("method", method.into()),
-                (
-                    "stop",
-                    crate::record::stop_name(pb::UnwindStop::EndOfStack).into(),
-                ),
-            ]);
+        for method in [pb::UnwindMethod::Dwarf, pb::UnwindMethod::FramePointer] {
+            let _ = unwind_samples
+                .get_or_create(&super::unwind_labels(method, pb::UnwindStop::EndOfStack));
         }
         let unwind_tables = Family::<Labels, Gauge>::default();
         registry.register(
