@@ -209,3 +209,101 @@ fn lifecycle_events_name_forks_execs_and_exits() {
         "the shell's mappings are recorded if and only if it was sampled"
     );
 }
+
+/// Work that repeats at exactly twice the sampling period (`tests/workloads/phase.c`: 3/4
+/// of each 2/999 s of its CPU time in `phase_heavy`, 1/4 in `phase_light`), recorded at
+/// 999 Hz: the two functions' samples must split as the CPU time the workload measured in
+/// each, within four standard errors of the counts (never under 10%). A timer at a fixed
+/// 999 Hz meets such a loop at nearly the same phase for seconds and gives one function
+/// most of the samples; the sampler's wandering rate (`capture/sampler.rs`) must not.
+#[test]
+fn work_periodic_at_the_sampling_period_is_sampled_in_proportion() {
+    if !require_root("work_periodic_at_the_sampling_period_is_sampled_in_proportion") {
+        return;
+    }
+    let _guard = crate::util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prog = crate::util::gcc(
+        &crate::util::workload("phase.c"),
+        &dir.path().join("phase"),
+        &["-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline"],
+    );
+    let file = dir.path().join("phase.ebpr");
+    // 2/999 s; on until phase_light has had 2 s of CPU (about 2,000 samples), at most 60 s.
+    let period_ns = (2e9 / 999.0_f64).round().to_string();
+    let out = run(&[
+        "record",
+        "--energy-source",
+        "model",
+        "--unwind",
+        "fp",
+        "-F",
+        "999",
+        "-o",
+        file.to_str().expect("path"),
+        "--",
+        prog.to_str().expect("path"),
+        &period_ns,
+        "2",
+        "60",
+    ]);
+    assert!(out.status.success(), "record failed: {}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let measured: Vec<f64> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("time_s "))
+        .unwrap_or_else(|| panic!("no `time_s HEAVY LIGHT` line: {}", text(&out)))
+        .split_whitespace()
+        .map(|v| v.parse().expect("seconds"))
+        .collect();
+    let truth = measured[0] / measured[1];
+    // Each function's share of the workload's stacks (its energy, which on the model
+    // follows the samples), and the sample counts they stand for.
+    let report = report_json(&file);
+    let p = report["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["comm"] == "phase"))
+        .unwrap_or_else(|| panic!("no phase process in {report}"));
+    let (pid, all) = (
+        p["pid"].as_u64().expect("pid").to_string(),
+        p["samples"].as_u64().expect("samples"),
+    );
+    let stacks = crate::util::collapsed(&file, &["--domain", "package", "--pid", &pid]);
+    let total: u64 = stacks.values().sum();
+    let under = |name: &str| -> u64 {
+        stacks
+            .iter()
+            .filter(|(s, _)| s.split(';').any(|f| f == name))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (e_h, e_l) = (under("phase_heavy"), under("phase_light"));
+    assert!(
+        (e_h + e_l) as f64 >= 0.9 * total as f64,
+        "{e_h} + {e_l} of {total} µJ under the two functions (want >= 90%): {stacks:?}"
+    );
+    let n = |e: u64| (all as f64 * e as f64 / total.max(1) as f64).round() as u64;
+    let (n_h, n_l) = (n(e_h), n(e_l));
+    // The workload ran until phase_light had 2 s of CPU: about 8,000 samples in all. The
+    // counts must be enough to judge the split, not the split itself (a fixed rate gave
+    // phase_light none).
+    assert!(
+        all >= 4000,
+        "{all} samples of the workload: too few to judge how they split"
+    );
+    let ratio = e_h as f64 / e_l.max(1) as f64;
+    let bound = (4.0 * (1.0 / n_h.max(1) as f64 + 1.0 / n_l.max(1) as f64).sqrt()).max(0.1);
+    eprintln!(
+        "phase_heavy/phase_light: {e_h} / {e_l} µJ = {ratio:.3} (about {n_h} / {n_l} of {all} samples, {total} µJ), measured CPU time \
+         {:.3} / {:.3} s = {truth:.3}; bound ±{:.1}%",
+        measured[0],
+        measured[1],
+        bound * 100.0
+    );
+    assert!(
+        (ratio / truth - 1.0).abs() <= bound,
+        "energy split {ratio:.3}:1 between two functions that ran {truth:.3}:1 in CPU time \
+         (bound ±{:.1}%): the sampler aliases with work periodic at its period",
+        bound * 100.0
+    );
+}

@@ -160,7 +160,7 @@ impl ActivityCounters {
 /// The head of `struct perf_event_attr` (`PERF_ATTR_SIZE_VER0`, 64 bytes), enough for a
 /// counting event; the kernel zero-extends the rest.
 #[repr(C)]
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct PerfEventAttr {
     kind: u32,
     size: u32,
@@ -184,12 +184,43 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
 
 /// A counting event on every task of `cpu`.
 pub(super) fn perf_event_open(kind: u32, config: u64, cpu: u32) -> io::Result<OwnedFd> {
+    open_on_cpu(
+        &PerfEventAttr {
+            kind,
+            config,
+            flags: PINNED,
+            ..PerfEventAttr::default()
+        },
+        cpu,
+    )
+}
+
+/// `attr.disabled`: the event starts off (enabled by `PERF_EVENT_IOC_ENABLE`).
+const DISABLED: u64 = 1;
+/// `PERF_TYPE_SOFTWARE` and its `PERF_COUNT_SW_CPU_CLOCK`.
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+
+/// A sampling cpu-clock event on every task of `cpu`, one sample per `period_ns`, opened
+/// disabled (a program is attached before it is enabled).
+pub(super) fn cpu_clock_sampler_open(period_ns: u64, cpu: u32) -> io::Result<OwnedFd> {
+    open_on_cpu(
+        &PerfEventAttr {
+            kind: PERF_TYPE_SOFTWARE,
+            config: PERF_COUNT_SW_CPU_CLOCK,
+            sample_period: period_ns,
+            flags: DISABLED,
+            ..PerfEventAttr::default()
+        },
+        cpu,
+    )
+}
+
+/// `perf_event_open(attr)` on every task of `cpu`, no group.
+fn open_on_cpu(attr: &PerfEventAttr, cpu: u32) -> io::Result<OwnedFd> {
     let attr = PerfEventAttr {
-        kind,
         size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config,
-        flags: PINNED,
-        ..PerfEventAttr::default()
+        ..*attr
     };
     // SAFETY: `attr` is a valid perf_event_attr of the size it declares and outlives the
     // call; pid -1 with a CPU counts every task there; no group.

@@ -1,15 +1,18 @@
 //! The loaded probes: load, attach, drain, count losses. What the drained bytes mean is
 //! [`super::decode`]'s.
 
-use std::{collections::HashMap, path::Path, thread, time::Duration};
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, RingBuf},
-    programs::{
-        BtfTracePoint, PerfEvent,
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
-    },
+    programs::{BtfTracePoint, PerfEvent},
 };
 use energy_bpf_abi::{ProcEvent, SWITCH_BATCH, SampleEvent, SwitchBatch, counter};
 
@@ -18,6 +21,7 @@ use super::{
     btf,
     decode::{Event, decode_proc, decode_sample, deliver, read, switch_batch},
     host,
+    sampler::{Sampler, SamplerError},
     unwinder::{UnwindStats, Unwinder},
 };
 use crate::pb::v1 as pb;
@@ -62,6 +66,9 @@ pub enum CaptureError {
          use --unwind fp (frame pointers) or --unwind auto (falls back to them)"
     )]
     Unwind(String),
+    /// The stack sampler could not be started on a CPU.
+    #[error(transparent)]
+    Sampler(#[from] SamplerError),
 }
 
 /// How user stacks are walked.
@@ -92,6 +99,8 @@ impl UnwindMode {
 /// Loaded and attached probes. Dropping detaches everything.
 pub struct Probes {
     _ebpf: Ebpf,
+    /// The stack sampler's events, whose rates [`Self::drain`] draws anew.
+    sampler: Sampler,
     switches: RingBuf<MapData>,
     samples: RingBuf<MapData>,
     procs: RingBuf<MapData>,
@@ -260,26 +269,25 @@ impl Probes {
                 source: Box::new(e),
             })?;
         }
-        let attach_sampler = |ebpf: &mut Ebpf| -> Result<(), aya::programs::ProgramError> {
+        let sampler = {
             let prog: &mut PerfEvent = ebpf
                 .program_mut("sample_stack")
-                .ok_or(aya::programs::ProgramError::NotLoaded)?
-                .try_into()?;
-            prog.load()?;
-            for &cpu in &cpus {
-                prog.attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(sample_hz),
-                    false,
-                )?;
-            }
-            Ok(())
+                .ok_or(aya::programs::ProgramError::NotLoaded)
+                .and_then(TryInto::try_into)
+                .map_err(|e| CaptureError::Attach {
+                    program: "sample_stack",
+                    source: Box::new(e),
+                })?;
+            prog.load().map_err(|e| CaptureError::Attach {
+                program: "sample_stack",
+                source: Box::new(e),
+            })?;
+            let prog_fd = prog.fd().map_err(|e| CaptureError::Attach {
+                program: "sample_stack",
+                source: Box::new(e),
+            })?;
+            Sampler::attach(prog_fd.as_fd().as_raw_fd(), &cpus, sample_hz)?
         };
-        attach_sampler(&mut ebpf).map_err(|e| CaptureError::Attach {
-            program: "sample_stack",
-            source: Box::new(e),
-        })?;
         let mut ring = |name: &'static str| -> Result<RingBuf<MapData>, CaptureError> {
             let map = ebpf.take_map(name).ok_or(CaptureError::Map(name))?;
             RingBuf::try_from(map).map_err(|_| CaptureError::Map(name))
@@ -304,6 +312,7 @@ impl Probes {
         };
         let probes = Self {
             _ebpf: ebpf,
+            sampler,
             switches,
             samples,
             procs,
@@ -459,8 +468,10 @@ impl Probes {
         n
     }
 
-    /// Drains every ring buffer into `sink`. Returns the number of events.
+    /// Drains every ring buffer into `sink`, drawing the sampler's rates anew when due
+    /// (see `super::sampler`). Returns the number of events.
     pub fn drain(&mut self, mut sink: impl FnMut(Event)) -> usize {
+        self.sampler.redraw_if_due(Instant::now());
         if let Some(log) = &mut self.log {
             log.flush();
         }

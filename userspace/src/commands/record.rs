@@ -24,7 +24,9 @@ use crate::{
 pub struct Args {
     /// Stack sampling frequency per CPU, Hz. 99 by default: a recording is read once,
     /// later, and wants detail; `top` and the agent sample at 49 Hz because they run for
-    /// long and only show their stacks in aggregate.
+    /// long and only show their stacks in aggregate. It is the mean rate: each CPU's rate
+    /// is drawn anew within ±25% of it four times a second, so work that repeats at a
+    /// multiple of the period is not always sampled at the same point.
     #[arg(short = 'F', long = "freq", value_name = "HZ", default_value_t = 99,
           value_parser = |s: &str| super::args::hz(s).map(u64::from))]
     pub(crate) freq: u64,
