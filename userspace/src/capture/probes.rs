@@ -270,22 +270,17 @@ impl Probes {
             })?;
         }
         let sampler = {
+            let err = |e| CaptureError::Attach {
+                program: "sample_stack",
+                source: Box::new(e),
+            };
             let prog: &mut PerfEvent = ebpf
                 .program_mut("sample_stack")
                 .ok_or(aya::programs::ProgramError::NotLoaded)
                 .and_then(TryInto::try_into)
-                .map_err(|e| CaptureError::Attach {
-                    program: "sample_stack",
-                    source: Box::new(e),
-                })?;
-            prog.load().map_err(|e| CaptureError::Attach {
-                program: "sample_stack",
-                source: Box::new(e),
-            })?;
-            let prog_fd = prog.fd().map_err(|e| CaptureError::Attach {
-                program: "sample_stack",
-                source: Box::new(e),
-            })?;
+                .map_err(err)?;
+            prog.load().map_err(err)?;
+            let prog_fd = prog.fd().map_err(err)?;
             Sampler::attach(prog_fd.as_fd().as_raw_fd(), &cpus, sample_hz)?
         };
         let mut ring = |name: &'static str| -> Result<RingBuf<MapData>, CaptureError> {
