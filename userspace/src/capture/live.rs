@@ -22,6 +22,8 @@ use crate::{
 pub struct LiveOptions {
     /// Stack sampling frequency per CPU, Hz.
     pub sample_hz: u64,
+    /// How often each CPU's sampling rate is drawn anew (see `super::sampler`).
+    pub sample_redraw: std::time::Duration,
     /// The per-run activity counter.
     pub activity: ActivityEvent,
     /// How user stacks are walked.
@@ -48,6 +50,7 @@ impl LiveOptions {
     pub fn timeline(energy: EnergyArgs) -> Self {
         Self {
             sample_hz: 1,
+            sample_redraw: super::sampler::REDRAW,
             activity: ActivityEvent::None,
             unwind: UnwindMode::Fp,
             sample_ring_bytes: None,
@@ -65,6 +68,13 @@ impl LiveOptions {
         self.sample_hz = hz;
         self.unwind = unwind;
         self.read_mappings = crate::symbolize::process_mappings;
+        self
+    }
+
+    /// Each CPU's sampling rate drawn anew every `every`, not every
+    /// `super::sampler::REDRAW`: for the captures that always run.
+    pub fn sample_redraw(mut self, every: std::time::Duration) -> Self {
+        self.sample_redraw = every;
         self
     }
 
@@ -126,7 +136,7 @@ impl Live {
     /// Loads the probes, then starts the energy reader on their CPUs' topology (its first
     /// readings are taken now).
     pub fn start(opts: LiveOptions) -> Result<Self, LiveError> {
-        let probes = Probes::start_sized(
+        let mut probes = Probes::start_sized(
             opts.sample_hz,
             opts.activity,
             opts.unwind,
@@ -135,6 +145,7 @@ impl Live {
             opts.aggregate,
         )
         .map_err(LiveError::Probes)?;
+        probes.set_sample_redraw(opts.sample_redraw);
         let cpus = energy::topology::of(&opts.energy.sysfs_root, probes.cpus());
         let energy = energy::start(&opts.energy, &cpus).map_err(LiveError::Energy)?;
         Ok(Self {

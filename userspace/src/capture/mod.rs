@@ -21,7 +21,7 @@ pub(crate) mod probe_log;
 mod probes;
 pub(crate) mod python;
 pub(crate) mod run_counts;
-mod sampler;
+pub(crate) mod sampler;
 pub(crate) mod session;
 pub mod sink;
 pub(crate) mod unwinder;

@@ -409,6 +409,11 @@ impl Probes {
         self.python.as_mut()
     }
 
+    /// Draws the sampler's rates anew every `every` (see `super::sampler`).
+    pub fn set_sample_redraw(&mut self, every: Duration) {
+        self.sampler.set_redraw(every);
+    }
+
     /// Online CPUs the sampler is attached to.
     pub fn cpus(&self) -> &[u32] {
         &self.cpus

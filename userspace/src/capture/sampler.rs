@@ -5,7 +5,8 @@
 //! `1/F` (a 2 ms loop at 999 Hz) meets the timer at almost the same phase for seconds on
 //! end, and the code at that phase gets more than its share: the Java test's two methods,
 //! 3:1 in CPU time, came out anywhere from 2.84 to 3.32 at 999 Hz, and within 3% of 3.00
-//! at 797 Hz (`tests/jit.rs`). So each CPU's rate is drawn anew every [`REDRAW`], uniformly
+//! at 797 Hz (`tests/jit.rs`). So each CPU's rate is drawn anew every [`REDRAW`]
+//! ([`REDRAW_ALWAYS_ON`] in the agent and `top`, where each draw's cost counts), uniformly
 //! within ±[`SPREAD`] of `F`: with a rate `f` the phase moves by `|1/f − T/k|` per sample
 //! against a loop of period `T`, and it sweeps the loop many times over in each stretch
 //! unless `f` lands in a band a few thousandths wide. The draws are stratified: each CPU
@@ -32,8 +33,16 @@ use super::activity::cpu_clock_sampler_open;
 /// How far each CPU's rate wanders from the one asked for, as a fraction of it.
 pub const SPREAD: f64 = 0.25;
 
-/// How often each CPU's rate is drawn anew, at most (the caller's drains set the pace).
+/// How often each CPU's rate is drawn anew by default, at most (the caller's drains set
+/// the pace): often enough that a few seconds of `record` count `-F` samples per second.
 pub const REDRAW: Duration = Duration::from_millis(250);
+
+/// How often the agent and `top` draw each CPU's rate anew. A new period is an
+/// inter-processor call to the event's CPU: about 24 µs here (a nested VM), which at
+/// [`REDRAW`] on two CPUs was 14% of the idle agent's own CPU (`perf record` of the agent,
+/// all of it in `smp_call_function_single` under `_perf_event_period`). A stretch of 2 s
+/// at 49 Hz still holds about 100 samples, and the phase still jumps at each draw.
+pub const REDRAW_ALWAYS_ON: Duration = Duration::from_secs(2);
 
 /// Parts of the band each CPU's rates are drawn from in turn.
 pub const STRATA: usize = 8;
@@ -65,6 +74,7 @@ pub struct Sampler {
     strata: Vec<Vec<usize>>,
     hz: f64,
     rng: ChaCha8Rng,
+    redraw: Duration,
     next_draw: Instant,
     /// Cleared when the kernel refuses a new period: the rate then stays where it is.
     redraws: bool,
@@ -82,6 +92,7 @@ impl Sampler {
             rng: ChaCha8Rng::seed_from_u64(
                 crate::clock::realtime_ns() ^ u64::from(std::process::id()),
             ),
+            redraw: REDRAW,
             next_draw: Instant::now() + REDRAW,
             redraws: true,
         };
@@ -112,12 +123,18 @@ impl Sampler {
         (1e9 / hz).round().max(1.0) as u64
     }
 
-    /// Draws every CPU's rate anew when [`REDRAW`] has passed since the last draw.
+    /// Draws the rates anew every `every` from now on ([`REDRAW`] until told).
+    pub fn set_redraw(&mut self, every: Duration) {
+        self.next_draw = self.next_draw - self.redraw + every;
+        self.redraw = every;
+    }
+
+    /// Draws every CPU's rate anew when the redraw interval has passed since the last draw.
     pub fn redraw_if_due(&mut self, now: Instant) {
         if !self.redraws || now < self.next_draw {
             return;
         }
-        self.next_draw = now + REDRAW;
+        self.next_draw = now + self.redraw;
         for i in 0..self.events.len() {
             let period = self.draw_period_ns(i);
             let (cpu, fd) = &self.events[i];
@@ -155,6 +172,7 @@ mod tests {
             strata: vec![Vec::new(); cpus],
             hz: 999.0,
             rng: ChaCha8Rng::seed_from_u64(7),
+            redraw: REDRAW,
             next_draw: Instant::now(),
             redraws: true,
         }

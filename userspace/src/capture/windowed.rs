@@ -53,6 +53,7 @@ impl Capture {
         let mut live = Live::start(
             LiveOptions::timeline(cfg.energy.clone())
                 .stacks(cfg.sample_hz, cfg.unwind)
+                .sample_redraw(super::sampler::REDRAW_ALWAYS_ON)
                 .activity(cfg.activity)
                 .sample_ring(cfg.sample_ring_bytes)
                 .aggregated(cfg.aggregate),
