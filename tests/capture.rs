@@ -294,8 +294,9 @@ fn work_periodic_at_the_sampling_period_is_sampled_in_proportion() {
     let ratio = e_h as f64 / e_l.max(1) as f64;
     let bound = (4.0 * (1.0 / n_h.max(1) as f64 + 1.0 / n_l.max(1) as f64).sqrt()).max(0.1);
     eprintln!(
-        "phase_heavy/phase_light: {e_h} / {e_l} µJ = {ratio:.3} (about {n_h} / {n_l} of {all} samples, {total} µJ), measured CPU time \
-         {:.3} / {:.3} s = {truth:.3}; bound ±{:.1}%",
+        "phase_heavy/phase_light: {e_h} / {e_l} µJ = {ratio:.3} (about {n_h} / {n_l} of \
+         {all} samples, {total} µJ), measured CPU time {:.3} / {:.3} s = {truth:.3}; \
+         bound ±{:.1}%",
         measured[0],
         measured[1],
         bound * 100.0

@@ -13,8 +13,8 @@
 //! takes its rates from the [`STRATA`] equal parts of the band in a shuffled order, one
 //! uniform draw in each, so over every [`STRATA`] stretches its mean rate is `F` within a
 //! fraction of a percent (plain uniform draws leave 4 s at 999 Hz 3.6% off `F` as one
-//! standard deviation, and `-F` is a rate people count on). `PERF_EVENT_IOC_PERIOD` also restarts the
-//! CPU's timer from the moment of the call, so the phase jumps at each draw as well.
+//! standard deviation, and `-F` is a rate people count on). `PERF_EVENT_IOC_PERIOD` also
+//! restarts the CPU's timer from the moment of the call, so the phase jumps at each draw.
 //!
 //! Samples of a stretch count alike. Which stretch a sample fell in does not depend on
 //! what ran, so the shares of a thread's stacks stay unbiased; the rate changing within a
