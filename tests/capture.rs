@@ -248,14 +248,8 @@ fn work_periodic_at_the_sampling_period_is_sampled_in_proportion() {
         "60",
     ]);
     assert!(out.status.success(), "record failed: {}", text(&out));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let measured: Vec<f64> = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("time_s "))
-        .unwrap_or_else(|| panic!("no `time_s HEAVY LIGHT` line: {}", text(&out)))
-        .split_whitespace()
-        .map(|v| v.parse().expect("seconds"))
-        .collect();
+    let measured = crate::util::time_s(&out.stdout)
+        .unwrap_or_else(|| panic!("no `time_s HEAVY LIGHT` line: {}", text(&out)));
     let truth = measured[0] / measured[1];
     // Each function's share of the workload's stacks (its energy, which on the model
     // follows the samples), and the sample counts they stand for.

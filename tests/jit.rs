@@ -57,18 +57,10 @@ fn record(dir: &Path, name: &str, argv: &[&str]) -> (PathBuf, f64) {
     args.extend_from_slice(argv);
     let out = run(&args);
     assert!(out.status.success(), "record failed: {}", text(&out));
-    let truth = time_ratio(&out.stdout)
+    let truth = crate::util::time_s(&out.stdout)
+        .map(|[heavy, light]| heavy / light)
         .unwrap_or_else(|| panic!("{name} printed no `time_s HEAVY LIGHT`: {}", text(&out)));
     (file, truth)
-}
-
-/// Heavy over light from the workload's `time_s HEAVY LIGHT` line.
-fn time_ratio(stdout: &[u8]) -> Option<f64> {
-    let text = String::from_utf8_lossy(stdout);
-    let line = text.lines().find_map(|l| l.strip_prefix("time_s "))?;
-    let mut it = line.split_whitespace().map(str::parse::<f64>);
-    let (heavy, light) = (it.next()?.ok()?, it.next()?.ok()?);
-    (light > 0.0).then(|| heavy / light)
 }
 
 /// Checks the two hot JIT functions of `pid` in `file`: names from the recording alone,

@@ -403,6 +403,16 @@ pub fn workload(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The seconds of a workload's `time_s HEAVY LIGHT` line (the thread CPU time it measured
+/// in each of its two functions), when it printed one with light above 0.
+pub fn time_s(stdout: &[u8]) -> Option<[f64; 2]> {
+    let text = String::from_utf8_lossy(stdout);
+    let line = text.lines().find_map(|l| l.strip_prefix("time_s "))?;
+    let mut it = line.split_whitespace().map(str::parse::<f64>);
+    let (heavy, light) = (it.next()?.ok()?, it.next()?.ok()?);
+    (light > 0.0).then_some([heavy, light])
+}
+
 /// Collapsed stacks (`comm;frame;...` → weight) of `flamegraph --format collapsed ARGS
 /// FILE`, summed per stack.
 pub fn collapsed(file: &Path, args: &[&str]) -> std::collections::HashMap<String, u64> {
