@@ -44,6 +44,10 @@ pub const REDRAW: Duration = Duration::from_millis(250);
 /// at 49 Hz still holds about 100 samples, and the phase still jumps at each draw.
 pub const REDRAW_ALWAYS_ON: Duration = Duration::from_secs(2);
 
+/// Sampling periods a stretch lasts at least, whatever the redraw interval: below 64 Hz it
+/// is what sets the pace (16 s at 1 Hz).
+pub const MIN_STRETCH: f64 = 16.0;
+
 /// Parts of the band each CPU's rates are drawn from in turn.
 pub const STRATA: usize = 8;
 
@@ -93,9 +97,10 @@ impl Sampler {
                 crate::clock::realtime_ns() ^ u64::from(std::process::id()),
             ),
             redraw: REDRAW,
-            next_draw: Instant::now() + REDRAW,
+            next_draw: Instant::now(),
             redraws: true,
         };
+        sampler.next_draw += sampler.interval();
         for (i, &cpu) in cpus.iter().enumerate() {
             let err = |call, source| SamplerError { cpu, call, source };
             let fd = cpu_clock_sampler_open(sampler.draw_period_ns(i), cpu)
@@ -125,8 +130,17 @@ impl Sampler {
 
     /// Draws the rates anew every `every` from now on ([`REDRAW`] until told).
     pub fn set_redraw(&mut self, every: Duration) {
-        self.next_draw = self.next_draw - self.redraw + every;
+        let last = self.next_draw - self.interval();
         self.redraw = every;
+        self.next_draw = last + self.interval();
+    }
+
+    /// Time between draws: the redraw interval, but never under [`MIN_STRETCH`] periods (at
+    /// 1 Hz, `calibrate`'s timeline, which measures idle power, a draw every 250 ms would
+    /// only wake CPUs).
+    fn interval(&self) -> Duration {
+        self.redraw
+            .max(Duration::from_secs_f64(MIN_STRETCH / self.hz))
     }
 
     /// Draws every CPU's rate anew when the redraw interval has passed since the last draw.
@@ -134,7 +148,7 @@ impl Sampler {
         if !self.redraws || now < self.next_draw {
             return;
         }
-        self.next_draw = now + self.redraw;
+        self.next_draw = now + self.interval();
         for i in 0..self.events.len() {
             let period = self.draw_period_ns(i);
             let (cpu, fd) = &self.events[i];
@@ -232,5 +246,16 @@ mod tests {
             })
             .collect();
         assert!(firsts.len() >= 4, "first strata of 50 rounds: {firsts:?}");
+    }
+
+    /// Draws come every redraw interval, but never under [`MIN_STRETCH`] periods.
+    #[test]
+    fn draws_never_come_faster_than_min_stretch_periods() {
+        let mut s = draws(1);
+        assert_eq!(s.interval(), REDRAW, "at 999 Hz the interval rules");
+        s.set_redraw(REDRAW_ALWAYS_ON);
+        assert_eq!(s.interval(), REDRAW_ALWAYS_ON);
+        s.hz = 1.0;
+        assert_eq!(s.interval(), Duration::from_secs(16), "at 1 Hz, 16 periods");
     }
 }
