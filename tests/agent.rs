@@ -392,3 +392,61 @@ fn agent_record_dir_writes_recordings_that_report_reads_whole() {
         recs.display()
     );
 }
+
+/// The value of the unlabelled series `name` in the agent's exposition.
+fn gauge(addr: &str, name: &str) -> Option<f64> {
+    let (status, body) = get(addr, "/metrics").ok()?;
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Scrapes `name` until `done` holds for it, for at most `within`; the last value.
+fn gauge_until(addr: &str, name: &str, within: Duration, done: impl Fn(f64) -> bool) -> f64 {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let value = gauge(addr, name);
+        if let Some(v) = value.filter(|&v| done(v)) {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} = {value:?} after {within:?}"
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_agent_drains_once_a_second_and_sooner_while_a_ring_fills_fast() {
+    if !util::require_root("the_agent_drains_once_a_second_and_sooner_while_a_ring_fills_fast") {
+        return;
+    }
+    let _guard = util::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // At 999 Hz the stack-sample ring (16 MiB, each sample about 3.1 KiB) takes a third
+    // of its size a second from two busy CPUs: over the quarter a poll may let fill.
+    let (mut agent, addr, _log) = start_agent_with(dir.path(), &["-F", "999"]);
+    let poll = "energy_bpf_poll_interval_seconds";
+    // Quiet: once a second (the windows are a second long).
+    let quiet = gauge_until(&addr, poll, Duration::from_secs(30), |v| v == 1.0);
+    let lost =
+        |addr: &str| gauge(addr, "energy_bpf_dropped_events_total{kind=\"sample\"}").unwrap_or(0.0);
+    let lost_before = lost(&addr);
+    let busy: Vec<Workload> = (0..2)
+        .map(|cpu| Workload::spawn("while :; do :; done", Some(cpu)))
+        .collect();
+    let fast = gauge_until(&addr, poll, Duration::from_secs(30), |v| v < 1.0);
+    thread::sleep(Duration::from_secs(3));
+    let lost_busy = lost(&addr) - lost_before;
+    drop(busy);
+    let calm = gauge_until(&addr, poll, Duration::from_secs(30), |v| v == 1.0);
+    eprintln!("poll interval: quiet {quiet} s, busy at 999 Hz {fast} s, quiet again {calm} s");
+    // A poll divides the 1 s window evenly; the ring's rate asks for about 0.7 s, so two.
+    assert!(fast <= 0.5 + 1e-9, "busy at 999 Hz: polls {fast} s apart");
+    assert_eq!(lost_busy, 0.0, "samples lost while busy");
+    // SAFETY: kill(2) on our own child's pid; no memory is passed.
+    assert_eq!(unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) }, 0);
+    let status = agent.0.wait().expect("wait for the agent");
+    assert!(status.success(), "agent exit: {status}");
+}

@@ -1,6 +1,7 @@
-//! The capture loop, on a blocking thread of its own: poll the probes four times a second,
-//! hand each chunk to the sinks and the pipeline, close a window every interval and hand it
-//! to the sinks. Control messages (stop, reload) wake it between polls.
+//! The capture loop, on a blocking thread of its own: poll the probes once a second (sooner
+//! when their rings fill faster, see [`next_poll`]), hand each chunk to the sinks and the
+//! pipeline, close a window every interval and hand it to the sinks. Control messages
+//! (stop, reload) wake it between polls.
 
 use std::{
     collections::BTreeMap,
@@ -16,11 +17,40 @@ use super::{
 };
 use crate::{attribute, capture::Capture, clock, pb::v1 as pb, pipeline::Window};
 
-/// Drains at least this often: ring buffers are sized for about a second of a busy
-/// machine (docs/ARCHITECTURE.md, "Capture"), and a poll holds what it drained until the
-/// pipeline has folded it (at 256 CPUs switching a million times a second, a second's
-/// chunk is 56 MiB of switch events, a quarter's 14 MiB).
-const MAX_POLL: Duration = Duration::from_millis(250);
+/// Drains at least this often. A poll costs the same syscalls, wake-ups and folding
+/// whatever it drains: on a quiet machine polling four times a second took 1.1 ms of CPU a
+/// second, once a second 0.47 ms (docs/benchmarks.md).
+const MAX_POLL: Duration = Duration::from_secs(1);
+
+/// Drains at most this often, however fast the rings fill.
+const MIN_POLL: Duration = Duration::from_millis(100);
+
+/// The share of a ring buffer a poll lets fill before the next, at the rate it filled
+/// since the last: a burst four times that rate still fits. A poll also holds what it
+/// drained until the pipeline has folded it (at 256 CPUs streaming a million switches a
+/// second, a second's chunk is 56 MiB of switch events): the streaming ring (8 MiB) keeps
+/// such a machine near [`MIN_POLL`].
+const RING_SHARE: f64 = 0.25;
+
+/// Time from one poll to the next, so that the rings fill to at most [`RING_SHARE`] at the
+/// rate they filled over the last `since`, when the fullest took `fill` of its ring;
+/// between [`MIN_POLL`] and [`MAX_POLL`].
+fn next_poll(since: Duration, fill: f64) -> Duration {
+    if fill.is_nan() || fill <= 0.0 {
+        return MAX_POLL;
+    }
+    let secs = since.as_secs_f64() * RING_SHARE / fill;
+    Duration::from_secs_f64(secs.clamp(MIN_POLL.as_secs_f64(), MAX_POLL.as_secs_f64()))
+}
+
+/// The poll period for windows `interval` long when the rings allow `pace`: the longest
+/// that divides the interval evenly, so polls land on window ends.
+fn poll_period(interval: Duration, pace: Duration) -> Duration {
+    let polls = (interval.as_secs_f64() / pace.as_secs_f64().max(1e-3))
+        .ceil()
+        .max(1.0);
+    interval.div_f64(polls)
+}
 
 /// What the runtime tells the capture loop.
 #[derive(Debug)]
@@ -43,6 +73,10 @@ pub struct Collector {
     interval: Duration,
     learner: Option<Learner>,
     health: Arc<Health>,
+    /// How long the rings allow until the next poll ([`next_poll`]).
+    pace: Duration,
+    /// When the probes were last drained.
+    drained: Instant,
 }
 
 /// The sinks and the metrics the loop reports to.
@@ -81,6 +115,8 @@ impl Collector {
             interval,
             learner: None,
             health: Arc::new(Health::new()),
+            pace: MAX_POLL,
+            drained: Instant::now(),
         }
     }
 
@@ -103,8 +139,7 @@ impl Collector {
         let _detach = super::health::DetachOnDrop(&health);
         health.attached();
         loop {
-            let poll = self.interval.min(MAX_POLL);
-            match control.recv_timeout(poll) {
+            match control.recv_timeout(poll_period(self.interval, self.pace)) {
                 Ok(Control::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 Ok(Control::Reload {
                     interval,
@@ -147,6 +182,12 @@ impl Collector {
 
     fn step(&mut self) {
         let chunk = self.capture.poll();
+        let now = Instant::now();
+        self.pace = next_poll(now - self.drained, self.capture.take_ring_fill());
+        self.drained = now;
+        self.out
+            .metrics
+            .set_poll_interval(poll_period(self.interval, self.pace));
         for fault in self.capture.new_faults() {
             tracing::warn!("{fault}; the agent goes on with the other sources");
         }
@@ -156,9 +197,10 @@ impl Collector {
         }
         self.capture.push(chunk);
         let started = Instant::now();
-        // Polls come every MAX_POLL: asking for half a poll less than the interval
-        // makes windows the interval long on average rather than a poll longer.
-        let min_len = self.interval.saturating_sub(MAX_POLL / 2);
+        // Asking for half a poll less than the interval makes windows the interval long
+        // on average rather than a poll longer.
+        let poll = poll_period(self.interval, self.pace);
+        let min_len = self.interval.saturating_sub(poll / 2);
         let min_len_ns = u64::try_from(min_len.as_nanos()).unwrap_or(u64::MAX);
         if let Some(window) = self.capture.close_due(min_len_ns) {
             if let Some(learner) = &mut self.learner {
@@ -232,6 +274,38 @@ impl Outputs {
             processes = window.processes.len(),
             took_ms = took.as_secs_f64() * 1e3,
             "window closed"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn polls_once_a_second_unless_a_ring_fills_faster() {
+        // Nothing drained, or a little: once a second.
+        assert_eq!(next_poll(MAX_POLL, 0.0), MAX_POLL);
+        assert_eq!(next_poll(MAX_POLL, f64::NAN), MAX_POLL);
+        assert_eq!(next_poll(MAX_POLL, 0.01), MAX_POLL);
+        // A ring half full after a second: a quarter is reached in half a second.
+        assert_eq!(next_poll(MAX_POLL, 0.5), 500 * MS);
+        // A quarter after 200 ms: 200 ms again.
+        assert_eq!(next_poll(200 * MS, 0.25), 200 * MS);
+        // Faster than that is held at MIN_POLL.
+        assert_eq!(next_poll(100 * MS, 0.9), MIN_POLL);
+    }
+
+    #[test]
+    fn polls_divide_the_window_evenly() {
+        assert_eq!(poll_period(Duration::from_secs(5), MAX_POLL), MAX_POLL);
+        assert_eq!(poll_period(Duration::from_millis(1200), MAX_POLL), 600 * MS);
+        assert_eq!(poll_period(Duration::from_millis(500), MAX_POLL), 500 * MS);
+        assert_eq!(
+            poll_period(Duration::from_secs(5), 300 * MS),
+            Duration::from_secs(5) / 17
         );
     }
 }

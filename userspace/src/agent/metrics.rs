@@ -325,6 +325,11 @@ impl Metrics {
         }
     }
 
+    /// The capture loop's time between polls, as it now stands.
+    pub fn set_poll_interval(&self, interval: Duration) {
+        self.lock().poll_interval.set(interval.as_secs_f64());
+    }
+
     /// A sink's backlog.
     pub fn set_queue_depth(&self, sink: &'static str, depth: usize) {
         self.lock()

@@ -14,7 +14,7 @@
 
 use aya::{
     Ebpf,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{MapData, PerCpuArray},
 };
 use energy_bpf_abi::{AggCursor, AggRow, agg_row_flags};
 
@@ -53,7 +53,7 @@ pub struct Slots {
 /// The maps of the aggregating mode, and how far they were read.
 pub struct Aggregator {
     cursors: PerCpuArray<MapData, AggCursor>,
-    tables: RingBuf<MapData>,
+    tables: super::ring::Ring,
     /// The online CPUs (the cursors of the others never move).
     cpus: Vec<u32>,
     slot_ns: u64,
@@ -72,10 +72,7 @@ impl Aggregator {
             .take_map("AGG_CURSOR")
             .and_then(|m| PerCpuArray::try_from(m).ok())
             .ok_or("AGG_CURSOR")?;
-        let tables = ebpf
-            .take_map("AGG_SLOTS")
-            .and_then(|m| RingBuf::try_from(m).ok())
-            .ok_or("AGG_SLOTS")?;
+        let tables = super::ring::Ring::take(ebpf, "AGG_SLOTS").ok_or("AGG_SLOTS")?;
         let slot_ns = slot_ns.max(1);
         Ok(Self {
             cursors,
@@ -90,6 +87,11 @@ impl Aggregator {
     /// Where the slots read so far end: switch events cover the time up to here.
     pub fn covered_ns(&self) -> u64 {
         self.next * self.slot_ns
+    }
+
+    /// The fraction of the slot ring read since the last call (see `super::ring`).
+    pub fn take_ring_fill(&mut self) -> f64 {
+        self.tables.take_fill()
     }
 
     /// The first slot some online CPU has not left: its cursor's run started in it.

@@ -194,6 +194,12 @@ impl Live {
         self.session.probes().unwind_stats()
     }
 
+    /// The largest fraction of a ring buffer drained since the last call: how close the
+    /// probes' rings came to full between two polls.
+    pub fn take_ring_fill(&mut self) -> f64 {
+        self.session.take_ring_fill()
+    }
+
     /// Mutable access to the sample filter (e.g. to add a spawned command).
     pub fn targets_mut(&mut self) -> &mut Targets {
         self.session.targets_mut()

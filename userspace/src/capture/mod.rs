@@ -20,6 +20,7 @@ pub(crate) mod live;
 pub(crate) mod probe_log;
 mod probes;
 pub(crate) mod python;
+mod ring;
 pub(crate) mod run_counts;
 pub(crate) mod sampler;
 pub(crate) mod session;

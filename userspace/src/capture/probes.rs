@@ -11,7 +11,7 @@ use std::{
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{MapData, PerCpuArray},
     programs::{BtfTracePoint, PerfEvent},
 };
 use energy_bpf_abi::{ProcEvent, SWITCH_BATCH, SampleEvent, SwitchBatch, counter};
@@ -21,6 +21,7 @@ use super::{
     btf,
     decode::{Event, decode_proc, decode_sample, deliver, read, switch_batch},
     host,
+    ring::Ring,
     sampler::{Sampler, SamplerError},
     unwinder::{UnwindStats, Unwinder},
 };
@@ -101,9 +102,9 @@ pub struct Probes {
     _ebpf: Ebpf,
     /// The stack sampler's events, whose rates [`Self::drain`] draws anew.
     sampler: Sampler,
-    switches: RingBuf<MapData>,
-    samples: RingBuf<MapData>,
-    procs: RingBuf<MapData>,
+    switches: Ring,
+    samples: Ring,
+    procs: Ring,
     counters: PerCpuArray<MapData, u64>,
     batches: PerCpuArray<MapData, SwitchBatch>,
     /// Newest switch timestamp delivered per CPU: events at or before it are duplicates
@@ -283,10 +284,8 @@ impl Probes {
             let prog_fd = prog.fd().map_err(err)?;
             Sampler::attach(prog_fd.as_fd().as_raw_fd(), &cpus, sample_hz)?
         };
-        let mut ring = |name: &'static str| -> Result<RingBuf<MapData>, CaptureError> {
-            let map = ebpf.take_map(name).ok_or(CaptureError::Map(name))?;
-            RingBuf::try_from(map).map_err(|_| CaptureError::Map(name))
-        };
+        let mut ring =
+            |name: &'static str| Ring::take(&mut ebpf, name).ok_or(CaptureError::Map(name));
         let (switches, samples, procs) = (ring("SWITCHES")?, ring("SAMPLES")?, ring("PROCS")?);
         let counters = ebpf
             .take_map("COUNTERS")
@@ -469,7 +468,8 @@ impl Probes {
     }
 
     /// Drains every ring buffer into `sink`, drawing the sampler's rates anew when due
-    /// (see `super::sampler`). Returns the number of events.
+    /// (see `super::sampler`). Returns the number of events; [`Self::take_ring_fill`] says
+    /// how full the rings got.
     pub fn drain(&mut self, mut sink: impl FnMut(Event)) -> usize {
         self.sampler.redraw_if_due(Instant::now());
         if let Some(log) = &mut self.log {
@@ -494,6 +494,16 @@ impl Probes {
             }
         }
         n
+    }
+
+    /// The largest fraction of a ring buffer drained since the last call: how close the
+    /// rings came to full between drains (the agent paces its polls by it).
+    pub fn take_ring_fill(&mut self) -> f64 {
+        let slots = self.aggregate.as_mut().map_or(0.0, |a| a.take_ring_fill());
+        [&mut self.switches, &mut self.samples, &mut self.procs]
+            .into_iter()
+            .map(Ring::take_fill)
+            .fold(slots, f64::max)
     }
 
     /// [`Probes::drain`], plus the switch events still waiting in the kernel's per-CPU

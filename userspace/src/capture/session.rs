@@ -104,6 +104,12 @@ impl Session {
         &self.probes
     }
 
+    /// The largest fraction of a ring buffer drained since the last call
+    /// ([`Probes::take_ring_fill`]).
+    pub fn take_ring_fill(&mut self) -> f64 {
+        self.probes.take_ring_fill()
+    }
+
     /// Loads the unwind tables of a process that just exec'd now, rather than after the
     /// next drain (for the command `record` started).
     pub fn load_unwind_tables(&mut self, tgid: u32) {

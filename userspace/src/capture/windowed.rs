@@ -88,6 +88,12 @@ impl Capture {
         self.live.unwind_stats()
     }
 
+    /// The largest fraction of a ring buffer drained since the last call (see
+    /// [`Live::take_ring_fill`]).
+    pub fn take_ring_fill(&mut self) -> f64 {
+        self.live.take_ring_fill()
+    }
+
     /// The recording header of this capture (topology, sample rate, start time).
     pub fn header(&self) -> &pb::Header {
         &self.header

@@ -52,6 +52,7 @@ pub(super) struct State {
     pub(super) sink_errors: Family<Labels, Counter>,
     pub(super) exported: Family<Labels, Counter>,
     pub(super) pending: Gauge,
+    pub(super) poll_interval: Gauge<f64, AtomicU64>,
     pub(super) unwind_samples: Family<Labels, Counter>,
     pub(super) unwind_tables: Family<Labels, Gauge>,
     /// Pod names for `namespace`, `pod` and `container` labels, when configured.
@@ -89,6 +90,7 @@ impl State {
         let sink_errors = Family::<Labels, Counter>::default();
         let exported = Family::<Labels, Counter>::default();
         let pending = Gauge::default();
+        let poll_interval = Gauge::<f64, AtomicU64>::default();
         let unwind_samples = Family::<Labels, Counter>::default();
         // Both methods' whole-stack series exist from the start, at 0 until a sample comes:
         // the family is there on an idle machine, and a rate over it starts from 0.
@@ -227,6 +229,11 @@ impl State {
             "Events waiting for their window",
             pending.clone(),
         );
+        registry.register(
+            "energy_bpf_poll_interval_seconds",
+            "Time between the capture loop's drains of the probes: a second, less while a ring fills faster than a quarter of its size a second",
+            poll_interval.clone(),
+        );
         Ok(State {
             registry,
             ledger: Ledger::new(max_series, LINGER_WINDOWS, CONTAINER_LINGER_WINDOWS),
@@ -256,6 +263,7 @@ impl State {
             sink_errors,
             exported,
             pending,
+            poll_interval,
             unwind_samples,
             unwind_tables,
             names: None,
