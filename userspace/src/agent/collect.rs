@@ -185,9 +185,8 @@ impl Collector {
         let now = Instant::now();
         self.pace = next_poll(now - self.drained, self.capture.take_ring_fill());
         self.drained = now;
-        self.out
-            .metrics
-            .set_poll_interval(poll_period(self.interval, self.pace));
+        let poll = poll_period(self.interval, self.pace);
+        self.out.metrics.set_poll_interval(poll);
         for fault in self.capture.new_faults() {
             tracing::warn!("{fault}; the agent goes on with the other sources");
         }
@@ -199,7 +198,6 @@ impl Collector {
         let started = Instant::now();
         // Asking for half a poll less than the interval makes windows the interval long
         // on average rather than a poll longer.
-        let poll = poll_period(self.interval, self.pace);
         let min_len = self.interval.saturating_sub(poll / 2);
         let min_len_ns = u64::try_from(min_len.as_nanos()).unwrap_or(u64::MAX);
         if let Some(window) = self.capture.close_due(min_len_ns) {
