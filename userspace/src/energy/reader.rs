@@ -45,15 +45,34 @@ pub struct Measurement {
     pub period_is_known: bool,
 }
 
+/// How long start-up keeps watching, under `--energy-source auto`, a counter that did not
+/// change in its window ([`measure`]'s `patience_ns`), ns: long enough for a counter
+/// updated once a second, or for a reader the scheduler kept off the CPU for most of the
+/// window, to show that it counts before [`silent`] judges it.
+pub const SILENT_WATCH_NS: u64 = 1_100_000_000;
+/// How often a counter is read while watched past its window, ns.
+const WATCH_STEP_NS: u64 = 5_000_000;
+
 /// Spin-reads every counter (round robin) until each has changed [`MEASURE_CHANGES`] times
-/// or its window is over, and returns per counter its measurement or its read error.
-pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement, EnergyError>> {
+/// or its window is over, and returns per counter its measurement or its read error. A
+/// counter that has not changed once by the end of its window is read every
+/// [`WATCH_STEP_NS`] until it changes or `patience_ns` from the start has passed (none
+/// without `patience_ns`); one that changes then is reported with one change and its
+/// period as a lower bound: the time it sat still.
+pub fn measure(
+    counters: &mut [Box<dyn EnergySource>],
+    patience_ns: Option<u64>,
+) -> Vec<Result<Measurement, EnergyError>> {
     struct State {
         last: Option<u64>,
         changes: Vec<u64>,
         reads: u64,
         cost_ns: u64,
         window_ns: u64,
+        /// When a counter watched past its window is read next.
+        next_ns: u64,
+        /// When it was last read.
+        last_read_ns: u64,
         error: Option<EnergyError>,
     }
     let start = monotonic_ns();
@@ -69,23 +88,43 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
             } else {
                 MEASURE_WINDOW_NS
             },
+            next_ns: 0,
+            last_read_ns: start,
             error: None,
         })
         .collect();
+    let patience_ns = patience_ns.unwrap_or(0);
     loop {
-        let mut active = false;
+        // The earliest next read of a counter watched past its window, when only such
+        // counters are left.
+        let mut wait_until: Option<u64> = None;
+        let mut spinning = false;
         for (counter, st) in counters.iter_mut().zip(states.iter_mut()) {
-            let elapsed = monotonic_ns().saturating_sub(start);
-            if st.error.is_some() || st.changes.len() >= MEASURE_CHANGES || elapsed >= st.window_ns
-            {
+            let now = monotonic_ns();
+            let elapsed = now.saturating_sub(start);
+            if st.error.is_some() || st.changes.len() >= MEASURE_CHANGES {
                 continue;
             }
-            active = true;
+            if elapsed >= st.window_ns {
+                let watched = st.changes.is_empty() && elapsed < patience_ns.max(st.window_ns);
+                if !watched {
+                    continue;
+                }
+                if now < st.next_ns {
+                    wait_until = Some(wait_until.map_or(st.next_ns, |w| w.min(st.next_ns)));
+                    continue;
+                }
+                st.next_ns = now + WATCH_STEP_NS;
+                wait_until = Some(wait_until.map_or(st.next_ns, |w| w.min(st.next_ns)));
+            } else {
+                spinning = true;
+            }
             let t0 = monotonic_ns();
             let value = counter.read();
             let t1 = monotonic_ns();
             st.reads += 1;
             st.cost_ns += t1 - t0;
+            st.last_read_ns = t1;
             match value {
                 Ok(RawSample { count, .. }) => {
                     if st.last.is_some_and(|l| l != count) {
@@ -96,11 +135,16 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
                 Err(e) => st.error = Some(e),
             }
         }
-        if !active {
+        if spinning {
+            // Slow counters (NVML) need no spinning at full speed.
+            std::thread::sleep(Duration::from_micros(20));
+        } else if let Some(at) = wait_until {
+            std::thread::sleep(Duration::from_nanos(
+                at.saturating_sub(monotonic_ns()).min(WATCH_STEP_NS),
+            ));
+        } else {
             break;
         }
-        // Slow counters (NVML) need no spinning at full speed.
-        std::thread::sleep(Duration::from_micros(20));
     }
     states
         .into_iter()
@@ -131,7 +175,15 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
                     period_is_known: false,
                 },
                 None => Measurement {
-                    update_period_ns: st.window_ns,
+                    // It sat still from the first read until its one change, or its last
+                    // read.
+                    update_period_ns: st
+                        .changes
+                        .first()
+                        .copied()
+                        .unwrap_or(st.last_read_ns)
+                        .saturating_sub(start)
+                        .max(st.window_ns),
                     period_is_lower_bound: true,
                     read_cost_ns,
                     changes,
@@ -142,13 +194,21 @@ pub fn measure(counters: &mut [Box<dyn EnergySource>]) -> Vec<Result<Measurement
         .collect()
 }
 
+/// How long [`measure`] may watch a counter that sat still through its window: under
+/// `--energy-source auto`, which drops a counter that never changes ([`silent`]),
+/// [`SILENT_WATCH_NS`]; a counter asked for by name is used whatever it does.
+pub fn patience_ns(args: &EnergyArgs) -> Option<u64> {
+    (args.energy_source == SourceKind::Auto).then_some(SILENT_WATCH_NS)
+}
+
 /// Why an automatically chosen counter that never changed while start-up watched it is not
 /// used: it counts nothing. A hypervisor can expose the power PMU (`energy-psys` on
 /// Firecracker) with counters that stay at one value; a real RAPL counter changes about every
-/// millisecond and NVML every 20–100 ms, so one that sat still for the whole window is not
-/// counting energy. One that changed once is counting, only too slowly (or read too
-/// rarely, on a loaded machine) to time: it is used. `None` when the counter counts or was
-/// asked for by name.
+/// millisecond and NVML every 20–100 ms, so one that sat still for the whole window and the
+/// [`SILENT_WATCH_NS`] after it is not counting energy. One that changed once is counting,
+/// only too slowly (a counter updated about once a second, or one read too rarely on a
+/// loaded machine) to time: it is used. `None` when the counter counts or was asked for
+/// by name.
 pub fn silent(args: &EnergyArgs, m: &Measurement) -> Option<String> {
     (args.energy_source == SourceKind::Auto && m.changes == 0 && !m.period_is_known).then(|| {
         format!(
@@ -481,7 +541,7 @@ pub struct EnergyReader {
 pub fn start(args: &EnergyArgs, cpus: &[pb::Cpu]) -> Result<EnergyReader, EnergyError> {
     let mut plan = detect::plan(args, cpus, false)?;
     let mut counters = plan.take_used();
-    let measured = measure(&mut counters);
+    let measured = measure(&mut counters, patience_ns(args));
     let mut shared = Shared::default();
     let (counters, measured): (Vec<_>, Vec<_>) = counters
         .into_iter()

@@ -117,7 +117,7 @@ pub fn survey(args: &EnergyArgs) -> Result<Survey, SurveyError> {
     let mut in_use = Vec::new();
     let mut package_counted = false;
     for (pi, probe) in plan.probes.iter_mut().enumerate() {
-        let measured = reader::measure(&mut probe.counters);
+        let measured = reader::measure(&mut probe.counters, reader::patience_ns(args));
         let counters = probe
             .counters
             .iter()

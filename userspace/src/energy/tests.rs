@@ -508,6 +508,73 @@ fn a_counter_that_never_changes_is_not_counting_and_the_model_covers_the_package
     assert!(!kinds.iter().any(|k| k == "model"), "{kinds:?}");
 }
 
+/// A counter slower than start-up's 50 ms window (here one written every 400 ms, as a
+/// meter that averages over hundreds of ms would be) is watched until it moves, then used
+/// with its period taken as a lower bound; one that sits still through the whole watch is
+/// not, and the reader says how long it watched.
+#[test]
+fn a_counter_slower_than_the_window_is_watched_until_it_moves() {
+    use super::reader::{MEASURE_WINDOW_NS, SILENT_WATCH_NS, measure, patience_ns, silent};
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let tree = FakePowercap::create(
+        tmp.path(),
+        &[fake::ZoneSpec::new(
+            "intel-rapl:0",
+            "package-0",
+            262_143_328_850,
+        )],
+    )
+    .expect("fake tree");
+    let auto = args(tmp.path(), SourceKind::Auto, 10);
+    let mut plan = super::detect::plan(&auto, &[], false).expect("plan");
+    let mut zones = plan.take_used();
+    assert_eq!(zones.len(), 1);
+
+    let still = std::time::Instant::now();
+    let m = measure(&mut zones, patience_ns(&auto))
+        .remove(0)
+        .expect("read");
+    assert!(still.elapsed() >= Duration::from_nanos(SILENT_WATCH_NS));
+    assert_eq!(m.changes, 0);
+    let why = silent(&auto, &m).expect("a counter that never moved is silent");
+    assert!(why.contains("did not change once in 1"), "{why}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (counter, stop) = (tree.counter("intel-rapl:0").expect("zone"), stop.clone());
+        std::thread::spawn(move || {
+            let mut value = 0;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(400));
+                value += 4_000_000;
+                counter.write_raw(value).expect("write");
+            }
+        })
+    };
+    let m = measure(&mut zones, patience_ns(&auto))
+        .remove(0)
+        .expect("read");
+    stop.store(true, Ordering::Relaxed);
+    writer.join().expect("writer");
+    assert!(m.changes >= 1, "{m:?}");
+    assert!(m.period_is_lower_bound, "{m:?}");
+    assert!(m.update_period_ns >= MEASURE_WINDOW_NS, "{m:?}");
+    assert_eq!(silent(&auto, &m), None);
+
+    // Asked for by name, a counter is not watched past its window.
+    let named = args(tmp.path(), SourceKind::Powercap, 10);
+    let quick = std::time::Instant::now();
+    let m = measure(&mut zones, patience_ns(&named))
+        .remove(0)
+        .expect("read");
+    assert!(quick.elapsed() < Duration::from_nanos(SILENT_WATCH_NS));
+    assert_eq!(m.update_period_ns, MEASURE_WINDOW_NS);
+}
+
 #[test]
 fn readings_for_models_only_model_sources() {
     let cpus = [pb::Cpu {
