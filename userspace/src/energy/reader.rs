@@ -46,19 +46,26 @@ pub struct Measurement {
 }
 
 /// How long start-up keeps watching, under `--energy-source auto`, a counter that did not
-/// change in its window ([`measure`]'s `patience_ns`), ns: long enough for a counter
-/// updated once a second, or for a reader the scheduler kept off the CPU for most of the
-/// window, to show that it counts before [`silent`] judges it.
+/// change in its window and was read fewer than [`STARVED_READS`] times in it
+/// ([`measure`]'s `patience_ns`), ns: a reader the scheduler kept off the CPU for most of
+/// the window (or whose reads are slow, as in an emulated guest) has not yet seen a
+/// counter that counts change, and would otherwise drop it.
 pub const SILENT_WATCH_NS: u64 = 1_100_000_000;
+/// Fewer reads than this in a counter's window mean the reader was starved: a counter read
+/// this often and still silent, over 50 ms, updates slower than RAPL (about every 1 ms) by
+/// far. One read thousands of times and still silent (a frozen `energy-psys`) is judged at
+/// the window's end, at no cost to start-up.
+pub const STARVED_READS: u64 = 8;
 /// How often a counter is read while watched past its window, ns.
 const WATCH_STEP_NS: u64 = 5_000_000;
 
 /// Spin-reads every counter (round robin) until each has changed [`MEASURE_CHANGES`] times
 /// or its window is over, and returns per counter its measurement or its read error. A
-/// counter that has not changed once by the end of its window is read every
-/// [`WATCH_STEP_NS`] until it changes or `patience_ns` from the start has passed (none
-/// without `patience_ns`); one that changes then is reported with one change and its
-/// period as a lower bound: the time it sat still.
+/// counter that has not changed once by the end of its window, having been read fewer than
+/// [`STARVED_READS`] times in it, is read every [`WATCH_STEP_NS`] until it changes or
+/// `patience_ns` from the start has passed (none without `patience_ns`); one that changes
+/// then is reported with one change and its period as a lower bound: the time it sat
+/// still.
 pub fn measure(
     counters: &mut [Box<dyn EnergySource>],
     patience_ns: Option<u64>,
@@ -73,6 +80,8 @@ pub fn measure(
         next_ns: u64,
         /// When it was last read.
         last_read_ns: u64,
+        /// Whether it is watched past its window (decided when the window ends).
+        watched: Option<bool>,
         error: Option<EnergyError>,
     }
     let start = monotonic_ns();
@@ -90,6 +99,7 @@ pub fn measure(
             },
             next_ns: 0,
             last_read_ns: start,
+            watched: None,
             error: None,
         })
         .collect();
@@ -106,8 +116,10 @@ pub fn measure(
                 continue;
             }
             if elapsed >= st.window_ns {
-                let watched = st.changes.is_empty() && elapsed < patience_ns.max(st.window_ns);
-                if !watched {
+                let starved = *st.watched.get_or_insert(
+                    patience_ns > st.window_ns && st.changes.is_empty() && st.reads < STARVED_READS,
+                );
+                if !starved || !st.changes.is_empty() || elapsed >= patience_ns {
                     continue;
                 }
                 if now < st.next_ns {
@@ -176,14 +188,14 @@ pub fn measure(
                 },
                 None => Measurement {
                     // It sat still from the first read until its one change, or its last
-                    // read.
-                    update_period_ns: st
-                        .changes
-                        .first()
-                        .copied()
-                        .unwrap_or(st.last_read_ns)
-                        .saturating_sub(start)
-                        .max(st.window_ns),
+                    // read when it was watched past its window.
+                    update_period_ns: match (st.changes.first(), st.watched) {
+                        (Some(&t), _) => t,
+                        (None, Some(true)) => st.last_read_ns,
+                        (None, _) => start,
+                    }
+                    .saturating_sub(start)
+                    .max(st.window_ns),
                     period_is_lower_bound: true,
                     read_cost_ns,
                     changes,
@@ -194,8 +206,8 @@ pub fn measure(
         .collect()
 }
 
-/// How long [`measure`] may watch a counter that sat still through its window: under
-/// `--energy-source auto`, which drops a counter that never changes ([`silent`]),
+/// How long [`measure`] may watch a starved counter that sat still through its window:
+/// under `--energy-source auto`, which drops a counter that never changes ([`silent`]),
 /// [`SILENT_WATCH_NS`]; a counter asked for by name is used whatever it does.
 pub fn patience_ns(args: &EnergyArgs) -> Option<u64> {
     (args.energy_source == SourceKind::Auto).then_some(SILENT_WATCH_NS)
@@ -204,11 +216,11 @@ pub fn patience_ns(args: &EnergyArgs) -> Option<u64> {
 /// Why an automatically chosen counter that never changed while start-up watched it is not
 /// used: it counts nothing. A hypervisor can expose the power PMU (`energy-psys` on
 /// Firecracker) with counters that stay at one value; a real RAPL counter changes about every
-/// millisecond and NVML every 20–100 ms, so one that sat still for the whole window and the
-/// [`SILENT_WATCH_NS`] after it is not counting energy. One that changed once is counting,
-/// only too slowly (a counter updated about once a second, or one read too rarely on a
-/// loaded machine) to time: it is used. `None` when the counter counts or was asked for
-/// by name.
+/// millisecond and NVML every 20–100 ms, so one that sat still for the whole window (and,
+/// when the reader was starved in it, the [`SILENT_WATCH_NS`] after it) is not counting
+/// energy. One that changed once is counting, only too slowly (or read too rarely, on a
+/// loaded machine) to time: it is used. `None` when the counter counts or was asked for by
+/// name.
 pub fn silent(args: &EnergyArgs, m: &Measurement) -> Option<String> {
     (args.energy_source == SourceKind::Auto && m.changes == 0 && !m.period_is_known).then(|| {
         format!(

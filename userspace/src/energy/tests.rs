@@ -508,17 +508,40 @@ fn a_counter_that_never_changes_is_not_counting_and_the_model_covers_the_package
     assert!(!kinds.iter().any(|k| k == "model"), "{kinds:?}");
 }
 
-/// A counter slower than start-up's 50 ms window (here one written every 400 ms, as a
-/// meter that averages over hundreds of ms would be) is watched until it moves, then used
-/// with its period taken as a lower bound; one that sits still through the whole watch is
-/// not, and the reader says how long it watched.
+/// Start-up judges a counter silent at the end of its 50 ms window when it was read often
+/// and never moved (a frozen `energy-psys`): quickly. A counter read only a few times in
+/// the window (a reader the scheduler kept off the CPU; here each read takes 12 ms) is
+/// watched until it moves, up to 1.1 s, so a counting one is used, with its period a lower
+/// bound; one that sits still through the watch is not, and the reader says how long it
+/// watched.
 #[test]
-fn a_counter_slower_than_the_window_is_watched_until_it_moves() {
-    use super::reader::{MEASURE_WINDOW_NS, SILENT_WATCH_NS, measure, patience_ns, silent};
+fn a_counter_read_only_a_few_times_in_its_window_is_watched_until_it_moves() {
+    use super::{
+        EnergyError, EnergySource, RawSample,
+        reader::{MEASURE_WINDOW_NS, SILENT_WATCH_NS, measure, patience_ns, silent},
+    };
     use std::sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     };
+    use std::time::Instant;
+    /// A counter whose every read waits first, as a starved reader does.
+    struct Starved(Box<dyn EnergySource>);
+    impl EnergySource for Starved {
+        fn describe(&self) -> pb::EnergySource {
+            self.0.describe()
+        }
+        fn unit_uj(&self) -> f64 {
+            self.0.unit_uj()
+        }
+        fn wrap_counts(&self) -> Option<u64> {
+            self.0.wrap_counts()
+        }
+        fn read(&mut self) -> Result<RawSample, EnergyError> {
+            std::thread::sleep(Duration::from_millis(12));
+            self.0.read()
+        }
+    }
     let tmp = tempfile::tempdir().expect("tempdir");
     let tree = FakePowercap::create(
         tmp.path(),
@@ -530,49 +553,55 @@ fn a_counter_slower_than_the_window_is_watched_until_it_moves() {
     )
     .expect("fake tree");
     let auto = args(tmp.path(), SourceKind::Auto, 10);
-    let mut plan = super::detect::plan(&auto, &[], false).expect("plan");
-    let mut zones = plan.take_used();
-    assert_eq!(zones.len(), 1);
+    let zone = || {
+        let mut plan = super::detect::plan(&auto, &[], false).expect("plan");
+        let mut zones = plan.take_used();
+        assert_eq!(zones.len(), 1);
+        zones.remove(0)
+    };
+    let watch = |counter: Box<dyn EnergySource>, a: &EnergyArgs| {
+        let t = Instant::now();
+        let m = measure(&mut [counter], patience_ns(a))
+            .remove(0)
+            .expect("read");
+        (m, t.elapsed())
+    };
 
-    let still = std::time::Instant::now();
-    let m = measure(&mut zones, patience_ns(&auto))
-        .remove(0)
-        .expect("read");
-    assert!(still.elapsed() >= Duration::from_nanos(SILENT_WATCH_NS));
-    assert_eq!(m.changes, 0);
+    // Read thousands of times and still: silent at the window's end.
+    let (m, took) = watch(zone(), &auto);
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    assert!(silent(&auto, &m).is_some(), "{m:?}");
+    // Read four times and still: watched for the whole patience, then silent.
+    let (m, took) = watch(Box::new(Starved(zone())), &auto);
+    assert!(took >= Duration::from_nanos(SILENT_WATCH_NS), "{took:?}");
     let why = silent(&auto, &m).expect("a counter that never moved is silent");
     assert!(why.contains("did not change once in 1"), "{why}");
+    // Asked for by name, a starved counter is not watched past its window.
+    let named = args(tmp.path(), SourceKind::Powercap, 10);
+    let (m, took) = watch(Box::new(Starved(zone())), &named);
+    assert!(took < Duration::from_nanos(SILENT_WATCH_NS), "{took:?}");
+    assert_eq!(m.update_period_ns, MEASURE_WINDOW_NS);
 
+    // Counting (a write every 200 ms): the starved reader sees it move and keeps it.
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (counter, stop) = (tree.counter("intel-rapl:0").expect("zone"), stop.clone());
         std::thread::spawn(move || {
             let mut value = 0;
             while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(400));
-                value += 4_000_000;
+                std::thread::sleep(Duration::from_millis(200));
+                value += 2_000_000;
                 counter.write_raw(value).expect("write");
             }
         })
     };
-    let m = measure(&mut zones, patience_ns(&auto))
-        .remove(0)
-        .expect("read");
+    let (m, _) = watch(Box::new(Starved(zone())), &auto);
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
     assert!(m.changes >= 1, "{m:?}");
     assert!(m.period_is_lower_bound, "{m:?}");
     assert!(m.update_period_ns >= MEASURE_WINDOW_NS, "{m:?}");
     assert_eq!(silent(&auto, &m), None);
-
-    // Asked for by name, a counter is not watched past its window.
-    let named = args(tmp.path(), SourceKind::Powercap, 10);
-    let quick = std::time::Instant::now();
-    let m = measure(&mut zones, patience_ns(&named))
-        .remove(0)
-        .expect("read");
-    assert!(quick.elapsed() < Duration::from_nanos(SILENT_WATCH_NS));
-    assert_eq!(m.update_period_ns, MEASURE_WINDOW_NS);
 }
 
 #[test]
