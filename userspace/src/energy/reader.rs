@@ -61,11 +61,11 @@ const WATCH_STEP_NS: u64 = 5_000_000;
 
 /// Spin-reads every counter (round robin) until each has changed [`MEASURE_CHANGES`] times
 /// or its window is over, and returns per counter its measurement or its read error. A
-/// counter that has not changed once by the end of its window, having been read fewer than
-/// [`STARVED_READS`] times in it, is read every [`WATCH_STEP_NS`] until it changes or
-/// `patience_ns` from the start has passed (none without `patience_ns`); one that changes
-/// then is reported with one change and its period as a lower bound: the time it sat
-/// still.
+/// counter that does not state its period and has not changed once by the end of its
+/// window, having been read fewer than [`STARVED_READS`] times in it, is read every
+/// [`WATCH_STEP_NS`] until it changes or `patience_ns` from the start has passed (none
+/// without `patience_ns`); one that changes then is reported with one change and its
+/// period as a lower bound: the time it sat still.
 pub fn measure(
     counters: &mut [Box<dyn EnergySource>],
     patience_ns: Option<u64>,
@@ -82,6 +82,9 @@ pub fn measure(
         last_read_ns: u64,
         /// Whether it is watched past its window (decided when the window ends).
         watched: Option<bool>,
+        /// Whether the source states its period (a host's share): never judged silent,
+        /// so never watched.
+        known: bool,
         error: Option<EnergyError>,
     }
     let start = monotonic_ns();
@@ -100,6 +103,7 @@ pub fn measure(
             next_ns: 0,
             last_read_ns: start,
             watched: None,
+            known: c.known_update_period_ns().is_some(),
             error: None,
         })
         .collect();
@@ -117,7 +121,10 @@ pub fn measure(
             }
             if elapsed >= st.window_ns {
                 let starved = *st.watched.get_or_insert(
-                    patience_ns > st.window_ns && st.changes.is_empty() && st.reads < STARVED_READS,
+                    patience_ns > st.window_ns
+                        && !st.known
+                        && st.changes.is_empty()
+                        && st.reads < STARVED_READS,
                 );
                 if !starved || !st.changes.is_empty() || elapsed >= patience_ns {
                     continue;

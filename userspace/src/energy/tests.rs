@@ -525,8 +525,9 @@ fn a_counter_read_only_a_few_times_in_its_window_is_watched_until_it_moves() {
         atomic::{AtomicBool, Ordering},
     };
     use std::time::Instant;
-    /// A counter whose every read waits first, as a starved reader does.
-    struct Starved(Box<dyn EnergySource>);
+    /// A counter whose every read waits first, as a starved reader does, and the update
+    /// period it states, if any.
+    struct Starved(Box<dyn EnergySource>, Option<u64>);
     impl EnergySource for Starved {
         fn describe(&self) -> pb::EnergySource {
             self.0.describe()
@@ -540,6 +541,9 @@ fn a_counter_read_only_a_few_times_in_its_window_is_watched_until_it_moves() {
         fn read(&mut self) -> Result<RawSample, EnergyError> {
             std::thread::sleep(Duration::from_millis(12));
             self.0.read()
+        }
+        fn known_update_period_ns(&self) -> Option<u64> {
+            self.1
         }
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -572,13 +576,20 @@ fn a_counter_read_only_a_few_times_in_its_window_is_watched_until_it_moves() {
     assert!(took < Duration::from_millis(500), "{took:?}");
     assert!(silent(&auto, &m).is_some(), "{m:?}");
     // Read four times and still: watched for the whole patience, then silent.
-    let (m, took) = watch(Box::new(Starved(zone())), &auto);
+    let (m, took) = watch(Box::new(Starved(zone(), None)), &auto);
     assert!(took >= Duration::from_nanos(SILENT_WATCH_NS), "{took:?}");
     let why = silent(&auto, &m).expect("a counter that never moved is silent");
     assert!(why.contains("did not change once in 1"), "{why}");
+    // One that states its period (a host's share) is never judged silent, so not watched.
+    let (m, took) = watch(Box::new(Starved(zone(), Some(1_000_000_000))), &auto);
+    assert!(took < Duration::from_nanos(SILENT_WATCH_NS), "{took:?}");
+    assert_eq!(
+        (m.update_period_ns, silent(&auto, &m)),
+        (1_000_000_000, None)
+    );
     // Asked for by name, a starved counter is not watched past its window.
     let named = args(tmp.path(), SourceKind::Powercap, 10);
-    let (m, took) = watch(Box::new(Starved(zone())), &named);
+    let (m, took) = watch(Box::new(Starved(zone(), None)), &named);
     assert!(took < Duration::from_nanos(SILENT_WATCH_NS), "{took:?}");
     assert_eq!(m.update_period_ns, MEASURE_WINDOW_NS);
 
@@ -595,7 +606,7 @@ fn a_counter_read_only_a_few_times_in_its_window_is_watched_until_it_moves() {
             }
         })
     };
-    let (m, _) = watch(Box::new(Starved(zone())), &auto);
+    let (m, _) = watch(Box::new(Starved(zone(), None)), &auto);
     stop.store(true, Ordering::Relaxed);
     writer.join().expect("writer");
     assert!(m.changes >= 1, "{m:?}");
