@@ -82,9 +82,6 @@ pub fn measure(
         last_read_ns: u64,
         /// Whether it is watched past its window (decided when the window ends).
         watched: Option<bool>,
-        /// Whether the source states its period (a host's share): never judged silent,
-        /// so never watched.
-        known: bool,
         error: Option<EnergyError>,
     }
     let start = monotonic_ns();
@@ -103,7 +100,6 @@ pub fn measure(
             next_ns: 0,
             last_read_ns: start,
             watched: None,
-            known: c.known_update_period_ns().is_some(),
             error: None,
         })
         .collect();
@@ -120,21 +116,25 @@ pub fn measure(
                 continue;
             }
             if elapsed >= st.window_ns {
-                let starved = *st.watched.get_or_insert(
+                // A source that states its period (a host's share) is never judged silent,
+                // so never watched.
+                let starved = *st.watched.get_or_insert_with(|| {
                     patience_ns > st.window_ns
-                        && !st.known
+                        && counter.known_update_period_ns().is_none()
                         && st.changes.is_empty()
-                        && st.reads < STARVED_READS,
-                );
+                        && st.reads < STARVED_READS
+                });
                 if !starved || !st.changes.is_empty() || elapsed >= patience_ns {
                     continue;
                 }
-                if now < st.next_ns {
-                    wait_until = Some(wait_until.map_or(st.next_ns, |w| w.min(st.next_ns)));
+                let due = now >= st.next_ns;
+                if due {
+                    st.next_ns = now + WATCH_STEP_NS;
+                }
+                wait_until = Some(wait_until.map_or(st.next_ns, |w| w.min(st.next_ns)));
+                if !due {
                     continue;
                 }
-                st.next_ns = now + WATCH_STEP_NS;
-                wait_until = Some(wait_until.map_or(st.next_ns, |w| w.min(st.next_ns)));
             } else {
                 spinning = true;
             }
