@@ -571,9 +571,14 @@ fn a_counter_read_only_a_few_times_in_its_window_is_watched_until_it_moves() {
         (m, t.elapsed())
     };
 
-    // Read thousands of times and still: silent at the window's end.
-    let (m, took) = watch(zone(), &auto);
-    assert!(took < Duration::from_millis(500), "{took:?}");
+    // Read thousands of times and still: silent at the window's end. (A machine busy
+    // enough to starve this thread too gets it watched, rightly: up to five tries.)
+    let quick = (0..5).any(|_| watch(zone(), &auto).1 < Duration::from_millis(500));
+    assert!(
+        quick,
+        "a frozen counter read fast was watched past its window in 5 tries"
+    );
+    let (m, _) = watch(zone(), &auto);
     assert!(silent(&auto, &m).is_some(), "{m:?}");
     // Read four times and still: watched for the whole patience, then silent.
     let (m, took) = watch(Box::new(Starved(zone(), None)), &auto);
